@@ -1,0 +1,83 @@
+"""Regenerate the bundled offline examples: a tiny Qwen3-style model and tokenizer, and small
+Capybara-style (`messages`) and tldr-style (`prompt`) datasets.
+
+Run from the repository root: `python scripts/make_examples.py`. The output is committed, so
+`make demo` and the tests need neither this script nor the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+import torch
+import trl
+
+ROOT = Path(__file__).resolve().parent.parent / "examples"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+           "<tool_response>", "</tool_response>"]
+WORDS = ("the model learns to answer every question with care and detail while the trainer pads each batch "
+         "to a multiple of one hundred twenty eight tokens so that trainium compiles a graph once and reuses it "
+         "many times during a long run on a cluster of accelerators users ask about math code stories recipes "
+         "travel history science music and their favourite books").split()
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def text(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(sentence(rng, rng.randint(4, 14)) for _ in range(rng.randint(lo, hi)))
+
+
+def make_tokenizer(path: Path) -> None:
+    rng = random.Random(0)
+    corpus = [text(rng, 1, 8) for _ in range(2000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=template, model_max_length=32768)
+    fast.save_pretrained(path)
+
+
+def make_model(path: Path) -> None:
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         bos_token_id=None)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+
+
+def make_datasets() -> None:
+    rng = random.Random(1)
+    with open(ROOT / "capybara-sample.jsonl", "w") as f:
+        for _ in range(96):
+            messages = []
+            for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                messages.append({"role": "user", "content": text(rng, 1, 4)})
+                messages.append({"role": "assistant", "content": text(rng, 1, 12)})
+            f.write(json.dumps({"source": "synthetic", "messages": messages}) + "\n")
+    with open(ROOT / "tldr-sample.jsonl", "w") as f:
+        for _ in range(64):
+            post = text(rng, 2, 16)
+            f.write(json.dumps({"prompt": f"SUBREDDIT: r/AskReddit\nTITLE: {sentence(rng, 6)}\nPOST: {post}\nTL;DR:",
+                                "completion": " " + sentence(rng, rng.randint(5, 20))}) + "\n")
+
+
+if __name__ == "__main__":
+    model_dir = ROOT / "tiny-qwen3"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    make_tokenizer(model_dir)
+    make_model(model_dir)
+    make_datasets()

@@ -1,0 +1,101 @@
+"""What every method's adapter shares: loading the run's datasets and tokenizer, versions, the recorded config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from ..errors import DatasetError, UsageError
+from .data import check_rows, load_dataset_source, load_tokenizer, select_split
+from .trl_args import TrainingArgs
+
+# The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).
+RECORDED_OPTIONS = (
+    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "max_length",
+    "packing", "packing_strategy", "padding_free", "eval_packing", "num_train_epochs", "max_steps", "seed",
+    "data_seed", "train_sampling_strategy", "dataloader_drop_last", "eval_strategy", "eval_steps", "bf16", "fp16",
+    "torch_compile", "gradient_checkpointing", "completion_only_loss", "assistant_only_loss", "num_generations",
+    "steps_per_generation", "generation_batch_size", "num_iterations", "max_completion_length", "beta",
+    "cache_implementation", "generation_kwargs", "precompute_ref_log_probs", "loss_type",
+)
+
+
+@dataclass
+class RunData:
+    train: Any
+    eval: Any | None
+    tokenizer: Any
+    source: str
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("shapeplan", "trl", "transformers", "accelerate", "datasets", "torch", "torch-neuronx"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "argv": list(argv),
+        "model_name_or_path": args.model.model_name_or_path,
+        "num_processes": args.num_processes,
+    }
+    for name in RECORDED_OPTIONS:
+        if hasattr(args.training, name):
+            value = getattr(args.training, name)
+            config[name] = value if isinstance(value, (int, float, str, bool, type(None), dict, list)) else str(value)
+    return config
+
+
+def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
+    """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them."""
+    script = args.script
+    mixture = args.dataset_mixture
+    if mixture is not None and getattr(mixture, "datasets", None):
+        from trl import get_dataset
+
+        try:
+            data = get_dataset(mixture)
+        except Exception as exc:  # a mixture can fail in as many ways as load_dataset
+            raise DatasetError(f"cannot load the dataset mixture: {exc}; check the `datasets:` entries") from exc
+        source = "dataset mixture"
+    else:
+        source = script.dataset_name
+        data = load_dataset_source(source, name=script.dataset_config)
+    train = select_split(data, script.dataset_train_split, source)
+    check_rows(train, source)
+
+    eval_data = None
+    if getattr(args.training, "eval_strategy", "no") != "no":
+        if eval_source is not None:
+            eval_data = _only_split(load_dataset_source(eval_source), script.dataset_test_split, eval_source)
+        else:
+            eval_data = select_split(data, script.dataset_test_split, source)
+        check_rows(eval_data, eval_source or source)
+    elif eval_source is not None:
+        raise UsageError("--eval-dataset is given but eval_strategy is 'no'; add --eval_strategy steps "
+                         "(and --eval_steps N) to plan the eval loop")
+
+    tokenizer = load_tokenizer(
+        args.model.model_name_or_path,
+        revision=args.model.model_revision,
+        trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)),
+    )
+    return RunData(train=train, eval=eval_data, tokenizer=tokenizer, source=source)
+
+
+def _only_split(data: Any, preferred: str, source: str) -> Any:
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        return data
+    if preferred in data:
+        return data[preferred]
+    if len(data) == 1:
+        return next(iter(data.values()))
+    return select_split(data, preferred, source)

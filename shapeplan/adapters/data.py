@@ -1,0 +1,82 @@
+"""Loading datasets and tokenizers the way `trl <method>`'s `main()` does, plus local files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError, ModelError
+
+_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_dataset_source(source: str, *, name: str | None = None) -> Any:
+    """A `DatasetDict` (or `Dataset`) from a Hub id, a local data file or a `save_to_disk` folder."""
+    import datasets
+
+    path = Path(source)
+    try:
+        if path.is_file():
+            builder = _FILE_BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise DatasetError(f"dataset file {source} has an unsupported type {path.suffix!r}; "
+                                   "use .jsonl, .json, .parquet or .csv")
+            return datasets.load_dataset(builder, data_files=str(path))
+        if path.is_dir():
+            if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+                return datasets.load_from_disk(str(path))
+            return datasets.load_dataset(str(path), name=name)
+        if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
+            raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
+                               "Hub dataset id")
+        return datasets.load_dataset(source, name=name)
+    except DatasetError:
+        raise
+    except FileNotFoundError as exc:
+        raise DatasetError(f"dataset {source} not found ({_short(exc)}); pass a local .jsonl/.json/.parquet/.csv "
+                           "file, a save_to_disk folder, or a Hub id reachable from this machine") from exc
+    except Exception as exc:  # datasets raises many types for unreadable data; report them as one line
+        raise DatasetError(f"cannot read dataset {source}: {_short(exc)}; check the file's format") from exc
+
+
+def select_split(data: Any, split: str, source: str) -> Any:
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        return data
+    if split not in data:
+        raise DatasetError(f"dataset {source} has no split {split!r} (it has {', '.join(data)}); "
+                           "choose one with --dataset_train_split / --dataset_test_split")
+    return data[split]
+
+
+def check_rows(dataset: Any, source: str) -> None:
+    if len(dataset) == 0:
+        raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
+
+
+def load_tokenizer(model: str, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
+        raise ModelError(f"cannot load the tokenizer of {model}: {_short(exc)}; pass a local model folder or a "
+                         "Hub id reachable from this machine with --model") from exc
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of everything in the tokenizer that changes token counts."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    h.update(backend.to_str().encode() if backend is not None else repr(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(tokenizer.chat_template, sort_keys=True, default=str).encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

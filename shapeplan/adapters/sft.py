@@ -1,0 +1,170 @@
+"""SFT: prepared row lengths from TRL's own `SFTTrainer._prepare_dataset`, and the batch order, into `plan_sft`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import DatasetError, ModelError, UsageError
+from ..plan.model import Plan
+from ..plan.rows import Rows
+from ..plan.schedule import TrainLoop, evaluation_steps
+from ..plan.sft import SFTLayout, plan_sft
+from .common import load_run_data, recorded_config, versions
+from .data import tokenizer_fingerprint
+from .sampling import eval_batches, train_batches
+from .trl_args import TrainingArgs
+
+logger = logging.getLogger(__name__)
+
+
+def _row_format(example: dict[str, Any], text_field: str) -> str:
+    if "input_ids" in example:
+        return "tokenized"
+    if "messages" in example or "conversations" in example:
+        return "conversational"
+    if "prompt" in example and "completion" in example:
+        return "prompt-completion"
+    if text_field in example:
+        return "text"
+    raise DatasetError(f"dataset has no usable column (it has {', '.join(example) or 'none'}); SFT needs "
+                       f"'messages', '{text_field}' (set --dataset_text_field) or 'prompt' and 'completion'")
+
+
+def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
+    """An `SFTTrainer` with only the attributes `_prepare_dataset` reads, set as `SFTTrainer.__init__` sets them."""
+    from trl import SFTTrainer
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.data_utils import is_conversational
+
+    trainer = SFTTrainer.__new__(SFTTrainer)
+    trainer._tokenizer = tokenizer
+    if config.eos_token is not None:
+        if config.eos_token not in tokenizer.get_vocab():
+            raise UsageError(f"eos_token {config.eos_token!r} is not in the tokenizer's vocabulary; "
+                             "pass a token the tokenizer has with --eos_token")
+        tokenizer.eos_token = config.eos_token
+    if config.assistant_only_loss and not is_conversational(first_example):
+        raise UsageError("assistant_only_loss=True needs a conversational dataset ('messages'); "
+                         "drop --assistant_only_loss or use conversational data")
+    if config.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        trainer.chat_template = get_training_chat_template(tokenizer)
+    else:
+        trainer.chat_template = None
+    if config.completion_only_loss is None:
+        trainer.completion_only_loss = "prompt" in first_example and "completion" in first_example
+    else:
+        trainer.completion_only_loss = config.completion_only_loss
+    return trainer
+
+
+def _apply_chat_template_path(tokenizer: Any, path: str | None) -> None:
+    if path is None:
+        return
+    if path.endswith((".jinja", ".j2")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                tokenizer.chat_template = f.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read chat template {path}: {exc.strerror}") from exc
+        return
+    raise UsageError(f"chat_template_path={path!r} clones another model's template and adds tokens, which "
+                     "planning does not follow; pass a .jinja file instead")
+
+
+def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str) -> tuple[Rows, int]:
+    """The rows `SFTTrainer` trains on, as lengths; and how many input rows preparation dropped."""
+    first = next(iter(dataset))
+    fmt = _row_format(first, config.dataset_text_field)
+    if fmt == "conversational" and tokenizer.chat_template is None:
+        raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
+                         "--chat_template_path FILE.jinja or a model whose tokenizer has one")
+    if config.padding_free and not packing and config.max_length is not None:
+        raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
+                         "--max_length none")
+    if packing and config.max_length is None:
+        raise UsageError("packing needs max_length; pass --max_length N")
+    skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
+    if skip:
+        prepared = dataset
+    else:
+        trainer = _bare_trainer(tokenizer, config, first)
+        try:
+            prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
+        except (ValueError, RuntimeError, TypeError, KeyError) as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+    import pyarrow.compute as pc
+
+    # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.
+    columns = ["input_ids", "seq_lengths"] if "seq_lengths" in prepared.column_names else ["input_ids"]
+    table = prepared.select_columns(columns).with_format("arrow")[:]
+    lengths = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
+    documents = None
+    if "seq_lengths" in columns:
+        documents = tuple(tuple(d) for d in table.column("seq_lengths").to_pylist())
+    dropped = 0 if packing else len(dataset) - len(prepared)
+    if not lengths:
+        raise DatasetError(f"every row of the {name} dataset was dropped: no row keeps a trainable token within "
+                           f"max_length={config.max_length}; raise --max_length or check the loss masks")
+    return Rows(lengths=lengths, documents=documents), dropped
+
+
+def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
+    config = args.training
+    data = load_run_data(args, eval_source=eval_source)
+    tokenizer = data.tokenizer
+    _apply_chat_template_path(tokenizer, config.chat_template_path)
+    train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train")
+    padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
+    layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
+
+    warnings: list[str] = []
+    strategy = config.train_sampling_strategy
+    exact = strategy in ("random", "sequential")
+    if not exact:
+        raise UsageError(f"train_sampling_strategy={strategy!r} draws its order from the global RNG and is not "
+                         "planned yet; use 'random' or 'sequential'")
+    n = args.num_processes
+    epoch_batches = train_batches(
+        len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,
+        seed=config.seed, data_seed=config.data_seed, drop_last=config.dataloader_drop_last,
+    )
+    loop = TrainLoop(
+        steps_in_epoch=len(epoch_batches(0)[0]),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+    )
+
+    eval_rows = None
+    eval_order: list[list[list[int]]] = []
+    eval_at: list[int] = []
+    if data.eval is not None:
+        eval_packing = config.packing if config.eval_packing is None else config.eval_packing
+        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval")
+        eval_order = eval_batches(len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
+                                  drop_last=config.dataloader_drop_last)
+        eval_at = evaluation_steps(loop, eval_strategy=str(config.eval_strategy.value
+                                                           if hasattr(config.eval_strategy, "value")
+                                                           else config.eval_strategy),
+                                   eval_steps=config.eval_steps, eval_delay=config.eval_delay or 0,
+                                   eval_on_start=config.eval_on_start)
+
+    return plan_sft(
+        train_rows=train_rows,
+        train_layout=layout,
+        loop=loop,
+        epoch_batches=epoch_batches,
+        eval_rows=eval_rows,
+        eval_layout=layout,
+        eval_batches=eval_order,
+        eval_steps=eval_at,
+        dropped_rows=dropped,
+        exact=exact,
+        config=recorded_config(args, argv),
+        versions=versions(),
+        fingerprint={"tokenizer": tokenizer_fingerprint(tokenizer), "train_dataset": data.train._fingerprint,
+                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+        warnings=warnings,
+    )

@@ -1,0 +1,196 @@
+"""TRL's own argument parsing: `trl <method>`'s parser and YAML config, plus accelerate's launch options.
+
+shapeplan declares none of TRL's options itself: every `--name value` it does not own goes through
+`trl.scripts.<method>.make_parser()` exactly as `trl <method>` parses it, and what TRL leaves over goes
+through `accelerate launch`'s parser (for `--num_processes` and friends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+# The values TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example.
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+DEFAULT_DATASETS = {
+    "sft": "trl-lib/Capybara",
+    "grpo": "trl-lib/tldr",
+    "rloo": "trl-lib/tldr",
+    "dpo": "trl-lib/ultrafeedback_binarized",
+    "kto": "trl-lib/kto-mix-14k",
+    "reward": "trl-lib/ultrafeedback_binarized",
+    "distillation": "trl-lib/tldr",
+}
+# TRL resolves pad_to_multiple_of="auto" to 128 on a `neuron` device; planning for Trainium means 128.
+NEURON_PAD_TO_MULTIPLE_OF = 128
+
+
+@dataclass
+class TrainingArgs:
+    """What `trl <method>` would have parsed, plus the launch settings that change batching."""
+
+    method: str
+    script: Any  # ScriptArguments (or GRPOScriptArguments, ...)
+    training: Any  # SFTConfig, GRPOConfig, ...
+    model: Any  # ModelConfig
+    dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
+    num_processes: int = 1
+    given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
+
+
+def make_parser(method: str) -> argparse.ArgumentParser:
+    module = importlib.import_module(f"trl.scripts.{method}")
+    parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
+
+    def error(message: str) -> None:  # argparse would print usage and exit; we want one line
+        raise UsageError(f"{message}; see `trl {method} --help` for TRL's options")
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def given_options(argv: Sequence[str]) -> set[str]:
+    """TRL field names set on the command line or in a `--config` YAML file."""
+    names: set[str] = set()
+    args = list(argv)
+    for i, token in enumerate(args):
+        if token == "--config" and i + 1 < len(args):
+            names |= set(_read_yaml(args[i + 1])) - {"env"}
+        elif token.startswith("--"):
+            names.add(token[2:].split("=", 1)[0].replace("-", "_"))
+    return names
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}; pass an existing YAML file to --config") \
+            from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"config file {path} is not valid YAML; fix it or pass another file to --config") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must be a YAML mapping of TRL option names to values")
+    return data
+
+
+def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
+    """Parse `argv` as `trl <method>` does; fill the guide's defaults for what the user left out."""
+    argv = list(argv)
+    given = given_options(argv)
+    if "pad_to_multiple_of" not in given:
+        argv = ["--pad_to_multiple_of", str(NEURON_PAD_TO_MULTIPLE_OF), *argv]
+    else:
+        argv = _auto_means_neuron(argv)
+    if "model_name_or_path" not in given:
+        argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
+    if "dataset_name" not in given and "datasets" not in given:
+        argv = ["--dataset_name", DEFAULT_DATASETS[method], *argv]
+    if "output_dir" not in given:
+        argv = ["--output_dir", "shapeplan-output", *argv]
+    if "report_to" not in given:
+        argv = ["--report_to", "none", *argv]
+    if "use_cpu" not in given:
+        # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
+        argv = ["--use_cpu", "true", *argv]
+
+    parser = make_parser(method)
+    try:
+        *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except UsageError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
+    num_processes = _launch_num_processes(method, [*config_remaining, *cli_remaining])
+    script, training, model, *rest = parsed
+    return TrainingArgs(
+        method=method,
+        script=script,
+        training=training,
+        model=model,
+        dataset_mixture=rest[0] if rest else None,
+        num_processes=num_processes,
+        given=frozenset(given),
+    )
+
+
+def _auto_means_neuron(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token in ("--pad_to_multiple_of", "--pad-to-multiple-of") and i + 1 < len(out) and out[i + 1] == "auto":
+            out[i + 1] = str(NEURON_PAD_TO_MULTIPLE_OF)
+        elif token in ("--pad_to_multiple_of=auto", "--pad-to-multiple-of=auto"):
+            out[i] = f"--pad_to_multiple_of={NEURON_PAD_TO_MULTIPLE_OF}"
+    return out
+
+
+def _launch_num_processes(method: str, leftovers: list[str]) -> int:
+    """Read `accelerate launch` options TRL passes through; anything else is an unknown option."""
+    if not leftovers:
+        return 1
+    from accelerate.commands.launch import launch_command_parser
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    try:
+        launch_args = resolve_accelerate_config_argument(leftovers)
+    except ValueError as exc:
+        raise UsageError(f"{_first_line(exc)}") from exc
+    parser = launch_command_parser()
+    known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r}: it is neither a TRL `{method}` option nor an "
+                         f"`accelerate launch` option; see `trl {method} --help`")
+    if known.num_processes is not None:
+        return int(known.num_processes)
+    if known.config_file:
+        return int(_read_yaml(known.config_file).get("num_processes", 1) or 1)
+    default = Path.home() / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
+    return int(_read_yaml(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Find the positional DATASET among TRL options: the first bare token that is no option's value."""
+    parser = make_parser(method)
+    actions = parser._option_string_actions
+    rest = list(tokens)
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if token == "--config":
+            i += 2
+            continue
+        if token.startswith("-") and token != "-":
+            action = actions.get(token.split("=", 1)[0])
+            if "=" in token or action is None or action.nargs == 0:
+                i += 1
+            elif action.nargs == "?":
+                nxt = rest[i + 1] if i + 1 < len(rest) else None
+                i += 2 if nxt is not None and nxt.lower() in _BOOL_WORDS else 1
+            elif action.nargs in ("+", "*"):
+                i += 1
+                while i < len(rest) and not rest[i].startswith("-"):
+                    i += 1
+            else:
+                i += 2
+            continue
+        return token, rest[:i] + rest[i + 1:]
+    return None, rest
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0", "none"}

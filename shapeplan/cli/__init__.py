@@ -1,0 +1,49 @@
+"""The `shapeplan` command line. Heavy imports live inside command bodies so `--help` stays fast."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import ShapeplanError
+from .analyze import analyze_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shapeplan")
+def cli() -> None:
+    """Plan and pre-compile every input shape a TRL run feeds the model on AWS Trainium.
+
+    \b
+    shapeplan analyze trl-lib/Capybara --model Qwen/Qwen3-0.6B -o plan.json
+    """
+
+
+cli.add_command(analyze_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every `ShapeplanError` becomes one line on stderr and its exit code."""
+    try:
+        cli.main(args=argv, prog_name="shapeplan", standalone_mode=False)
+    except ShapeplanError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

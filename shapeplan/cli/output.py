@@ -1,0 +1,20 @@
+"""stdout carries results (the table, or JSON under --json); everything else goes to stderr."""
+
+from __future__ import annotations
+
+import click
+
+from ..plan.io import dumps, write_plan
+from ..plan.model import Plan
+from ..report import render_plan
+
+
+def emit_plan(plan: Plan, *, as_json: bool, output: str | None) -> None:
+    if output is not None:
+        write_plan(plan, output)
+    if as_json:
+        click.echo(dumps(plan), nl=False)
+    else:
+        click.echo(render_plan(plan))
+        if output is not None:
+            click.echo(f"plan written to {output}", err=True)

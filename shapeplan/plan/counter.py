@@ -1,0 +1,74 @@
+"""Aggregates the shapes met batch by batch into `Shape` entries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model import PHASES, Shape
+
+
+@dataclass(slots=True)
+class _Entry:
+    count: int
+    first_step: int
+    certain: bool
+    cu_seq_lens: set[int] = field(default_factory=set)
+    max_length_q: set[int] = field(default_factory=set)
+
+
+class ShapeCounter:
+    """Counts each distinct shape and remembers the first step that met it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[object, ...], _Entry] = {}
+
+    def add(
+        self,
+        phase: str,
+        batch: int,
+        seq: int,
+        step: int,
+        *,
+        count: int = 1,
+        certain: bool = True,
+        cache_len: int | None = None,
+        max_new_tokens: int | None = None,
+        logits_to_keep: int | None = None,
+        cu_seq_lens: int | None = None,
+        max_length_q: int | None = None,
+    ) -> None:
+        key = (phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(count=0, first_step=step, certain=certain)
+        entry.count += count
+        entry.first_step = min(entry.first_step, step)
+        entry.certain = entry.certain or certain
+        if cu_seq_lens is not None:
+            entry.cu_seq_lens.add(cu_seq_lens)
+        if max_length_q is not None:
+            entry.max_length_q.add(max_length_q)
+
+    def shapes(self) -> tuple[Shape, ...]:
+        out = [
+            Shape(
+                phase=key[0],  # type: ignore[arg-type]
+                batch=key[1],  # type: ignore[arg-type]
+                seq=key[2],  # type: ignore[arg-type]
+                count=e.count,
+                first_step=e.first_step,
+                certain=e.certain,
+                cache_len=key[3],  # type: ignore[arg-type]
+                max_new_tokens=key[4],  # type: ignore[arg-type]
+                logits_to_keep=key[5],  # type: ignore[arg-type]
+                cu_seq_lens=tuple(sorted(e.cu_seq_lens)),
+                max_length_q=tuple(sorted(e.max_length_q)),
+            )
+            for key, e in self._entries.items()
+        ]
+        return tuple(sorted(out, key=shape_sort_key))
+
+
+def shape_sort_key(shape: Shape) -> tuple[object, ...]:
+    order = PHASES.index(shape.phase) if shape.phase in PHASES else len(PHASES)
+    return (order, shape.batch, shape.seq, shape.cache_len or 0, shape.max_new_tokens or 0, shape.logits_to_keep or 0)

@@ -1,0 +1,90 @@
+"""The plan: every input shape a training run feeds the model, with how often and when it first appears."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Method = Literal["sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"]
+METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")
+
+# What the model runs on a shape. `train` is forward + backward; every other phase is a no-grad forward
+# (`generate` and `eval_generate`: a static-cache `generate` call).
+Phase = Literal[
+    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "ref_precompute", "kl", "ref_kl", "teacher"
+]
+PHASES: tuple[str, ...] = (
+    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "ref_precompute", "kl", "ref_kl", "teacher"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One input shape the run meets, aggregated over every micro-batch (and rank) that has it.
+
+    `first_step` is the optimizer step (1-based, as the Trainer counts) during which a train-side shape is first
+    met, or after which an eval-side shape is first met; 0 means before the first step (`eval_on_start`).
+    `certain` is False for shapes that only sampling can produce (GRPO completion buckets).
+    Padding-free batches also carry the per-batch values that can trigger a compile under `torch.compile`:
+    the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape.
+    """
+
+    phase: str
+    batch: int
+    seq: int
+    count: int
+    first_step: int
+    certain: bool = True
+    cache_len: int | None = None
+    max_new_tokens: int | None = None
+    logits_to_keep: int | None = None
+    cu_seq_lens: tuple[int, ...] = ()
+    max_length_q: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What makes two entries the same compiled graph (phase, dimensions and generate sizes)."""
+        return (self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStats:
+    """Token accounting of the train phase: `tokens` real tokens, `padded_tokens` what the batches hold."""
+
+    rows: int
+    dropped_rows: int
+    micro_batches: int
+    optimizer_steps: int
+    tokens: int
+    padded_tokens: int
+
+    @property
+    def padding_waste(self) -> float:
+        return 0.0 if self.padded_tokens == 0 else 1.0 - self.tokens / self.padded_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything `shapeplan warm` needs and a person wants to see before a run.
+
+    `exact` is False when the order of batches cannot be replayed and `shapes` is the set of reachable shapes
+    (a bound), not the run's exact shapes and counts. `config` holds the TRL options that shape the graphs;
+    `fingerprint` identifies the model, tokenizer and data the plan was made from.
+    """
+
+    method: str
+    exact: bool
+    pad_to_multiple_of: int | None
+    shapes: tuple[Shape, ...]
+    stats: PlanStats
+    config: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def by_phase(self, phase: str) -> tuple[Shape, ...]:
+        return tuple(s for s in self.shapes if s.phase == phase)
+
+    @property
+    def distinct_shapes(self) -> int:
+        return len({s.key for s in self.shapes})

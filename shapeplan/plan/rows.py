@@ -1,0 +1,59 @@
+"""Prepared rows reduced to what shapes depend on: their token lengths (and packed documents)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .buckets import round_up
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Token lengths of the prepared dataset's rows, in dataset order.
+
+    `documents` holds, for packed rows, the lengths of the documents packed into each row (`seq_lengths`);
+    None means each row is one document.
+    """
+
+    lengths: tuple[int, ...]
+    documents: tuple[tuple[int, ...], ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def documents_of(self, row: int) -> tuple[int, ...]:
+        return self.documents[row] if self.documents is not None else (self.lengths[row],)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    batch: int
+    seq: int
+    tokens: int  # real (non-pad) tokens
+    cu_seq_lens: int | None = None  # padding-free only: length of cu_seq_lens_q/k
+    max_length_q: int | None = None  # padding-free only: longest document, pads count as 1-token documents
+
+
+def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
+    """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
+    lengths = [rows.lengths[i] for i in batch]
+    return BatchShape(batch=len(batch), seq=round_up(max(lengths), multiple), tokens=sum(lengths))
+
+
+def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
+    """`DataCollatorForLanguageModeling` padding-free: every row concatenated into one row of (1, R(total)).
+
+    Pad positions get position id 0, so each pad token starts a one-token document of its own.
+    """
+    documents = [d for i in batch for d in rows.documents_of(i)]
+    tokens = sum(documents)
+    seq = round_up(tokens, multiple)
+    pads = seq - tokens
+    return BatchShape(
+        batch=1,
+        seq=seq,
+        tokens=tokens,
+        cu_seq_lens=len(documents) + pads + 1,
+        max_length_q=max(max(documents), 1 if pads else 0),
+    )

@@ -1,0 +1,31 @@
+"""Offline, isolated test environment: no Hub, temporary caches, the bundled tiny model and sample data."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TINY_MODEL = EXAMPLES / "tiny-qwen3"
+CAPYBARA = EXAMPLES / "capybara-sample.jsonl"
+TLDR = EXAMPLES / "tldr-sample.jsonl"
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+# datasets reads its cache location at import, so it is set before any test imports it.
+_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="shapeplan-tests-"))
+os.environ["HF_DATASETS_CACHE"] = str(_SESSION_CACHE / "datasets")
+os.environ["HF_HOME"] = str(_SESSION_CACHE / "hf")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / "shapeplan"))
