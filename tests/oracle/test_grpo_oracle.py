@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.analyze import analyze
-from tests.conftest import TINY_MODEL, TLDR
+from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 from tests.oracle.grpo_harness import observed, planned, run_generation_trainer
 
 pytestmark = pytest.mark.slow
@@ -42,6 +42,13 @@ CONFIGS = {
     "rloo-static": ("rloo", 16, None, [
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_completion_length", "64",
         "--max_steps", "3", *STATIC]),
+    # Unpadded (multiple 1) and one-token completions: every prompt length shows, the chat template's included.
+    "conversational": ("grpo", "conversational", None, [
+        "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "1",
+        "--pad_to_multiple_of", "1", "--max_steps", "4", *STATIC]),
+    "rloo-conversational": ("rloo", "conversational", None, [
+        "--per_device_train_batch_size", "2", "--max_completion_length", "1", "--pad_to_multiple_of", "1",
+        "--beta", "0", "--max_steps", "3", *STATIC]),
     "grpo-dynamic-cache": ("grpo", 16, None, [
         "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "16",
         "--max_steps", "3"]),
@@ -56,6 +63,14 @@ SAMPLED = {
 }
 
 
+def _conversational_prompts(path: Path, rows: int) -> Path:
+    """Prompts as conversations (the first user turn of CAPYBARA rows), tokenized through the chat template."""
+    lines = CAPYBARA.read_text(encoding="utf-8").splitlines()[:rows]
+    prompts = [{"prompt": json.loads(line)["messages"][:1]} for line in lines]
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
+    return path
+
+
 def _rows(path: Path, rows: int | slice) -> Path:
     lines = TLDR.read_text(encoding="utf-8").splitlines()[rows if isinstance(rows, slice) else slice(rows)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -64,7 +79,10 @@ def _rows(path: Path, rows: int | slice) -> Path:
 
 def _plan_and_run(name: str, configs: dict, tmp_path: Path):  # type: ignore[no-untyped-def,type-arg]
     method, train_rows, eval_rows, argv = configs[name]
-    train = _rows(tmp_path / "train.jsonl", train_rows)
+    if train_rows == "conversational":
+        train = _conversational_prompts(tmp_path / "train.jsonl", 12)
+    else:
+        train = _rows(tmp_path / "train.jsonl", train_rows)
     eval_data = _rows(tmp_path / "eval.jsonl", eval_rows) if eval_rows else None
     plan = analyze(method, ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *argv],
                    eval_source=str(eval_data) if eval_data else None)
