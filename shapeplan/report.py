@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .plan.cost import compile_minutes
+from .plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
+from .plan.grpo import GENERATE_PHASES, cache_pin
 from .plan.model import Plan, Shape
 
 
@@ -40,12 +41,28 @@ def _minutes(minutes: float) -> str:
     return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
 
 
-def render_plan(plan: Plan) -> str:
+def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
+    """The generate sizes and what they cost to compile; what pinning the static cache length saves."""
+    sizes = {s.key for s in plan.shapes if s.phase in GENERATE_PHASES}
+    if not sizes:
+        return []
+    lines = [f"generate sizes: {len(sizes)} (batch, prompt bucket, cache length), "
+             f"{_minutes(len(sizes) * generate_minutes)} to compile at {generate_minutes:g} min each"]
+    pin = cache_pin(plan.shapes)
+    if pin is not None:
+        lines.append(f"pinning max_cache_len={pin.max_cache_len} leaves {pin.pinned_graphs} generate sizes and saves "
+                     f"{_minutes(pin.saved * generate_minutes)} of compile")
+    return lines
+
+
+def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES) -> str:
     has_extra = any(_extra(s) for s in plan.shapes)
     headers = ["phase", "batch", "seq", "count", "first step"] + (["notes"] if has_extra else [])
     rows = [[s.phase, str(s.batch), str(s.seq), str(s.count), str(s.first_step)] + ([_extra(s)] if has_extra else [])
             for s in plan.shapes]
     st = plan.stats
+    generate_lines = _generate_lines(plan, generate_minutes)
+    generating = bool(generate_lines)
     model = plan.config.get("model_name_or_path", "?")
     pad = plan.pad_to_multiple_of if plan.pad_to_multiple_of is not None else "none"
     lines = [
@@ -56,9 +73,11 @@ def render_plan(plan: Plan) -> str:
         "",
         f"rows: {st.rows:,}" + (f" ({st.dropped_rows:,} dropped in preparation)" if st.dropped_rows else "")
         + f"   micro-batches: {st.micro_batches:,}   optimizer steps: {st.optimizer_steps:,}",
-        f"train tokens: {st.tokens:,} real of {st.padded_tokens:,} fed ({st.padding_waste:.1%} padding)",
+        f"{'generate prompt' if generating else 'train'} tokens: {st.tokens:,} real of {st.padded_tokens:,} fed "
+        f"({st.padding_waste:.1%} padding)",
+        *generate_lines,
         f"distinct shapes to compile: {plan.distinct_shapes}   estimated compile time: "
-        f"{_minutes(compile_minutes(plan))} on one NeuronCore",
+        f"{_minutes(compile_minutes(plan, generate_minutes=generate_minutes))} on one NeuronCore",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

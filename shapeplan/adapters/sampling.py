@@ -56,3 +56,9 @@ def train_batches(
 def eval_batches(num_rows: int, *, batch_size: int, num_processes: int, drop_last: bool) -> RankBatches:
     """The eval loop's order: sequential, sharded across ranks with even batches."""
     return _batches(range(num_rows), batch_size, drop_last, num_processes)
+
+
+def ordered_batches(order: Sequence[int], *, batch_size: int, num_processes: int, drop_last: bool) -> RankBatches:
+    """Per-rank batches of a custom sampler's `order` (e.g. TRL's `RepeatSampler`), as the prepared DataLoader
+    gives them: accelerate shards whole batches across ranks, since such a sampler is not a `RandomSampler`."""
+    return _batches(order, batch_size, drop_last, num_processes)

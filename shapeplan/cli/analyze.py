@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
+from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.model import METHODS
 from .output import emit_plan
 
@@ -50,8 +51,11 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (for scripts).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
+@click.option("--generate-compile-minutes", "generate_minutes", type=click.FloatRange(min=0), metavar="MIN",
+              default=GENERATE_SHAPE_MINUTES, show_default=True,
+              help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
-                    trl_args: tuple[str, ...], as_json: bool, output: str | None) -> None:
+                    trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -73,4 +77,4 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
 
     argv = split_run_arguments(method, trl_args, model, split)
     plan = analyze(method, argv, eval_source=eval_dataset)
-    emit_plan(plan, as_json=as_json, output=output)
+    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)

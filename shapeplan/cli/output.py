@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import click
 
+from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
 from ..report import render_plan
 
 
-def emit_plan(plan: Plan, *, as_json: bool, output: str | None) -> None:
+def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
+              generate_minutes: float = GENERATE_SHAPE_MINUTES) -> None:
     if output is not None:
         write_plan(plan, output)
     if as_json:
         click.echo(dumps(plan), nl=False)
     else:
-        click.echo(render_plan(plan))
+        click.echo(render_plan(plan, generate_minutes=generate_minutes))
         if output is not None:
             click.echo(f"plan written to {output}", err=True)

@@ -1,0 +1,236 @@
+"""Generation trainers (GRPO, RLOO; Distillation can reuse it): the shapes each `generate` round and the forwards
+over its completions feed the model, from prompt lengths, the sampler's batches and the config.
+
+The prompt side is exact: the prompt bucket P of every round follows from the prompts, the sampler's order and
+the padding multiple, and so does the static cache length (a running maximum kept on the model across calls).
+The completion bucket C = R(longest completion) depends on sampling, so every C in `completion_buckets` is planned
+for every P; those entries are `certain` only when there is a single bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .buckets import round_up
+from .counter import ShapeCounter
+from .model import Plan, PlanStats, Shape
+from .schedule import TrainLoop, micro_batches
+
+# rank -> batches -> row indices, for one epoch (train) or one pass (eval)
+RankBatches = Sequence[Sequence[Sequence[int]]]
+
+GENERATE_PHASES = ("generate", "eval_generate")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationLayout:
+    """How the trainer generates and batches, as TRL's config names it.
+
+    One dataloader batch holds a rank's generation batch (`batch_size * steps_per_generation` rows); the trainer
+    generates on it every `steps_per_generation * num_iterations` micro-steps and trains on slices of
+    `batch_size` rows. `round_forwards` are the no-grad forwards run over each generation batch in chunks of
+    `batch_size` (GRPO: `old_logprob` and/or `ref`; Distillation: `teacher`); `eval_forwards` the forwards run on
+    each eval batch (GRPO: `eval` for the loss, plus `eval` again for old log-probs and `ref`).
+    """
+
+    batch_size: int
+    steps_per_generation: int
+    num_iterations: int
+    pad_to_multiple_of: int | None
+    max_new_tokens: int
+    static_cache: bool
+    max_cache_len: int | None  # generation_config.max_cache_len: a floor for the static cache length
+    round_forwards: tuple[str, ...]
+    eval_batch_size: int = 1
+    eval_forwards: tuple[str, ...] = ()
+
+    @property
+    def generate_every(self) -> int:
+        return self.steps_per_generation * self.num_iterations
+
+
+def completion_buckets(max_new_tokens: int, multiple: int | None) -> tuple[int, ...]:
+    """Every padded completion length C a round can produce: R(L) for L in 1..max_new_tokens."""
+    if multiple is None:
+        return tuple(range(1, max_new_tokens + 1))
+    return tuple(range(multiple, round_up(max_new_tokens, multiple) + 1, multiple))
+
+
+class CacheLength:
+    """The static cache length of successive `generate` calls on one model instance.
+
+    transformers sizes the cache max(P + max_new_tokens - 1, max_cache_len, the previous call's length) and keeps
+    the result on the model, so it only grows. None for a dynamic cache.
+    """
+
+    def __init__(self, layout: GenerationLayout) -> None:
+        self._layout = layout
+        self._previous = -1
+
+    def next(self, prompt_bucket: int) -> int | None:
+        if not self._layout.static_cache:
+            return None
+        pinned = self._layout.max_cache_len if self._layout.max_cache_len is not None else -1
+        self._previous = max(prompt_bucket + self._layout.max_new_tokens - 1, pinned, self._previous)
+        return self._previous
+
+
+def _chunks(rows: int, size: int) -> list[int]:
+    """Row counts of TRL's chunked no-grad forwards (`_get_per_token_logps_and_entropies(batch_size=size)`)."""
+    return [min(size, rows - start) for start in range(0, rows, size)]
+
+
+@dataclass
+class _Rank:
+    cache: CacheLength
+    prompt_bucket: int = 0  # P of the round being trained on
+
+
+class _Counting:
+    """Adds rounds and eval batches to a `ShapeCounter`, with the completion buckets."""
+
+    def __init__(self, counter: ShapeCounter, layout: GenerationLayout) -> None:
+        self.counter = counter
+        self.layout = layout
+        self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
+        self.certain = len(self.buckets) == 1
+
+    def forwards(self, phase: str, rows: int, prompt_bucket: int, step: int) -> None:
+        for completion in self.buckets:
+            self.counter.add(phase, rows, prompt_bucket + completion, step, certain=self.certain,
+                             logits_to_keep=completion)
+
+    def generate(self, phase: str, rows: int, prompt_bucket: int, cache_len: int | None, step: int) -> None:
+        self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len,
+                         max_new_tokens=self.layout.max_new_tokens)
+
+
+def plan_generation(
+    *,
+    method: str,
+    prompt_lengths: Sequence[int],
+    layout: GenerationLayout,
+    loop: TrainLoop,
+    epoch_batches: Callable[[int], RankBatches],
+    eval_prompt_lengths: Sequence[int] = (),
+    eval_batches: RankBatches = (),
+    eval_steps: Sequence[int] = (),
+    exact: bool = True,
+    generation_kwargs: Mapping[str, object] | None = None,
+    config: dict[str, object] | None = None,
+    versions: dict[str, str] | None = None,
+    fingerprint: dict[str, str] | None = None,
+    warnings: Sequence[str] = (),
+) -> Plan:
+    """Replay the training loop rank by rank, in time order (the cache length depends on it), into a Plan."""
+    counting = _Counting(ShapeCounter(), layout)
+    multiple = layout.pad_to_multiple_of
+    ranks: list[_Rank] | None = None
+    pending_evals = sorted(eval_steps)
+    micro = tokens = padded = 0
+    last_step = 0
+    micro_step = 0  # TRL's `_step`: micro-batches trained so far, across epochs
+
+    def run_evals(before: int) -> None:
+        while pending_evals and pending_evals[0] < before:
+            step = pending_evals.pop(0)
+            for rank_state, rank_batches in zip(ranks or [], eval_batches):
+                for batch in rank_batches:
+                    bucket = round_up(max(eval_prompt_lengths[i] for i in batch), multiple)
+                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache.next(bucket), step)
+                    for phase in layout.eval_forwards:
+                        for rows in _chunks(len(batch), layout.eval_batch_size):
+                            counting.forwards(phase, rows, bucket, step)
+
+    current_epoch, batches = -1, None
+    for mb in micro_batches(loop):
+        if mb.epoch != current_epoch:
+            current_epoch, batches = mb.epoch, epoch_batches(mb.epoch)
+        assert batches is not None
+        if ranks is None:
+            ranks = [_Rank(CacheLength(layout)) for _ in batches]
+        run_evals(mb.step)  # the evals after earlier steps (0: eval_on_start)
+        generating = micro_step % layout.generate_every == 0
+        for rank_state, rank_batches in zip(ranks, batches):
+            if mb.index >= len(rank_batches):
+                continue
+            if generating:
+                batch = rank_batches[mb.index]
+                lengths = [prompt_lengths[i] for i in batch]
+                bucket = round_up(max(lengths), multiple)
+                rank_state.prompt_bucket = bucket
+                counting.generate("generate", len(batch), bucket, rank_state.cache.next(bucket), mb.step)
+                for phase in layout.round_forwards:
+                    for rows in _chunks(len(batch), layout.batch_size):
+                        counting.forwards(phase, rows, bucket, mb.step)
+                tokens += sum(lengths)
+                padded += len(batch) * bucket
+            counting.forwards("train", layout.batch_size, rank_state.prompt_bucket, mb.step)
+            micro += 1
+        micro_step += 1
+        last_step = mb.step
+    if ranks is None:
+        ranks = [_Rank(CacheLength(layout)) for _ in eval_batches]
+    run_evals(last_step + 1)
+
+    shapes = counting.counter.shapes()
+    all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {})
+    return Plan(
+        method=method,
+        exact=exact,
+        pad_to_multiple_of=multiple,
+        shapes=shapes,
+        stats=PlanStats(rows=len(prompt_lengths), dropped_rows=0, micro_batches=micro, optimizer_steps=last_step,
+                        tokens=tokens, padded_tokens=padded),
+        config=dict(config or {}),
+        versions=dict(versions or {}),
+        fingerprint=dict(fingerprint or {}),
+        warnings=tuple(all_warnings),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CachePin:
+    """What pinning the static cache length would change: the value to pin and the generate graphs it saves."""
+
+    max_cache_len: int
+    graphs: int  # distinct generate graphs as planned
+    pinned_graphs: int  # distinct generate graphs with the cache length pinned
+
+    @property
+    def saved(self) -> int:
+        return self.graphs - self.pinned_graphs
+
+
+def cache_pin(shapes: Sequence[Shape]) -> CachePin | None:
+    """The pin that makes every static-cache `generate` use one cache length, when the run meets several."""
+    generate = [s for s in shapes if s.phase in GENERATE_PHASES and s.cache_len is not None]
+    lengths = {s.cache_len for s in generate}
+    if len(lengths) < 2:
+        return None
+    longest = max(s.cache_len for s in generate if s.cache_len is not None)
+    pinned = {(s.phase, s.batch, s.seq, s.max_new_tokens) for s in generate}
+    return CachePin(max_cache_len=longest, graphs=len({s.key for s in generate}), pinned_graphs=len(pinned))
+
+
+def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
+                         generation_kwargs: Mapping[str, object]) -> list[str]:
+    out: list[str] = []
+    if not layout.static_cache:
+        out.append(f"generation uses a dynamic cache: every decode step meets a new key/value length (P+1 .. "
+                   f"P+{layout.max_new_tokens - 1} for each generate entry), a compile each on Neuron; pass "
+                   "--cache_implementation static")
+    pin = cache_pin(shapes)
+    if pin is not None:
+        lengths = sorted({s.cache_len for s in shapes if s.phase in GENERATE_PHASES and s.cache_len is not None})
+        value = json.dumps({**generation_kwargs, "max_cache_len": pin.max_cache_len})
+        out.append(f"the static cache length grows during the run ({', '.join(map(str, lengths))}: the running "
+                   f"maximum of P + max_new_tokens - 1), so generate compiles {pin.graphs} graphs where "
+                   f"{pin.pinned_graphs} would do; pin it with --generation_kwargs '{value}'")
+    if layout.pad_to_multiple_of is None:
+        out.append(f"pad_to_multiple_of is none: every completion length 1..{layout.max_new_tokens} is a shape of "
+                   "its own; pass --pad_to_multiple_of 128")
+    return out
+

@@ -1,0 +1,143 @@
+"""GRPO and RLOO planning around the oracle: completion buckets, the guide's example, cache pinning advice, the
+report and plan file, multi-process generation batches, and one-line errors through the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from shapeplan.adapters.grpo import GUIDE_EXAMPLES
+from shapeplan.analyze import analyze
+from shapeplan.cli import main
+from shapeplan.plan.grpo import GENERATE_PHASES, cache_pin, completion_buckets
+from shapeplan.plan.io import dumps, plan_from_dict
+from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
+
+RUN = ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL)]
+
+
+def test_completion_buckets() -> None:
+    assert completion_buckets(128, 128) == (128,)
+    assert completion_buckets(32, 128) == (128,)
+    assert completion_buckets(200, 128) == (128, 256)
+    assert completion_buckets(512, 128) == (128, 256, 384, 512)
+    assert completion_buckets(4, None) == (1, 2, 3, 4)
+
+
+def test_no_training_option_plans_the_guide_example() -> None:
+    guide = analyze("grpo", RUN)
+    explicit = analyze("grpo", [*RUN, *GUIDE_EXAMPLES["grpo"]])
+    assert guide.shapes == explicit.shapes
+    assert "Trainium guide" in guide.warnings[0]
+    assert {s.batch for s in guide.by_phase("generate")} == {4}
+
+
+def test_any_training_option_keeps_trl_defaults() -> None:
+    plan = analyze("grpo", [*RUN, "--max_steps", "2"])
+    assert (plan.config["num_generations"], plan.config["max_completion_length"]) == (8, 512)
+    assert {s.cache_len for s in plan.by_phase("generate")} == {None}
+    assert any(w.startswith("generation uses a dynamic cache") for w in plan.warnings)
+    assert not any("Trainium guide" in w for w in plan.warnings)
+    # 512 new tokens at a multiple of 128: four completion buckets, none certain
+    assert {s.logits_to_keep for s in plan.by_phase("train")} == {128, 256, 384, 512}
+    assert not any(s.certain for s in plan.by_phase("train"))
+
+
+def test_pinning_the_advised_cache_length_leaves_one_per_size() -> None:
+    growing = analyze("grpo", RUN)
+    advice = next(w for w in growing.warnings if "max_cache_len" in w)
+    value = re.search(r"--generation_kwargs '(.*)'", advice).group(1)  # type: ignore[union-attr]
+    pin = cache_pin(growing.shapes)
+    assert pin is not None and json.loads(value) == {"max_cache_len": pin.max_cache_len}
+
+    pinned = analyze("grpo", [*RUN, *GUIDE_EXAMPLES["grpo"], "--generation_kwargs", value])
+    generate = [s for s in pinned.shapes if s.phase in GENERATE_PHASES]
+    assert {s.cache_len for s in generate} == {pin.max_cache_len}
+    assert len({s.key for s in generate}) == pin.pinned_graphs < pin.graphs
+    assert sum(s.count for s in generate) == sum(s.count for s in growing.shapes if s.phase in GENERATE_PHASES)
+    assert cache_pin(pinned.shapes) is None and not any("max_cache_len" in w for w in pinned.warnings)
+
+
+def test_report_prices_generate_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL),
+                 "--generate-compile-minutes", "5"]) == 0
+    out = capsys.readouterr().out
+    plan = analyze("grpo", RUN)
+    sizes = len({s.key for s in plan.shapes if s.phase in GENERATE_PHASES})
+    pin = cache_pin(plan.shapes)
+    assert pin is not None
+    assert f"generate sizes: {sizes} (batch, prompt bucket, cache length), {sizes * 5} min to compile" in out
+    assert f"pinning max_cache_len={pin.max_cache_len} leaves {pin.pinned_graphs} generate sizes and saves " \
+           f"{pin.saved * 5} min" in out
+
+
+def test_compile_minutes_option_is_no_trl_or_accelerate_option() -> None:
+    from accelerate.commands.launch import launch_command_parser
+
+    from shapeplan.adapters.trl_args import make_parser
+
+    names = {"--generate-compile-minutes", "--generate_compile_minutes"}
+    for method in ("grpo", "rloo"):
+        assert not names & set(make_parser(method)._option_string_actions)
+    assert not names & set(launch_command_parser()._option_string_actions)
+
+
+def test_plan_file_round_trips_generation_fields() -> None:
+    plan = analyze("rloo", [*RUN, "--max_steps", "1", "--per_device_train_batch_size", "2",
+                            "--max_completion_length", "256", *("--cache_implementation", "static")])
+    data = json.loads(dumps(plan))
+    assert data["schema"] == 1
+    phases = {s["phase"] for s in data["shapes"]}
+    assert phases == {"generate", "old_logprob", "ref", "train"}
+    generate = [s for s in data["shapes"] if s["phase"] == "generate"]
+    assert all(s["max_new_tokens"] == 256 and s["cache_len"] == s["seq"] + 255 for s in generate)
+    assert all(s["certain"] is False and s["logits_to_keep"] in (128, 256)
+               for s in data["shapes"] if s["phase"] != "generate")
+    assert plan_from_dict(data) == plan
+
+
+def test_generation_batch_follows_num_processes() -> None:
+    # GRPOConfig derives steps_per_generation with the planning machine's single process; the run has two.
+    plan = analyze("grpo", [*RUN, "--per_device_train_batch_size", "2", "--generation_batch_size", "8",
+                            "--num_generations", "4", "--max_steps", "2", "--num_processes", "2",
+                            "--max_completion_length", "8"])
+    assert (plan.config["steps_per_generation"], plan.config["generation_batch_size"]) == (2, 8)
+    assert {s.batch for s in plan.by_phase("generate")} == {4}
+    assert sum(s.count for s in plan.by_phase("generate")) == 2  # one round per rank
+    assert sum(s.count for s in plan.by_phase("train")) == 4  # two ranks x two micro-steps
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], code: int) -> str:
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    # datasets may print its progress bar first; the error itself is one line, no traceback
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in err and err.rstrip().endswith(errors[0])
+    return errors[0]
+
+
+def test_dataset_without_prompt_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_error(capsys, ["analyze", "--method", "grpo", str(CAPYBARA), "--model", str(TINY_MODEL)], 1)
+    assert "no 'prompt' column" in err and "messages" in err
+
+
+def test_generation_batch_not_divisible_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_error(capsys, ["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL),
+                                   "--per_device_train_batch_size", "3", "--num_generations", "4"], 2)
+    assert "divisible by num_generations" in err
+
+
+def test_vllm_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_error(capsys, ["analyze", "--method", "rloo", str(TLDR), "--model", str(TINY_MODEL),
+                                   "--use_vllm"], 2)
+    assert "vLLM does not run on Neuron" in err
+
+
+def test_reward_model_is_planned_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL), "--json",
+                 "--reward_model_name_or_path", "my-org/reward", "--max_steps", "1"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert any(w.startswith("reward model my-org/reward is not planned") for w in plan["warnings"])
+    assert {s["phase"] for s in plan["shapes"]} == {"generate", "train"}
