@@ -9,6 +9,8 @@ import click
 from .. import __version__
 from ..errors import ShapeplanError
 from .analyze import analyze_command
+from .verify import verify_command
+from .warm import warm_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,6 +24,8 @@ def cli() -> None:
 
 
 cli.add_command(analyze_command)
+cli.add_command(warm_command)
+cli.add_command(verify_command)
 
 
 def main(argv: list[str] | None = None) -> int:

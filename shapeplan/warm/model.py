@@ -1,0 +1,103 @@
+"""What warming is made of: tasks (one planned shape each), their results, the report. Pure data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# compiled: something was compiled; cached: it ran and everything came from the cache; failed: it raised;
+# skipped: the manifest already records it as warmed in the same environment.
+Status = Literal["compiled", "cached", "failed", "skipped"]
+STATUSES: tuple[str, ...] = ("compiled", "cached", "failed", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTask:
+    """One planned shape to run through the trainer's step.
+
+    `cu_seq_lens` / `max_length_q` are the padding-free values the plan met with this shape (each gets a batch).
+    `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
+    grow with every batch, so a warm eval pass runs as many batches as the real one.
+    """
+
+    phase: str
+    batch: int
+    seq: int
+    cu_seq_lens: tuple[int, ...] = ()
+    max_length_q: tuple[int, ...] = ()
+    per_pass: int = 1
+
+    @property
+    def key(self) -> str:
+        """Stable id of the task in the manifest."""
+        parts = [self.phase, f"{self.batch}x{self.seq}"]
+        if self.cu_seq_lens:
+            parts.append("cu=" + ",".join(map(str, self.cu_seq_lens)))
+        if self.max_length_q:
+            parts.append("maxq=" + ",".join(map(str, self.max_length_q)))
+        if self.phase != "train":
+            parts.append(f"per_pass={self.per_pass}")
+        return " ".join(parts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} ({self.batch}, {self.seq})"
+
+
+@dataclass(frozen=True, slots=True)
+class WarmResult:
+    """What happened to one task: status, wall seconds and the compile counters' change while it ran."""
+
+    task: WarmTask
+    status: str
+    seconds: float
+    counters: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """A warmed shape as the manifest records it: the record of completed work in a cache dir."""
+
+    environment: str  # hash of the Environment the shape was warmed in
+    task: str  # WarmTask.key
+    status: str
+    seconds: float
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+
+
+@dataclass(frozen=True, slots=True)
+class WarmReport:
+    """Everything `shapeplan warm` / `verify` did, in task order."""
+
+    results: tuple[WarmResult, ...]
+    cache_dir: str
+    device: str
+    environment: dict[str, Any]
+    script_lines: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> tuple[WarmResult, ...]:
+        return tuple(r for r in self.results if r.status == "failed")
+
+    @property
+    def compiled(self) -> tuple[WarmResult, ...]:
+        return tuple(r for r in self.results if r.status == "compiled")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cache_dir": self.cache_dir,
+            "device": self.device,
+            "environment": self.environment,
+            "script_lines": list(self.script_lines),
+            "results": [
+                {"phase": r.task.phase, "batch": r.task.batch, "seq": r.task.seq, "key": r.task.key,
+                 "status": r.status, "seconds": round(r.seconds, 3), "counters": dict(sorted(r.counters.items())),
+                 **({"error": r.error} if r.error else {})}
+                for r in self.results
+            ],
+            "summary": {s: sum(r.status == s for r in self.results) for s in STATUSES},
+        }

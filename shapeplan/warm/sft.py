@@ -1,0 +1,405 @@
+"""The SFT warmer: the real `SFTTrainer`, built from the run's own config and model, trains on synthetic rows
+whose batches have exactly the planned shapes, through `Trainer.train()` itself.
+
+Running the Trainer's own loop (not a copy of it) is what makes the warm-up dispatch what training dispatches:
+the loss path, dtype/autocast, gradient checkpointing, the fused LM head, `torch.compile`, the token count for the
+loss, gradient clipping, the optimizer and scheduler steps, the logging reductions and the eval loop's
+concatenations. Only the data differs: a fixed batch order over synthetic rows replaces the sampler.
+
+Each train shape is one or more optimizer steps of `gradient_accumulation_steps` micro-batches of that shape;
+the eval shapes run as one eval pass (`eval_on_start`) with as many batches as the planned pass. A step that
+raises fails its shape; the loop restarts on the shapes left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from ..errors import PlanFileError
+from ..plan.model import Plan
+from ..plan.schedule import TrainLoop, evaluation_steps
+from .model import WarmTask
+from .runner import Tracker
+from .synthetic import SyntheticBatch, dataset_rows, padded_batches, padding_free_batches
+
+# SFTConfig fields that never change what is compiled (paths, logging, schedule lengths, data choice, batch
+# sizes, which the shapes carry). Everything else enters the config hash: a change there means re-warming.
+_NOT_COMPILED = {
+    "output_dir", "overwrite_output_dir", "run_name", "report_to", "seed", "data_seed", "num_train_epochs",
+    "max_steps", "learning_rate", "resume_from_checkpoint", "disable_tqdm", "do_train", "do_eval", "do_predict",
+    "per_device_train_batch_size", "per_device_eval_batch_size", "eval_strategy", "eval_steps", "eval_delay",
+    "eval_on_start", "eval_packing", "train_sampling_strategy", "shuffle_dataset", "load_best_model_at_end",
+    "metric_for_best_model", "greater_is_better", "ignore_data_skip", "skip_memory_metrics", "dataset_num_proc",
+    "dataset_text_field", "dataset_kwargs", "logging_dir", "project", "trackio_space_id", "use_cpu",
+}
+_NOT_COMPILED_PREFIXES = ("logging_", "save_", "hub_", "push_to_hub", "warmup_", "lr_scheduler", "dataloader_",
+                          "include_")
+
+
+def _hashed_config(config: Any, model_args: Any) -> dict[str, Any]:
+    values = {k: v for k, v in config.to_dict().items()
+              if k not in _NOT_COMPILED and not k.startswith(_NOT_COMPILED_PREFIXES)}
+    model = {k: v for k, v in vars(model_args).items() if k != "model_name_or_path"}
+    return {"sft": values, "model": model}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    task: WarmTask | None  # None: a step that only carries the eval pass (its shape is already warmed)
+    batches: tuple[SyntheticBatch, ...]  # one per micro-batch
+    last: bool  # the task's last step
+
+
+class SFTWarmer:
+    """Warms SFT shapes with `trl.SFTTrainer` (see the module docstring)."""
+
+    def __init__(self, args: Any, *, device: str) -> None:
+        self.args = args
+        self.config = args.training
+        self.device = device
+        self.torch_compile = bool(self.config.torch_compile)
+        self.padding_free = bool(self.config.padding_free or (
+            self.config.packing and self.config.packing_strategy in {"bfd", "bfd_split"}))
+        self._tokenizer: Any = None
+        self._trainer: Any = None
+        self.logs = False  # whether the planned run logs (set by bind)
+        self.train_remainder = self.eval_remainder = 0  # set by bind
+        self.warnings: list[str] = []
+
+    # -- identity -------------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from ..adapters.data import load_tokenizer
+            from ..adapters.sft import _apply_chat_template_path
+
+            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
+                                             revision=self.args.model.model_revision,
+                                             trust_remote_code=bool(self.config.trust_remote_code))
+            _apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
+            if self.config.eos_token is not None:
+                self._tokenizer.eos_token = self.config.eos_token
+        return self._tokenizer
+
+    def bind(self, plan: Plan) -> int:
+        """Check the plan is for this method and tokenizer; note whether the run logs; return its eval passes."""
+        self.check_plan(plan)
+        self.logs = self._run_logs(plan.stats.optimizer_steps)
+        self._remainders(plan)
+        return self._eval_passes(plan)
+
+    def _steps_in_epoch(self, rows: int) -> int:
+        from ..adapters.sampling import train_batches
+
+        cfg = self.config
+        return len(train_batches(rows, batch_size=cfg.per_device_train_batch_size,
+                                 num_processes=self.args.num_processes, strategy="sequential", seed=0,
+                                 data_seed=None, drop_last=cfg.dataloader_drop_last)(0)[0])
+
+    def _remainders(self, plan: Plan) -> None:
+        """The rows of the last, short batch of an epoch / eval pass, where the run meets one (0: none).
+
+        At the end of a dataloader accelerate's `gather_for_metrics` cuts gathered metrics to that many rows,
+        so the warm-up's dataloaders report the same remainder.
+        """
+        cfg = self.config
+        self.train_remainder = 0
+        if not cfg.dataloader_drop_last and plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
+            self.train_remainder = plan.stats.rows % cfg.per_device_train_batch_size
+        short = [s.batch for s in plan.by_phase("eval") if s.batch < cfg.per_device_eval_batch_size]
+        self.eval_remainder = 0 if self.padding_free or cfg.dataloader_drop_last or not short else short[0]
+
+    def _run_logs(self, total_steps: int) -> bool:
+        """Whether the planned run logs at least once (`DefaultFlowCallback.on_step_end` / `on_epoch_end`): a log
+        runs a few scalar reductions, which the warm-up then runs once."""
+        cfg = self.config
+        strategy = str(getattr(cfg.logging_strategy, "value", cfg.logging_strategy))
+        if strategy == "epoch" or (cfg.logging_first_step and total_steps >= 1):
+            return True
+        if strategy != "steps":
+            return False
+        every = math.ceil(total_steps * cfg.logging_steps) if cfg.logging_steps < 1 else int(cfg.logging_steps)
+        return total_steps >= every
+
+    def check_plan(self, plan: Plan) -> None:
+        """The plan must have been made for this method, model and tokenizer."""
+        from ..adapters.data import tokenizer_fingerprint
+
+        if plan.method != "sft":
+            raise PlanFileError(f"the plan is for `{plan.method}`, not sft; pass --method {plan.method}")
+        planned = plan.fingerprint.get("tokenizer")
+        if planned is not None and planned != tokenizer_fingerprint(self.tokenizer):
+            raise PlanFileError(f"the plan was made with another tokenizer than {self.args.model.model_name_or_path}'s;"
+                                " re-create it with `shapeplan analyze ... --model "
+                                f"{self.args.model.model_name_or_path} -o PLAN`")
+
+    def environment(self) -> dict[str, Any]:
+        versions = {}
+        for name in ("torch", "trl", "transformers", "accelerate"):
+            versions[name] = metadata.version(name)
+        hashed = _hashed_config(self.config, self.args.model)
+        return {
+            "method": "sft",
+            "model": self.args.model.model_name_or_path,
+            "dtype": {"model": str(self.args.model.dtype), "bf16": bool(self.config.bf16),
+                      "fp16": bool(self.config.fp16)},
+            "world_size": self.args.num_processes,
+            "versions": versions,
+            "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16],
+        }
+
+    def _eval_passes(self, plan: Plan) -> int:
+        if not plan.by_phase("eval"):
+            return 0
+        cfg = self.config
+        loop = TrainLoop(steps_in_epoch=self._steps_in_epoch(plan.stats.rows), gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                         num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps)
+        strategy = getattr(cfg.eval_strategy, "value", cfg.eval_strategy)
+        return len(evaluation_steps(loop, eval_strategy=str(strategy), eval_steps=cfg.eval_steps,
+                                    eval_delay=cfg.eval_delay or 0, eval_on_start=cfg.eval_on_start))
+
+    # -- synthetic batches ----------------------------------------------------------------------------------
+
+    def layouts(self, task: WarmTask) -> list[SyntheticBatch]:
+        """The synthetic batches that reproduce `task` (several when its shape arrives in several layouts)."""
+        multiple = self.config.pad_to_multiple_of
+        if self.padding_free:
+            batches, problems = padding_free_batches(task.seq, task.cu_seq_lens, task.max_length_q, multiple)
+            self.warnings += [f"{task.label}: {p}" for p in problems]
+            return batches or padding_free_batches(task.seq, (), (), multiple)[0]
+        return padded_batches(task.batch, task.seq, multiple, self.config.max_length)
+
+    def _train_steps(self, tasks: Sequence[WarmTask], carrier: WarmTask | None) -> list[_Step]:
+        ga = self.config.gradient_accumulation_steps
+        steps = []
+        for task in ([carrier] if carrier is not None else tasks):
+            layouts = self.layouts(task)
+            n = -(-len(layouts) // ga)
+            micro = [layouts[i % len(layouts)] for i in range(n * ga)]
+            for s in range(n):
+                steps.append(_Step(task=None if carrier is not None else task,
+                                   batches=tuple(micro[s * ga:(s + 1) * ga]), last=s == n - 1))
+        return steps
+
+    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
+        out = []
+        for task in tasks:
+            layouts = self.layouts(task)
+            count = max(task.per_pass, len(layouts))
+            out += [(task, layouts[i % len(layouts)]) for i in range(count)]
+        return out
+
+    # -- the run --------------------------------------------------------------------------------------------
+
+    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
+        """`SFTTrainer` as `trl sft`'s main() builds it, on already prepared synthetic rows."""
+        import datasets
+        from transformers import PrinterCallback
+        from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+        from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+        cfg, model_args = self.config, self.args.model
+        model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=cfg.trust_remote_code,
+                                 attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+        model_init_kwargs.update(cfg.model_init_kwargs or {})
+        cfg.model_init_kwargs = model_init_kwargs
+        # What only steers the run's bookkeeping: no checkpoints, reports or progress bars of the trainer's own,
+        # evaluation only where the warmer asks for it, and rows taken as prepared.
+        cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
+        cfg.report_to = []
+        cfg.save_strategy = SaveStrategy.NO
+        cfg.eval_strategy = IntervalStrategy.NO
+        cfg.load_best_model_at_end = False
+        cfg.push_to_hub = False
+        cfg.disable_tqdm = True
+        cfg.dataset_kwargs = {**(cfg.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        trainer = SFTTrainer(
+            model=model_args.model_name_or_path,
+            args=cfg,
+            train_dataset=datasets.Dataset.from_list(train_rows),
+            eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
+            peft_config=get_peft_config(model_args),
+            quantization_config=get_quantization_config(model_args),
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict; the warm-up reports for itself
+        return trainer
+
+    def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer prints logs; stdout is for the report
+            while True:
+                pending = tracker.pending(tasks)
+                if not pending:
+                    return
+                self._round(pending, context, tracker)
+
+    def _round(self, pending: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+        train_tasks = [t for t in pending if t.phase == "train"]
+        eval_tasks = [t for t in pending if t.phase == "eval"]
+        carrier = None
+        if not train_tasks:
+            carrier = next((t for t in context if t.phase == "train"), None)
+            if carrier is None:
+                for task in eval_tasks:
+                    tracker.fail(task, "the plan has no train shape to run the eval loop in")
+                return
+        steps = self._train_steps(train_tasks, carrier)
+        evals = self._eval_batches(eval_tasks)
+        vocab = self.tokenizer.vocab_size
+        seq_lengths = self.padding_free and bool(self.config.packing)
+        train_rows, train_index = dataset_rows([b for s in steps for b in s.batches], vocab, seq_lengths=seq_lengths)
+        eval_rows, eval_index = dataset_rows([b for _, b in evals], vocab, seq_lengths=seq_lengths)
+        progress = _Progress(tracker, steps, [t for t, _ in evals], eval_tasks, logs=self.logs)
+        try:
+            if self._trainer is None:
+                self._trainer = self._build_trainer(train_rows, eval_rows)
+            trainer = self._trainer
+            trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
+                                                  if not isinstance(c, _Progress)] + [progress]
+            cfg = self.config
+            _use_batches(trainer, (train_rows, train_index, cfg.per_device_train_batch_size, self.train_remainder),
+                         (eval_rows, eval_index, cfg.per_device_eval_batch_size, self.eval_remainder))
+            trainer.args.max_steps = len(steps)
+            trainer.args.eval_on_start = bool(evals)
+            trainer.train()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a failing shape must not stop the others: record it and go on
+            failed = progress.current()
+            error = _first_line(exc)
+            if not failed:  # failed outside any shape (loading the model, set-up): nothing can run
+                failed = [t for t in pending if t not in tracker.results]
+            for task in failed:
+                if task not in tracker.results:
+                    tracker.fail(task, error)
+
+
+# rows, the row indices of each batch, the run's batch size, the remainder its dataloader reports
+_Batches = tuple[list[dict[str, Any]], list[list[int]], int, int]
+
+
+def _use_batches(trainer: Any, train: _Batches, evals: _Batches) -> None:
+    """Make the trainer's dataloaders yield exactly these batches, collated and prepared as the Trainer does."""
+    import datasets
+
+    train_set = datasets.Dataset.from_list(train[0])
+    eval_set = datasets.Dataset.from_list(evals[0]) if evals[0] else None
+    trainer.train_dataset = train_set
+    if eval_set is not None:
+        trainer.eval_dataset = eval_set
+    trainer.get_train_dataloader = lambda: _loader(trainer, train_set, *train[1:], "training")
+    trainer.get_eval_dataloader = lambda eval_dataset=None: _loader(trainer, eval_set, *evals[1:], "evaluation")
+
+
+class _FixedBatches:
+    """A batch sampler with a fixed list of batches (the Trainer's own samplers pick rows at random); its
+    `batch_size` is the run's, for accelerate's end-of-dataloader bookkeeping."""
+
+    def __init__(self, batches: list[list[int]], batch_size: int) -> None:
+        self.batches = batches
+        self.batch_size = batch_size
+        self.drop_last = False
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter([list(b) for b in self.batches])
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _Rows:
+    """The synthetic rows, reporting the length that gives accelerate the run's remainder."""
+
+    def __init__(self, rows: Any, total_dataset_length: int) -> None:
+        self.rows = rows
+        self.total_dataset_length = total_dataset_length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.rows[index]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
+            description: str) -> Any:
+    from torch.utils.data import DataLoader
+
+    dataset = trainer._remove_unused_columns(dataset, description=description)
+    loader = DataLoader(_Rows(dataset, batch_size + remainder), batch_sampler=_FixedBatches(index, batch_size),
+                        collate_fn=trainer.data_collator, num_workers=0)
+    return trainer.accelerator.prepare(loader)
+
+
+def _progress_base():  # type: ignore[no-untyped-def]
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _Progress(_progress_base()):  # type: ignore[misc]
+    """Charges each optimizer step and each eval batch to its task as the Trainer runs them."""
+
+    def __init__(self, tracker: Tracker, steps: list[_Step], eval_batches: list[WarmTask],
+                 eval_tasks: list[WarmTask], *, logs: bool) -> None:
+        self.tracker = tracker
+        self.steps = steps
+        self.eval_batches = eval_batches
+        self.eval_tasks = eval_tasks
+        self.logs = logs
+        self.step = -1  # index of the optimizer step in progress
+        self.evaluated = 0  # eval batches done
+        self.in_eval = False
+
+    def current(self) -> list[WarmTask]:
+        """The tasks a failure now belongs to."""
+        if self.in_eval:
+            return list(self.eval_tasks)
+        if 0 <= self.step < len(self.steps) and self.steps[self.step].task is not None:
+            return [self.steps[self.step].task]
+        return []
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.tracker.start()
+        self.in_eval = bool(self.eval_batches)
+
+    def on_prediction_step(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.evaluated < len(self.eval_batches):
+            self.tracker.charge(self.eval_batches[self.evaluated])
+        self.evaluated += 1
+
+    def on_evaluate(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        for task in self.eval_tasks:
+            self.tracker.finish(task)
+        self.in_eval = False
+
+    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.step += 1
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        step = self.steps[self.step]
+        if step.task is None:
+            self.tracker.start()
+        elif step.last:
+            self.tracker.finish(step.task)
+        else:
+            self.tracker.charge(step.task)
+        # Log once if the planned run logs at all (the same scalar reductions every time), else never.
+        control.should_log = self.logs and self.step == 0
+        control.should_save = False
+        control.should_evaluate = False
+        return control
