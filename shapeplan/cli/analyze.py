@@ -50,8 +50,10 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (for scripts).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Recompute row lengths instead of reading the length cache (SHAPEPLAN_CACHE_DIR).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
-                    trl_args: tuple[str, ...], as_json: bool, output: str | None) -> None:
+                    trl_args: tuple[str, ...], as_json: bool, output: str | None, no_cache: bool) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -72,5 +74,5 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     from ..analyze import analyze
 
     argv = split_run_arguments(method, trl_args, model, split)
-    plan = analyze(method, argv, eval_source=eval_dataset)
+    plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output)
