@@ -43,6 +43,8 @@ class _Job:
     eos_token: str
     chat_template: str | None
     need_prompt_lengths: bool
+    window: slice | None  # the truncation slice, None when rows are not truncated
+    eos_counting: tuple[int, int] | None  # see `_countable_eos`
 
 
 _JOB: _Job | None = None
@@ -91,17 +93,18 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
         eos_token=trainer._tokenizer.eos_token,
         chat_template=trainer.chat_template,
         need_prompt_lengths=masked and truncating,
+        window=_truncation_slice(config) if truncating else None,
+        eos_counting=_countable_eos(tokenizer, trainer._tokenizer.eos_token, special=not is_conversational(first)),
     )
-    lengths, prompt_lengths = _token_lengths(job, workers=_workers(workers, len(dataset)))
+    lengths, prompt_bounds = _token_lengths(job, workers=_workers(workers, len(dataset)))
 
     kept = np.ones(len(lengths), dtype=bool)
-    if truncating:
-        window = _truncation_slice(config)
-        starts, stops = _windows(lengths, window)
+    if job.window is not None:
+        starts, stops = _windows(lengths, job.window)
         if masked:
-            # A completion mask trains on positions >= prompt_len, and prompt_len <= len(prompt ids). A row whose
-            # tokenized prompt ends inside its kept window surely keeps a trainable token; the others TRL decides.
-            doubt = np.flatnonzero(prompt_lengths >= stops)
+            # A completion mask trains on positions >= prompt_len; `prompt_bounds` bound prompt_len from above. A
+            # row whose bound ends inside its kept window surely keeps a trainable token; the others TRL decides.
+            doubt = np.flatnonzero(prompt_bounds >= stops)
             kept &= stops > starts
             if len(doubt):
                 kept[doubt] = _trl_decides(trainer, dataset, config, doubt, name)
@@ -125,7 +128,7 @@ def _workers(requested: int | None, rows: int) -> int:
 
 
 def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """(token count, prompt token count or -1) of every row, in dataset order."""
+    """(token count, upper bound of the completion mask's prompt_len or -1) of every row, in dataset order."""
     global _JOB
     n = len(job.dataset)
     chunks = [(start, min(start + CHUNK_ROWS, n)) for start in range(0, n, CHUNK_ROWS)]
@@ -173,10 +176,38 @@ def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         prompts = [row["prompt"] for row in rows]
         full = [prompt + _completion_with_eos(row, job) for prompt, row in zip(prompts, rows)]
         special = True
-    lengths = _encode_lengths(job.tokenizer, full, special=special)
     if not job.need_prompt_lengths:
-        return lengths, np.full(len(rows), -1, dtype=np.int32)
-    return lengths, _encode_lengths(job.tokenizer, prompts, special=special)
+        return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
+    return _lengths_and_prompt_bounds(job, full, prompts, special=special)
+
+
+def _lengths_and_prompt_bounds(job: _Job, full: list[str], prompts: list[str], *,
+                               special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts of `full`, and for each row an upper bound of TRL's prompt_len (the common prefix of the prompt's
+    ids and the full ids): len(prompt ids), or L - 1 where the full ids hold more EOS ids than the prompt's can.
+
+    If prompt_len were L, the full ids would be a prefix of the prompt's and hold no more EOS ids than they do. The
+    count bound saves tokenizing prompts whenever the kept window reaches the row's last token (most rows).
+    """
+    assert job.window is not None
+    if job.eos_counting is None:
+        return _encode_lengths(job.tokenizer, full, special=special), _encode_lengths(job.tokenizer, prompts,
+                                                                                     special=special)
+    eos_id, added = job.eos_counting
+    eos = job.eos_token
+    encodings = _encodings(job.tokenizer, full, special=special)
+    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int32, count=len(full))
+    bounds = np.empty(len(full), dtype=np.int32)
+    pending = []
+    for i, (encoding, prompt) in enumerate(zip(encodings, prompts)):
+        length = int(lengths[i])
+        kept = range(length)[job.window]
+        if kept.stop == length and encoding.ids.count(eos_id) > prompt.count(eos) + added:
+            bounds[i] = length - 1
+        else:
+            pending.append(i)
+    bounds[pending] = _encode_lengths(job.tokenizer, [prompts[i] for i in pending], special=special)
+    return lengths, bounds
 
 
 def _render(job: _Job, messages: list[dict[str, Any]], row: dict[str, Any], **kwargs: Any) -> str:
@@ -203,25 +234,61 @@ def _completion_with_eos(row: dict[str, Any], job: _Job) -> str:
 
 def _encode_lengths(tokenizer: Any, texts: list[str], *, special: bool) -> np.ndarray:
     """`len(tokenizer(text, add_special_tokens=special)["input_ids"])` for each text, in one batch."""
-    from transformers import TokenizersBackend
-    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
-
     if not texts:
         return np.zeros(0, dtype=np.int32)
-    if type(tokenizer)._encode_plus is TokenizersBackend._encode_plus:
-        # `TokenizersBackend._encode_plus` without converting every id to a Python int: the same backend state
-        # (no truncation, no padding, split_special_tokens) and the same `encode_batch` call.
-        tokenizer.set_truncation_and_padding(
-            padding_strategy=PaddingStrategy.DO_NOT_PAD, truncation_strategy=TruncationStrategy.DO_NOT_TRUNCATE,
-            max_length=None, stride=0, pad_to_multiple_of=None, padding_side=None,
-        )
-        backend = tokenizer._tokenizer
-        if backend.encode_special_tokens != tokenizer.split_special_tokens:
-            backend.encode_special_tokens = tokenizer.split_special_tokens
-        encodings = backend.encode_batch(texts, add_special_tokens=special, is_pretokenized=False)
+    if _is_backend(tokenizer):
+        encodings = _encodings(tokenizer, texts, special=special)
         return np.fromiter((len(e) for e in encodings), dtype=np.int32, count=len(texts))
     ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
     return np.fromiter((len(i) for i in ids), dtype=np.int32, count=len(texts))
+
+
+def _is_backend(tokenizer: Any) -> bool:
+    from transformers import TokenizersBackend
+
+    return type(tokenizer)._encode_plus is TokenizersBackend._encode_plus  # type: ignore[no-any-return]
+
+
+def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
+    """The Rust encodings `TokenizersBackend._encode_plus` makes, without converting every id to a Python int: the
+    same backend state (no truncation, no padding, split_special_tokens) and the same `encode_batch` call."""
+    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
+
+    tokenizer.set_truncation_and_padding(
+        padding_strategy=PaddingStrategy.DO_NOT_PAD, truncation_strategy=TruncationStrategy.DO_NOT_TRUNCATE,
+        max_length=None, stride=0, pad_to_multiple_of=None, padding_side=None,
+    )
+    backend = tokenizer._tokenizer
+    if backend.encode_special_tokens != tokenizer.split_special_tokens:
+        backend.encode_special_tokens = tokenizer.split_special_tokens
+    return backend.encode_batch(texts, add_special_tokens=special, is_pretokenized=False)  # type: ignore[no-any-return]
+
+
+def _countable_eos(tokenizer: Any, eos: str, *, special: bool) -> tuple[int, int] | None:
+    """(EOS's id, EOS ids the post-processor adds) when a tokenization of a text holds at most as many EOS ids as
+    the text holds EOS's text, plus those the post-processor adds; None when that is not sure.
+
+    It holds when EOS is an added token matched in the raw text (or in text no normalizer changes), since matches
+    of one pattern cannot outnumber its non-overlapping occurrences, and the model cannot make EOS's id from other
+    text: EOS is not in the model's vocabulary, or is a BPE entry of several characters that no merge produces.
+    """
+    if not _is_backend(tokenizer):
+        return None
+    backend = tokenizer._tokenizer
+    token = next((t for t in backend.get_added_tokens_decoder().values() if t.content == eos), None)
+    if token is None or (token.normalized and backend.normalizer is not None):
+        return None
+    eos_id = backend.token_to_id(eos)
+    model_keys = {key for key, i in backend.get_vocab(with_added_tokens=False).items() if i == eos_id}
+    if model_keys:
+        model = json.loads(backend.to_str())["model"]
+        if model.get("type") != "BPE" or model.get("unk_token") in model_keys:
+            return None
+        merged = {a + b for a, b in (m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"])}
+        if any(len(key) == 1 or key in merged for key in model_keys):
+            return None
+    added = backend.encode("", add_special_tokens=special).ids.count(eos_id)
+    return eos_id, added
 
 
 def _truncation_slice(config: Any) -> slice:

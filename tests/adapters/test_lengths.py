@@ -49,6 +49,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             {"prompt": row["messages"][:-1], "completion": row["messages"][-1:],
              "chat_template_kwargs": {"enable_thinking": i % 2 == 0}}
             for i, row in enumerate(chats)]),
+        "conversational-prompt-completion-hidden": _jsonl(root / "conv-pc-hidden.jsonl", [
+            {"prompt": row["messages"][:-1], "completion": row["messages"][-1:],
+             "chat_template_kwargs": {"hide_answer": i % 4 == 0}}
+            for i, row in enumerate(chats)]),
+        "prompt-completion-eos-in-prompt": _jsonl(root / "pc-eos.jsonl", [
+            {"prompt": row["prompt"] + (eos if i % 2 else ""), "completion": row["completion"]}
+            for i, row in enumerate(_read(TLDR))]),
     }
 
 
@@ -72,7 +79,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "special_tokens": {BOS: {"id": BOS, "ids": [bos_id], "tokens": [BOS]}},
     }
     (processor_bos / "tokenizer.json").write_text(json.dumps(config))
-    return {"plain": TINY_MODEL, "template-bos": template_bos, "processor-bos": processor_bos}
+    # With hide_answer, the completion renders to nothing and the generation prompt outlasts it: the full ids are a
+    # prefix of the prompt's, no token is trainable, and TRL drops the row however long max_length is.
+    hide_answer = root / "hide-answer"
+    shutil.copytree(TINY_MODEL, hide_answer)
+    (hide_answer / "chat_template.jinja").write_text(
+        "{%- for m in messages %}{%- if m.role != 'assistant' or not hide_answer %}"
+        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    return {"plain": TINY_MODEL, "template-bos": template_bos, "processor-bos": processor_bos,
+            "hide-answer": hide_answer}
 
 
 def _load(data: dict[str, Path], models: dict[str, Path], dataset: str, model: str) -> tuple[Any, Any]:
@@ -128,6 +144,10 @@ CASES = {
     "conversational-prompt-completion": ("conversational-prompt-completion", "plain", {"max_length": None}),
     "conversational-prompt-completion-drops": ("conversational-prompt-completion", "template-bos",
                                                {"max_length": 100}),
+    "conversational-prompt-completion-hidden": ("conversational-prompt-completion-hidden", "hide-answer",
+                                                {"max_length": 4096}),
+    "prompt-completion-eos-in-prompt": ("prompt-completion-eos-in-prompt", "processor-bos", {"max_length": 120}),
+    "prompt-completion-eos-not-added": ("prompt-completion", "plain", {"max_length": 120, "eos_token": "Ġthe"}),
     "packing-bfd": ("messages", "plain", {"max_length": 256, "packing": True}),
     "packing-bfd-split-shuffled": ("prompt-completion", "plain", {"max_length": 128, "packing": True,
                                                                   "packing_strategy": "bfd_split",
@@ -137,7 +157,9 @@ CASES = {
                                                                           "seed": 7}),
 }
 # Cases whose fixture must make TRL drop rows, so the drop rule is exercised rather than assumed.
-DROPPING = {"prompt-completion-drops", "conversational-prompt-completion-drops", "shuffled-truncated"}
+DROPPING = {"prompt-completion-drops", "conversational-prompt-completion-drops", "shuffled-truncated",
+            "conversational-prompt-completion-hidden", "prompt-completion-eos-in-prompt",
+            "prompt-completion-eos-not-added"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -158,6 +180,19 @@ def test_bos_variants_add_bos(data: dict[str, Path], models: dict[str, Path]) ->
     bos_id = template_bos.convert_tokens_to_ids(BOS)
     assert template_bos.apply_chat_template([{"role": "user", "content": "hi"}])["input_ids"][0] == bos_id
     assert processor_bos("hi")["input_ids"][0] == bos_id
+
+
+@pytest.mark.parametrize(("model", "eos", "special", "expected"), [
+    ("plain", "<|im_end|>", True, (2, 0)),  # in the BPE vocabulary too, but no merge makes it
+    ("processor-bos", BOS, True, (0, 1)),  # the post-processor adds one
+    ("processor-bos", BOS, False, (0, 0)),
+    ("plain", "Ġthe", True, None),  # an ordinary token: any text can make it
+])
+def test_countable_eos(model: str, eos: str, special: bool, expected: tuple[int, int] | None,
+                       data: dict[str, Path], models: dict[str, Path]) -> None:
+    _, tokenizer = _load(data, models, "messages", model)
+    tokenizer.eos_token = eos
+    assert lengths._countable_eos(tokenizer, eos, special=special) == expected
 
 
 def test_worker_processes_give_the_same_lengths(data: dict[str, Path], models: dict[str, Path], tmp_path: Path,
