@@ -8,12 +8,15 @@ from collections.abc import Sequence
 from .errors import UsageError
 from .plan.model import METHODS, Plan
 
-# method -> module in shapeplan.adapters with `plan(args, argv, *, eval_source) -> Plan`
+# method -> module in shapeplan.adapters with `plan(args, argv, *, eval_source, use_cache) -> Plan`
 PLANNED = {"sft": "sft", "grpo": "grpo", "rloo": "grpo"}
 
 
-def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None) -> Plan:
-    """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`)."""
+def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
+    """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`).
+
+    `use_cache=False` recomputes prepared row lengths instead of reading them from the length cache.
+    """
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method not in PLANNED:
@@ -22,4 +25,4 @@ def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None)
 
     args = parse_training_args(method, argv)
     adapter = importlib.import_module(f".adapters.{PLANNED[method]}", __package__)
-    return adapter.plan(args, list(argv), eval_source=eval_source)
+    return adapter.plan(args, list(argv), eval_source=eval_source, use_cache=use_cache)

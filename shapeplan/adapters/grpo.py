@@ -160,7 +160,7 @@ def _train_batches(args: TrainingArgs, num_rows: int, steps: int, size: int) -> 
     return epoch_batches
 
 
-def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
+def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     args, notes = with_guide_example(args, argv)
     warnings = notes + _check_supported(args)
     config = args.training

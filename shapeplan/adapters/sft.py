@@ -10,6 +10,7 @@ from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop, evaluation_steps
 from ..plan.sft import SFTLayout, plan_sft
+from . import length_cache, lengths
 from .common import load_run_data, recorded_config, versions
 from .data import tokenizer_fingerprint
 from .sampling import eval_batches, train_batches
@@ -72,7 +73,8 @@ def _apply_chat_template_path(tokenizer: Any, path: str | None) -> None:
                      "planning does not follow; pass a .jinja file instead")
 
 
-def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str) -> tuple[Rows, int]:
+def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str,
+                 use_cache: bool = True) -> tuple[Rows, int]:
     """The rows `SFTTrainer` trains on, as lengths; and how many input rows preparation dropped."""
     first = next(iter(dataset))
     fmt = _row_format(first, config.dataset_text_field)
@@ -85,11 +87,31 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     if packing and config.max_length is None:
         raise UsageError("packing needs max_length; pass --max_length N")
     skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
-    if skip:
+    trainer = None if skip else _bare_trainer(tokenizer, config, first)  # sets the EOS token: before the key
+    # --- lengths cache and fast path (shapeplan.adapters.length_cache, shapeplan.adapters.lengths) ---
+    key = length_cache.length_key(dataset, tokenizer, config, packing=packing) if use_cache else None
+    cached = length_cache.load(key) if key is not None else None
+    if cached is not None:
+        rows, dropped = cached
+    else:
+        rows, dropped = _prepared_rows(dataset, tokenizer, config, trainer, packing=packing, name=name)
+        if key is not None:
+            length_cache.store(key, rows, dropped)
+    # ---
+    if not rows.lengths:
+        raise DatasetError(f"every row of the {name} dataset was dropped: no row keeps a trainable token within "
+                           f"max_length={config.max_length}; raise --max_length or check the loss masks")
+    return rows, dropped
+
+
+def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool,
+                   name: str) -> tuple[Rows, int]:
+    if trainer is None:  # skip_prepare_dataset
         prepared = dataset
     else:
-        trainer = _bare_trainer(tokenizer, config, first)
         try:
+            if lengths.fast_path_refusal(dataset, tokenizer, config) is None:
+                return lengths.fast_prepared_rows(trainer, dataset, tokenizer, config, packing=packing, name=name)
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
         except (ValueError, RuntimeError, TypeError, KeyError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -99,23 +121,21 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.
     columns = ["input_ids", "seq_lengths"] if "seq_lengths" in prepared.column_names else ["input_ids"]
     table = prepared.select_columns(columns).with_format("arrow")[:]
-    lengths = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
+    row_lengths = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
     documents = None
     if "seq_lengths" in columns:
         documents = tuple(tuple(d) for d in table.column("seq_lengths").to_pylist())
     dropped = 0 if packing else len(dataset) - len(prepared)
-    if not lengths:
-        raise DatasetError(f"every row of the {name} dataset was dropped: no row keeps a trainable token within "
-                           f"max_length={config.max_length}; raise --max_length or check the loss masks")
-    return Rows(lengths=lengths, documents=documents), dropped
+    return Rows(lengths=row_lengths, documents=documents), dropped
 
 
-def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
+def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
     data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
     _apply_chat_template_path(tokenizer, config.chat_template_path)
-    train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train")
+    train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
+                                       use_cache=use_cache)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
 
@@ -142,7 +162,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     eval_at: list[int] = []
     if data.eval is not None:
         eval_packing = config.packing if config.eval_packing is None else config.eval_packing
-        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval")
+        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval", use_cache=use_cache)
         eval_order = eval_batches(len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
                                   drop_last=config.dataloader_drop_last)
         eval_at = evaluation_steps(loop, eval_strategy=str(config.eval_strategy.value

@@ -54,8 +54,11 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("--generate-compile-minutes", "generate_minutes", type=click.FloatRange(min=0), metavar="MIN",
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Recompute row lengths instead of reading the length cache (SHAPEPLAN_CACHE_DIR).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
-                    trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float) -> None:
+                    trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
+                    no_cache: bool) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -76,5 +79,5 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     from ..analyze import analyze
 
     argv = split_run_arguments(method, trl_args, model, split)
-    plan = analyze(method, argv, eval_source=eval_dataset)
+    plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)

@@ -1,0 +1,349 @@
+"""Prepared SFT row lengths at tokenization speed, exactly as `SFTTrainer._prepare_dataset` would leave them.
+
+TRL's preparation tokenizes row by row through six `Dataset.map` passes and writes every token id to Arrow. A plan
+needs only the lengths, so this module renders each row with the same `apply_chat_template` call TRL makes,
+tokenizes in large batches (rows spread over worker processes), and keeps one integer per row. The rules that
+follow tokenization (EOS added to plain text, completion masks, `max_length` truncation and the drop of rows left
+with no trainable token, shuffling, packing) are TRL's, applied to lengths:
+
+- truncation keeps `range(length)[slice]`, the slice TRL cuts with;
+- a row TRL could drop (a completion-only loss whose prompt may reach the kept window) is decided by TRL itself:
+  those few rows go through `_prepare_dataset` (see `_trl_decides`);
+- shuffling and packing run TRL's and datasets' own code on a dataset whose lists hold no values, only lengths.
+
+What this cannot follow row by row (assistant-only loss masks, from/value conversations, datasets already
+tokenized or formatted, iterable datasets, processors) is left to TRL's path: see `fast_path_refusal`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..plan.rows import Rows
+
+_ROW_INDEX = "__shapeplan_row"
+CHUNK_ROWS = 1024  # rows rendered and tokenized together; bounds memory to one chunk of token ids per worker
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a worker needs to turn rows into lengths (inherited through fork, never pickled)."""
+
+    dataset: Any
+    tokenizer: Any
+    kind: str  # "messages", "prompt-completion" or "text"
+    conversational: bool  # prompt-completion rows hold messages (rendered with the chat template)
+    text_field: str
+    eos_token: str
+    chat_template: str | None
+    need_prompt_lengths: bool
+    window: slice | None  # the truncation slice, None when rows are not truncated
+    eos_counting: tuple[int, int] | None  # see `_countable_eos`
+
+
+_JOB: _Job | None = None
+
+
+def fast_path_refusal(dataset: Any, tokenizer: Any, config: Any) -> str | None:
+    """Why the fast path cannot guarantee TRL's lengths for this dataset, or None when it can."""
+    import datasets
+    from transformers import ProcessorMixin
+    from trl.data_utils import is_conversational_from_value
+
+    if not isinstance(dataset, datasets.Dataset):
+        return "iterable dataset"
+    if dataset.format["type"] is not None:
+        return f"dataset formatted as {dataset.format['type']!r}"
+    if "input_ids" in dataset.column_names:
+        return "dataset already tokenized"
+    if isinstance(tokenizer, ProcessorMixin):
+        return "processor (vision model)"
+    if config.assistant_only_loss:
+        return "assistant_only_loss masks"
+    if is_conversational_from_value(dataset[0]):
+        return "from/value conversations"
+    return None
+
+
+def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str,
+                       workers: int | None = None) -> tuple[Rows, int]:
+    """The rows `trainer._prepare_dataset(dataset, ...)` would produce, as lengths; and how many rows it drops.
+
+    `trainer` is the bare `SFTTrainer` whose `chat_template`, `completion_only_loss` and tokenizer EOS TRL's
+    preparation reads. Only for datasets `fast_path_refusal` accepts.
+    """
+    from trl.data_utils import is_conversational
+
+    first = dataset[0]
+    kind = "prompt-completion" if "prompt" in first else "messages" if is_conversational(first) else "text"
+    masked = trainer.completion_only_loss and kind == "prompt-completion"
+    truncating = config.max_length is not None and not packing
+    job = _Job(
+        dataset=dataset,
+        tokenizer=tokenizer,
+        kind=kind,
+        conversational=is_conversational(first),
+        text_field=config.dataset_text_field,
+        eos_token=trainer._tokenizer.eos_token,
+        chat_template=trainer.chat_template,
+        need_prompt_lengths=masked and truncating,
+        window=_truncation_slice(config) if truncating else None,
+        eos_counting=_countable_eos(tokenizer, trainer._tokenizer.eos_token, special=not is_conversational(first)),
+    )
+    lengths, prompt_bounds = _token_lengths(job, workers=_workers(workers, len(dataset)))
+
+    kept = np.ones(len(lengths), dtype=bool)
+    if job.window is not None:
+        starts, stops = _windows(lengths, job.window)
+        if masked:
+            # A completion mask trains on positions >= prompt_len; `prompt_bounds` bound prompt_len from above. A
+            # row whose bound ends inside its kept window surely keeps a trainable token; the others TRL decides.
+            doubt = np.flatnonzero(prompt_bounds >= stops)
+            kept &= stops > starts
+            if len(doubt):
+                kept[doubt] = _trl_decides(trainer, dataset, config, doubt, name)
+        else:
+            kept &= stops > starts  # labels == input_ids: any kept token trains
+        lengths = stops - starts
+    lengths = lengths[kept]
+    dropped = 0 if packing else int(len(kept) - kept.sum())
+    return _shuffled_and_packed(lengths, config, packing=packing), dropped
+
+
+def _workers(requested: int | None, rows: int) -> int:
+    if requested is not None:
+        return max(1, requested)
+    env = os.environ.get("SHAPEPLAN_WORKERS")
+    if env:
+        return max(1, int(env))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # Forking costs more than it saves on a few chunks.
+    return max(1, min(cores, rows // (4 * CHUNK_ROWS)))
+
+
+def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token count, upper bound of the completion mask's prompt_len or -1) of every row, in dataset order."""
+    global _JOB
+    n = len(job.dataset)
+    chunks = [(start, min(start + CHUNK_ROWS, n)) for start in range(0, n, CHUNK_ROWS)]
+    _JOB = job
+    try:
+        if workers == 1:
+            parts = [_chunk_lengths(chunk) for chunk in chunks]
+        else:
+            import multiprocessing
+
+            # fork: the workers inherit the dataset (memory-mapped) and the tokenizer instead of pickling them.
+            with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
+                parts = pool.map(_chunk_lengths, chunks, chunksize=1)
+    finally:
+        _JOB = None
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lengths = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    prompts = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    return lengths, prompts
+
+
+def _worker_init() -> None:
+    # Each worker is one core; the Rust tokenizer's own thread pool would only contend with the other workers.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    job = _JOB
+    assert job is not None
+    start, stop = chunk
+    columns = job.dataset[start:stop]
+    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    if job.kind == "messages":
+        texts = [_render(job, row["messages"], row) for row in rows]
+        return _encode_lengths(job.tokenizer, texts, special=False), np.full(len(rows), -1, dtype=np.int32)
+    if job.kind == "text":
+        texts = [_with_eos(row[job.text_field], job.eos_token) for row in rows]
+        return _encode_lengths(job.tokenizer, texts, special=True), np.full(len(rows), -1, dtype=np.int32)
+    if job.conversational:
+        full = [_render(job, row["prompt"] + row["completion"], row) for row in rows]
+        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
+        special = False
+    else:
+        prompts = [row["prompt"] for row in rows]
+        full = [prompt + _completion_with_eos(row, job) for prompt, row in zip(prompts, rows)]
+        special = True
+    if not job.need_prompt_lengths:
+        return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
+    return _lengths_and_prompt_bounds(job, full, prompts, special=special)
+
+
+def _lengths_and_prompt_bounds(job: _Job, full: list[str], prompts: list[str], *,
+                               special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts of `full`, and for each row an upper bound of TRL's prompt_len (the common prefix of the prompt's
+    ids and the full ids): len(prompt ids), or L - 1 where the full ids hold more EOS ids than the prompt's can.
+
+    If prompt_len were L, the full ids would be a prefix of the prompt's and hold no more EOS ids than they do. The
+    count bound saves tokenizing prompts whenever the kept window reaches the row's last token (most rows).
+    """
+    assert job.window is not None
+    if job.eos_counting is None:
+        return _encode_lengths(job.tokenizer, full, special=special), _encode_lengths(job.tokenizer, prompts,
+                                                                                     special=special)
+    eos_id, added = job.eos_counting
+    eos = job.eos_token
+    encodings = _encodings(job.tokenizer, full, special=special)
+    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int32, count=len(full))
+    bounds = np.empty(len(full), dtype=np.int32)
+    pending = []
+    for i, (encoding, prompt) in enumerate(zip(encodings, prompts)):
+        length = int(lengths[i])
+        kept = range(length)[job.window]
+        if kept.stop == length and encoding.ids.count(eos_id) > prompt.count(eos) + added:
+            bounds[i] = length - 1
+        else:
+            pending.append(i)
+    bounds[pending] = _encode_lengths(job.tokenizer, [prompts[i] for i in pending], special=special)
+    return lengths, bounds
+
+
+def _render(job: _Job, messages: list[dict[str, Any]], row: dict[str, Any], **kwargs: Any) -> str:
+    """The text `_tokenize` renders before tokenizing it (`SFTTrainer.tokenize_fn`'s chat template arguments)."""
+    tools = row.get("tools")
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return job.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
+        messages, tokenize=False, chat_template=job.chat_template, tools=tools,
+        **kwargs, **row.get("chat_template_kwargs", {}),
+    )
+
+
+def _with_eos(text: str, eos: str) -> str:
+    return text if text.endswith(eos) else text + eos
+
+
+def _completion_with_eos(row: dict[str, Any], job: _Job) -> str:
+    # TRL's `add_eos` adds EOS to the text column when a row has one, and to the completion only otherwise.
+    completion: str = row["completion"]
+    if job.text_field in row:
+        return completion
+    return _with_eos(completion, job.eos_token)
+
+
+def _encode_lengths(tokenizer: Any, texts: list[str], *, special: bool) -> np.ndarray:
+    """`len(tokenizer(text, add_special_tokens=special)["input_ids"])` for each text, in one batch."""
+    if not texts:
+        return np.zeros(0, dtype=np.int32)
+    if _is_backend(tokenizer):
+        encodings = _encodings(tokenizer, texts, special=special)
+        return np.fromiter((len(e) for e in encodings), dtype=np.int32, count=len(texts))
+    ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
+    return np.fromiter((len(i) for i in ids), dtype=np.int32, count=len(texts))
+
+
+def _is_backend(tokenizer: Any) -> bool:
+    from transformers import TokenizersBackend
+
+    return type(tokenizer)._encode_plus is TokenizersBackend._encode_plus  # type: ignore[no-any-return]
+
+
+def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
+    """The Rust encodings `TokenizersBackend._encode_plus` makes, without converting every id to a Python int: the
+    same backend state (no truncation, no padding, split_special_tokens) and the same `encode_batch` call."""
+    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
+
+    tokenizer.set_truncation_and_padding(
+        padding_strategy=PaddingStrategy.DO_NOT_PAD, truncation_strategy=TruncationStrategy.DO_NOT_TRUNCATE,
+        max_length=None, stride=0, pad_to_multiple_of=None, padding_side=None,
+    )
+    backend = tokenizer._tokenizer
+    if backend.encode_special_tokens != tokenizer.split_special_tokens:
+        backend.encode_special_tokens = tokenizer.split_special_tokens
+    return backend.encode_batch(texts, add_special_tokens=special, is_pretokenized=False)  # type: ignore[no-any-return]
+
+
+def _countable_eos(tokenizer: Any, eos: str, *, special: bool) -> tuple[int, int] | None:
+    """(EOS's id, EOS ids the post-processor adds) when a tokenization of a text holds at most as many EOS ids as
+    the text holds EOS's text, plus those the post-processor adds; None when that is not sure.
+
+    It holds when EOS is an added token matched in the raw text (or in text no normalizer changes), since matches
+    of one pattern cannot outnumber its non-overlapping occurrences, and the model cannot make EOS's id from other
+    text: EOS is not in the model's vocabulary, or is a BPE entry of several characters that no merge produces.
+    """
+    if not _is_backend(tokenizer):
+        return None
+    backend = tokenizer._tokenizer
+    token = next((t for t in backend.get_added_tokens_decoder().values() if t.content == eos), None)
+    if token is None or (token.normalized and backend.normalizer is not None):
+        return None
+    eos_id = backend.token_to_id(eos)
+    model_keys = {key for key, i in backend.get_vocab(with_added_tokens=False).items() if i == eos_id}
+    if model_keys:
+        model = json.loads(backend.to_str())["model"]
+        if model.get("type") != "BPE" or model.get("unk_token") in model_keys:
+            return None
+        merged = {a + b for a, b in (m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"])}
+        if any(len(key) == 1 or key in merged for key in model_keys):
+            return None
+    added = backend.encode("", add_special_tokens=special).ids.count(eos_id)
+    return eos_id, added
+
+
+def _truncation_slice(config: Any) -> slice:
+    if config.truncation_mode == "keep_start":
+        return slice(None, config.max_length)
+    if config.truncation_mode == "keep_end":
+        return slice(-config.max_length, None)
+    raise ValueError(f"Unsupported truncation mode: {config.truncation_mode}, expected 'keep_start' or 'keep_end'")
+
+
+def _windows(lengths: np.ndarray, window: slice) -> tuple[np.ndarray, np.ndarray]:
+    """[start, stop) of the tokens `ids[window]` keeps, per row: Python's slice rules on each distinct length."""
+    distinct, inverse = np.unique(lengths, return_inverse=True)
+    kept = [range(int(n))[window] for n in distinct]
+    bounds = np.array([(r.start, max(r.stop, r.start)) for r in kept], dtype=np.int64).reshape(-1, 2)
+    return bounds[inverse, 0], bounds[inverse, 1]
+
+
+def _trl_decides(trainer: Any, dataset: Any, config: Any, rows: np.ndarray, name: str) -> np.ndarray:
+    """Whether TRL's own preparation keeps each of `rows` (its truncation and drop of untrainable rows)."""
+    indices = [int(i) for i in rows]
+    subset = dataset.select(indices).add_column(_ROW_INDEX, indices)
+    unshuffled = copy.copy(config)
+    unshuffled.shuffle_dataset = False
+    prepared = trainer._prepare_dataset(subset, trainer._tokenizer, unshuffled, False, None,
+                                        f"{name} (rows near max_length)")
+    survivors = set(prepared[_ROW_INDEX])
+    return np.fromiter((i in survivors for i in indices), dtype=bool, count=len(indices))
+
+
+def _shuffled_and_packed(lengths: np.ndarray, config: Any, *, packing: bool) -> Rows:
+    """TRL's shuffle and `pack_dataset` on a dataset of value-less lists, one per prepared row."""
+    if not packing and not config.shuffle_dataset:
+        return Rows(lengths=tuple(int(x) for x in lengths))
+    import datasets
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from trl.data_utils import pack_dataset
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    # list<null> has no value buffer: the lists have their lengths and hold no memory.
+    ids = pa.LargeListArray.from_arrays(pa.array(offsets), pa.nulls(int(offsets[-1])))
+    dataset = datasets.Dataset(pa.table({"input_ids": ids}))
+    map_kwargs = {"num_proc": config.dataset_num_proc}
+    if packing:
+        if config.shuffle_dataset:
+            dataset = dataset.shuffle(seed=config.seed)
+        dataset = pack_dataset(dataset, config.max_length, config.packing_strategy, map_kwargs)
+    if config.shuffle_dataset:
+        dataset = dataset.shuffle(seed=config.seed)
+    columns = ["input_ids", "seq_lengths"] if "seq_lengths" in dataset.column_names else ["input_ids"]
+    table = dataset.select_columns(columns).with_format("arrow")[:]
+    packed = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
+    documents = None
+    if "seq_lengths" in columns:
+        documents = tuple(tuple(d) for d in table.column("seq_lengths").to_pylist())
+    return Rows(lengths=packed, documents=documents)
+
