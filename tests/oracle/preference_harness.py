@@ -10,6 +10,7 @@ eval loop; any forward while the trainer is still being constructed is the refer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,13 @@ from tests.oracle.harness import Seen
 TRAINERS = {"dpo": "DPOTrainer", "kto": "KTOTrainer", "reward": "RewardTrainer"}
 
 
+@dataclass(frozen=True)
+class Run:
+    seen: list[Seen]
+    train_rows: int  # rows of the train dataset after the trainer prepared it
+    optimizer_steps: int
+
+
 def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
     import importlib
 
@@ -30,7 +38,7 @@ def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
 
 
 def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
-                   eval_path: Path | None = None) -> list[Seen]:
+                   eval_path: Path | None = None) -> Run:
     """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed."""
     import trl
     from datasets import load_dataset
@@ -93,4 +101,4 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
 
         trainer._compute_kl_logps = marked
     trainer.train()
-    return seen
+    return Run(seen=seen, train_rows=len(trainer.train_dataset), optimizer_steps=trainer.state.global_step)
