@@ -30,7 +30,7 @@ def _bare_trainer(tokenizer: Any) -> Any:
 
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[PairedRows, int]:
     """Prompt+chosen and prompt+rejected lengths of the rows DPO trains on, and how many rows preparation dropped."""
-    check_columns(dataset, "dpo", name, COLUMNS)
+    check_columns(dataset, "DPO", name, COLUMNS)
     prepared = prepare(_bare_trainer(tokenizer), dataset, tokenizer, config, name)
     prompt, chosen, rejected = list_lengths(prepared, "prompt_ids", "chosen_ids", "rejected_ids")
     check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")

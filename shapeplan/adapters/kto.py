@@ -38,7 +38,7 @@ def _bare_trainer(tokenizer: Any, config: Any) -> Any:
 
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[UnpairedRows, int]:
     """The lengths of the rows KTO trains on and of their KL rows, and how many (unpaired) rows preparation dropped."""
-    check_columns(dataset, "kto", name, COLUMNS)
+    check_columns(dataset, "KTO", name, COLUMNS)
     paired = {"chosen", "rejected"} <= set(dataset.column_names)
     prepared = prepare(_bare_trainer(tokenizer, config), dataset, tokenizer, config, name)
     kl = _uses_kl(config)

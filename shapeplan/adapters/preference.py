@@ -9,16 +9,16 @@ from typing import Any
 from ..errors import DatasetError, UsageError
 
 
-def check_columns(dataset: Any, method: str, name: str, accepted: Sequence[Sequence[str]]) -> None:
-    """Raise unless the dataset has every column of one of the `accepted` sets."""
+def check_columns(dataset: Any, trainer: str, name: str, accepted: Sequence[Sequence[str]]) -> None:
+    """Raise unless the dataset has every column of one of the `accepted` sets (`trainer`: its name, for people)."""
     columns = set(dataset.column_names)
     if "image" in columns or "images" in columns:
-        raise UsageError(f"the {name} dataset has images; vision-language {method.upper()} is not planned yet")
+        raise UsageError(f"the {name} dataset has images; vision-language {trainer} is not planned yet")
     if any(set(needed) <= columns for needed in accepted):
         return
     wanted = " or ".join("/".join(f"'{c}'" for c in needed) for needed in accepted)
     raise DatasetError(f"the {name} dataset has no {wanted} columns (it has {', '.join(sorted(columns)) or 'none'}); "
-                       f"{method.upper()} needs {wanted}")
+                       f"{trainer} needs {wanted}")
 
 
 def prepare(trainer: Any, dataset: Any, tokenizer: Any, config: Any, name: str) -> Any:

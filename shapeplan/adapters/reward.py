@@ -34,7 +34,7 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     """Chosen and rejected lengths of the rows the reward model trains on, and how many rows preparation dropped."""
     from trl import RewardTrainer
 
-    check_columns(dataset, "reward", name, COLUMNS)
+    check_columns(dataset, "Reward", name, COLUMNS)
     prepared = prepare(RewardTrainer.__new__(RewardTrainer), dataset, tokenizer, config, name)
     chosen, rejected = list_lengths(prepared, "chosen_ids", "rejected_ids")
     check_not_empty(len(chosen), name, config.max_length, "every row has a side longer than")

@@ -46,7 +46,9 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
 
     _, config = _parse(method, [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
-        "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
+        "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
+        # recomputing activations costs CPU time and never reaches the model's top-level forward the hooks watch
+        "--gradient_checkpointing", "false", *argv])
     train = load_dataset("json", data_files=str(train_path), split="train")
     eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
