@@ -36,6 +36,10 @@ CONFIGS = {
         "--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2", "--max_steps", "4",
         "--precompute_ref_log_probs", "true", "--eval_strategy", "steps", "--eval_steps", "3",
         "--per_device_eval_batch_size", "6"], UNPAIRED),
+    # a loss without KL term: no KL forwards, and the random order is allowed
+    "kto-no-kl-random": ("kto", UNPAIRED, [
+        "--loss_type", "apo_zero_unpaired", "--train_sampling_strategy", "random", "--per_device_train_batch_size",
+        "2", "--max_steps", "4", "--max_length", "384"], None),
     # max_length 384 drops the rows with a longer side
     "reward-conversational-drop-eval": ("reward", CONVERSATIONAL, [
         "--per_device_train_batch_size", "4", "--max_length", "384", "--max_steps", "5", "--eval_strategy", "steps",
