@@ -44,6 +44,8 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    # The tiny model's ops are too small to share across threads; on a busy 2-core box threads triple the time.
+    torch.set_num_threads(1)
     _, config = _parse(method, [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
