@@ -9,12 +9,15 @@ Method = Literal["sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"]
 METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")
 
 # What the model runs on a shape. `train` is forward + backward; every other phase is a no-grad forward
-# (`generate` and `eval_generate`: a static-cache `generate` call).
+# (`generate` and `eval_generate`: a static-cache `generate` call). `eval_*` phases run inside the eval loop, so
+# their first_step counts as eval's does; `ref_precompute` runs before training (first_step 0).
 Phase = Literal[
-    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "ref_precompute", "kl", "ref_kl", "teacher"
+    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
+    "ref_kl", "eval_ref_kl", "teacher"
 ]
 PHASES: tuple[str, ...] = (
-    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "ref_precompute", "kl", "ref_kl", "teacher"
+    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
+    "ref_kl", "eval_ref_kl", "teacher"
 )
 
 
