@@ -7,7 +7,8 @@ from typing import Any
 from ..errors import UsageError
 from ..plan.kto import KTOLayout, UnpairedRows, plan_kto
 from ..plan.model import Plan
-from .preference import check_columns, check_not_empty, list_lengths, precompute_batches, prepare, prepare_run
+from .preference import (check_columns, check_not_empty, list_lengths, precompute_batches, prepare, prepare_run,
+                         with_precompute_warning)
 from .trl_args import TrainingArgs
 
 # Unpaired rows, or paired rows that preparation unpairs into two.
@@ -64,7 +65,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
         layout=KTOLayout(max_length=config.max_length, precompute_ref=config.precompute_ref_log_probs),
         loop=run.loop,
         epoch_batches=run.epoch_batches,
-        info=run.info,
+        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
         eval_rows=run.eval_rows,
         eval_batches=run.eval_batches,
         eval_steps=run.eval_steps,

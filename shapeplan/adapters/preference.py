@@ -4,7 +4,7 @@ bare instance, reading token lengths off the prepared rows, and replaying the lo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from ..errors import DatasetError, UsageError
@@ -98,6 +98,14 @@ def prepare_run(
     eval_batches, eval_steps = eval_schedule(args, loop, len(eval_rows))
     return PreparedRun(train_rows=train_rows, epoch_batches=epoch_batches, loop=loop, info=info, eval_rows=eval_rows,
                        eval_batches=eval_batches, eval_steps=eval_steps)
+
+
+PRECOMPUTE_CACHED = ("ref_precompute shapes are met only when TRL finds no cached reference log-probs for this "
+                     "data and model (a rerun with both unchanged skips the pass)")
+
+
+def with_precompute_warning(info: RunInfo) -> RunInfo:
+    return replace(info, warnings=(*info.warnings, PRECOMPUTE_CACHED))
 
 
 def precompute_batches(args: TrainingArgs, run: PreparedRun[Any]) -> tuple[RankBatches, RankBatches]:
