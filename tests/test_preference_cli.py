@@ -1,4 +1,5 @@
-"""Bad input to `shapeplan analyze --method dpo|kto|reward`: one line on stderr naming the problem, and the exit code."""
+"""Bad input to `shapeplan analyze --method dpo|kto|reward`: one line on stderr naming the problem, and its exit
+code."""
 
 from __future__ import annotations
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan.batches import RunInfo
 from ..plan.dpo import DPOLayout, plan_dpo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
-from .loop import eval_schedule, sequential_pass, train_schedule
-from .preference import check_columns, check_not_empty, list_lengths, prepare
+from .preference import (check_columns, check_not_empty, list_lengths, precompute_batches, prepare, prepare_run,
+                         with_precompute_warning)
 from .trl_args import TrainingArgs
 
 COLUMNS = (("chosen", "rejected"),)
@@ -39,6 +36,7 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     return rows, len(dataset) - len(rows)
 
 
+<<<<<<< HEAD
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
     data = load_run_data(args, eval_source=eval_source)
@@ -52,25 +50,20 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     if data.eval is not None:
         eval_rows, _ = prepare_rows(data.eval, data.tokenizer, config, "eval")
         eval_order, eval_at = eval_schedule(args, loop, len(eval_rows))
+=======
+def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
+    run = prepare_run(args, argv, eval_source, prepare_rows)
+    train_precompute, eval_precompute = precompute_batches(args, run)
+>>>>>>> trainers
     return plan_dpo(
-        train_rows=train_rows,
-        layout=DPOLayout(max_length=config.max_length, precompute_ref=precompute),
-        loop=loop,
-        epoch_batches=epoch_batches,
-        eval_rows=eval_rows,
-        eval_batches=eval_order,
-        eval_steps=eval_at,
-        precompute_batches=sequential_pass(args, len(train_rows), ref_batch or config.per_device_train_batch_size)
-        if precompute else (),
-        eval_precompute_batches=sequential_pass(args, len(eval_rows), ref_batch or config.per_device_eval_batch_size)
-        if precompute and eval_rows is not None else (),
-        info=RunInfo(
-            rows=len(train_rows),
-            pad_to_multiple_of=config.pad_to_multiple_of,
-            dropped_rows=dropped,
-            config=recorded_config(args, argv),
-            versions=versions(),
-            fingerprint={"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint,
-                         **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
-        ),
+        train_rows=run.train_rows,
+        layout=DPOLayout(max_length=args.training.max_length, precompute_ref=args.training.precompute_ref_log_probs),
+        loop=run.loop,
+        epoch_batches=run.epoch_batches,
+        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
+        eval_rows=run.eval_rows,
+        eval_batches=run.eval_batches,
+        eval_steps=run.eval_steps,
+        precompute_batches=train_precompute,
+        eval_precompute_batches=eval_precompute,
     )

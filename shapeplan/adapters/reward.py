@@ -5,14 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UsageError
-from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from ..plan.reward import plan_reward
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
-from .loop import eval_schedule, train_schedule
-from .preference import check_columns, check_not_empty, list_lengths, prepare
+from .preference import check_columns, check_not_empty, list_lengths, prepare, prepare_run
 from .sft import _apply_chat_template_path
 from .trl_args import TrainingArgs
 
@@ -42,31 +38,6 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
-    config = args.training
-    data = load_run_data(args, eval_source=eval_source)
-    _set_tokens(data.tokenizer, config)
-    train_rows, dropped = prepare_rows(data.train, data.tokenizer, config, "train")
-    epoch_batches, loop = train_schedule(args, len(train_rows))
-    eval_rows = None
-    eval_order: Any = ()
-    eval_at: list[int] = []
-    if data.eval is not None:
-        eval_rows, _ = prepare_rows(data.eval, data.tokenizer, config, "eval")
-        eval_order, eval_at = eval_schedule(args, loop, len(eval_rows))
-    return plan_reward(
-        train_rows=train_rows,
-        loop=loop,
-        epoch_batches=epoch_batches,
-        eval_rows=eval_rows,
-        eval_batches=eval_order,
-        eval_steps=eval_at,
-        info=RunInfo(
-            rows=len(train_rows),
-            pad_to_multiple_of=config.pad_to_multiple_of,
-            dropped_rows=dropped,
-            config=recorded_config(args, argv),
-            versions=versions(),
-            fingerprint={"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint,
-                         **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
-        ),
-    )
+    run = prepare_run(args, argv, eval_source, prepare_rows, setup_tokenizer=_set_tokens)
+    return plan_reward(train_rows=run.train_rows, loop=run.loop, epoch_batches=run.epoch_batches, info=run.info,
+                       eval_rows=run.eval_rows, eval_batches=run.eval_batches, eval_steps=run.eval_steps)

@@ -15,7 +15,7 @@ from .schedule import TrainLoop
 
 @dataclass(frozen=True, slots=True)
 class DPOLayout:
-    max_length: int | None
+    max_length: int | None  # the collator cuts every sequence to it
     precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
 
 
@@ -47,5 +47,5 @@ def plan_dpo(
         passes.append(Pass(eval_batches, tuple(eval_steps), forwards(eval_rows, eval_phases)))
         if layout.precompute_ref:
             passes.append(Pass(eval_precompute_batches, (0,), forwards(eval_rows, ("ref_precompute",))))
-    return plan_batches("dpo", loop=loop, epoch_batches=epoch_batches, train_forwards=forwards(train_rows, train_phases),
-                        passes=passes, info=info)
+    return plan_batches("dpo", loop=loop, epoch_batches=epoch_batches,
+                        train_forwards=forwards(train_rows, train_phases), passes=passes, info=info)

@@ -27,8 +27,8 @@ class UnpairedRows:
 
 @dataclass(frozen=True, slots=True)
 class KTOLayout:
-    max_length: int | None
-    precompute_ref: bool
+    max_length: int | None  # the collator cuts every sequence to it
+    precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
 
 
 def plan_kto(
