@@ -67,20 +67,42 @@ def padding_free_documents(seq: int, cu_len: int, max_q: int, multiple: int | No
 
 def padding_free_batches(seq: int, cu_seq_lens: Sequence[int], max_length_q: Sequence[int],
                          multiple: int | None) -> tuple[list[SyntheticBatch], list[str]]:
-    """One batch per planned value of cu_seq_lens and of max_length_q (paired in order); and the pairs no
-    batch can produce, as warnings."""
+    """Batches that together meet every planned value of len(cu_seq_lens) and of max_length_q; and, as
+    warnings, the values no batch can meet.
+
+    The plan lists the two sets apart, not which values came together, so each value is paired with a
+    partner from the other set that a real batch can have.
+    """
     cu = list(cu_seq_lens) or [2]
     mq = list(max_length_q) or [seq - (0 if multiple in (None, 1) else 1)]
-    n = max(len(cu), len(mq))
-    pairs = [(cu[min(i, len(cu) - 1)], mq[min(i, len(mq) - 1)]) for i in range(n)]
-    out, problems = [], []
-    for c, q in pairs:
-        docs = padding_free_documents(seq, c, q, multiple)
-        if docs is None:
-            problems.append(f"no padding-free batch of length {seq} has len(cu_seq_lens)={c} and max_length_q={q}")
+    found: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def documents(c: int, q: int) -> tuple[int, ...] | None:
+        if (c, q) not in found:
+            docs = padding_free_documents(seq, c, q, multiple)
+            if docs is None:
+                return None
+            found[(c, q)] = docs
+        return found[(c, q)]
+
+    pairs: list[tuple[int, int]] = []
+    problems: list[str] = []
+    uncovered = list(mq)
+    for c in cu:
+        q = next((q for q in [*uncovered, *mq] if documents(c, q) is not None), None)
+        if q is None:
+            problems.append(f"no padding-free batch of length {seq} has len(cu_seq_lens)={c}")
             continue
-        out.append(SyntheticBatch(docs))
-    return out, problems
+        pairs.append((c, q))
+        if q in uncovered:
+            uncovered.remove(q)
+    for q in uncovered:
+        c = next((c for c in cu if documents(c, q) is not None), None)
+        if c is None:
+            problems.append(f"no padding-free batch of length {seq} has max_length_q={q}")
+            continue
+        pairs.append((c, q))
+    return [SyntheticBatch(found[p]) for p in pairs], problems
 
 
 def token_ids(length: int, vocab_size: int, offset: int = 0) -> list[int]:

@@ -28,7 +28,7 @@ def plan_for(data: Path, argv: Sequence[str], output_dir: Path) -> Plan:
     return analyze("sft", run_argv(data, argv, output_dir))
 
 
-def real_run(data: Path, argv: Sequence[str], output_dir: Path) -> None:
+def real_run(data: Path, argv: Sequence[str], output_dir: Path, callbacks: Sequence[object] = ()) -> None:
     """`trl sft ARGV`: TRL's parser, and the trainer built and trained as `trl.scripts.sft.main` does (only the
     dataset is read from a local file, and the final save is left out)."""
     from datasets import load_dataset
@@ -48,6 +48,7 @@ def real_run(data: Path, argv: Sequence[str], output_dir: Path) -> None:
         eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
+        callbacks=list(callbacks) or None,
     )
     trainer.train()
 

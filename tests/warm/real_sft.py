@@ -1,0 +1,45 @@
+"""A real `trl sft` run in its own process, set up as `shapeplan warm` tells a training script to be.
+
+    python -m tests.warm.real_sft SPEC_JSON
+
+SPEC_JSON: {"data": path, "argv": [TRL options], "output_dir": path, "script_lines": [lines from the warm report]}.
+TORCHINDUCTOR_CACHE_DIR comes from the environment. Prints one JSON line: the compile cache counters and the
+seconds from `train()` to the end of each optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import tests.conftest  # noqa: F401  (offline environment)
+from tests.warm.harness import real_run
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from transformers import TrainerCallback
+
+    for line in spec["script_lines"]:
+        if line.startswith("torch."):  # the training-script lines, run as the user would paste them
+            exec(line, {"torch": torch})
+
+    start = time.perf_counter()
+    step_ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            step_ends.append(round(time.perf_counter() - start, 3))
+
+    real_run(Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
+    out = {"counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()},
+           "step_ends": step_ends}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`shapeplan warm` / `verify` refuse bad input with one line naming the problem and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shapeplan.cli import main
+from shapeplan.plan.io import write_plan
+from tests.conftest import CAPYBARA, TINY_MODEL
+from tests.warm.harness import plan_for
+
+ARGV = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2"]
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_unwritable_cache_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir",
+                 str(blocker / "cache")]) == 1
+    assert _error(capsys) == [f"Error: cache dir {blocker / 'cache'} is not writable (Not a directory); pass a "
+                              "writable folder with --cache-dir"]
+
+
+def test_plan_for_another_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), plan)
+    capsys.readouterr()
+    code = main(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(tmp_path / "c"), str(CAPYBARA),
+                 "--model", str(TINY_MODEL), "--bf16", "false", "--max_length", "512",
+                 "--per_device_train_batch_size", "2", "--max_steps", "2"])
+    assert code == 1
+    assert _error(capsys) == ["Error: the plan was made for max_length=256, but this run has 512; re-create the "
+                              "plan with `shapeplan analyze ... -o PLAN` for this run"]
+
+
+def test_plan_for_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(TINY_MODEL, model)
+    plan = plan_for(CAPYBARA, ["--model_name_or_path", str(model), *ARGV], tmp_path / "out")
+    write_plan(plan, tmp_path / "plan.json")
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    capsys.readouterr()
+    assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir",
+                 str(tmp_path / "c")]) == 1
+    assert _error(capsys) == [f"Error: the plan was made with another tokenizer than {model}'s; re-create it with "
+                              f"`shapeplan analyze ... --model {model} -o PLAN`"]
