@@ -34,7 +34,7 @@ def test_no_training_option_plans_the_guide_example() -> None:
     assert {s.batch for s in guide.by_phase("generate")} == {4}
 
 
-def test_any_training_option_keeps_trl_defaults() -> None:
+def test_any_training_option_keeps_trl_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     plan = analyze("grpo", [*RUN, "--max_steps", "2"])
     assert (plan.config["num_generations"], plan.config["max_completion_length"]) == (8, 512)
     assert {s.cache_len for s in plan.by_phase("generate")} == {None}
@@ -43,6 +43,10 @@ def test_any_training_option_keeps_trl_defaults() -> None:
     # 512 new tokens at a multiple of 128: four completion buckets, none certain
     assert {s.logits_to_keep for s in plan.by_phase("train")} == {128, 256, 384, 512}
     assert not any(s.certain for s in plan.by_phase("train"))
+    assert main(["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL), "--max_steps", "2"]) == 0
+    sizes = len({s.key for s in plan.by_phase("generate")})
+    assert f"generate sizes: {sizes} (batch, prompt bucket) with a dynamic cache: every decode step is a new " \
+           "shape, up to 511 per size" in capsys.readouterr().out
 
 
 def test_pinning_the_advised_cache_length_leaves_one_per_size() -> None:
