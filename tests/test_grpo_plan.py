@@ -103,7 +103,14 @@ def test_plan_file_round_trips_generation_fields() -> None:
 
 
 def test_generation_batch_follows_num_processes() -> None:
-    # GRPOConfig derives steps_per_generation with the planning machine's single process; the run has two.
+    # GRPOConfig sizes the generation batch with the process count: 2 x 2 rows hold one group of 4 generations,
+    # which a single process could not.
+    plan = analyze("grpo", [*RUN, "--per_device_train_batch_size", "2", "--num_generations", "4",
+                            "--max_steps", "1", "--num_processes", "2", "--max_completion_length", "8"])
+    assert plan.config["generation_batch_size"] == 4
+    assert {s.batch for s in plan.by_phase("generate")} == {2}
+    assert sum(s.count for s in plan.by_phase("generate")) == 2  # one round per rank
+
     plan = analyze("grpo", [*RUN, "--per_device_train_batch_size", "2", "--generation_batch_size", "8",
                             "--num_generations", "4", "--max_steps", "2", "--num_processes", "2",
                             "--max_completion_length", "8"])
