@@ -152,3 +152,10 @@ def test_reward_model_is_planned_with_a_warning(capsys: pytest.CaptureFixture[st
     plan = json.loads(capsys.readouterr().out)
     assert any(w.startswith("reward model my-org/reward is not planned") for w in plan["warnings"])
     assert {s["phase"] for s in plan["shapes"]} == {"generate", "train"}
+
+
+def test_fewer_prompts_than_a_generation_batch_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # 130 rows per device / 2 generations = 65 unique prompts per round; the sample has 64
+    err = _one_line_error(capsys, ["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL),
+                                   "--per_device_train_batch_size", "130", "--num_generations", "2"], 1)
+    assert "64 prompts, fewer than one generation batch holds (65 unique prompts)" in err
