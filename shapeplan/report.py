@@ -43,9 +43,14 @@ def _minutes(minutes: float) -> str:
 
 def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
     """The generate sizes and what they cost to compile; what pinning the static cache length saves."""
-    sizes = {s.key for s in plan.shapes if s.phase in GENERATE_PHASES}
-    if not sizes:
+    generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
+    if not generate:
         return []
+    sizes = {s.key for s in generate}
+    if any(s.cache_len is None for s in generate):
+        return [f"generate sizes: {len(sizes)} (batch, prompt bucket) with a dynamic cache: every decode step is "
+                f"a new shape, up to {max(s.max_new_tokens or 1 for s in generate) - 1} per size; the estimate "
+                "counts one compile per size"]
     lines = [f"generate sizes: {len(sizes)} (batch, prompt bucket, cache length), "
              f"{_minutes(len(sizes) * generate_minutes)} to compile at {generate_minutes:g} min each"]
     pin = cache_pin(plan.shapes)

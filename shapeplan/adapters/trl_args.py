@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,16 +104,17 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
         argv = ["--use_cpu", "true", *argv]
 
+    num_processes = _launch_num_processes(method, _launch_options(method, argv))
     parser = make_parser(method)
     try:
-        *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        with _world_size(num_processes):
+            *parsed, _, _ = parser.parse_args_and_config(
+                argv, return_remaining_strings=True, separate_remaining_strings=True
+            )
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
-    num_processes = _launch_num_processes(method, [*config_remaining, *cli_remaining])
     script, training, model, *rest = parsed
     return TrainingArgs(
         method=method,
@@ -123,6 +125,34 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+def _launch_options(method: str, argv: list[str]) -> list[str]:
+    """What TRL's parser leaves over from `argv` and its `--config` file: the `accelerate launch` options."""
+    parser = make_parser(method)
+    args = list(argv)
+    config_remaining: list[str] = []
+    if "--config" in args:
+        i = args.index("--config")
+        config = _read_yaml(args[i + 1]) if i + 1 < len(args) else {}
+        config.pop("env", None)
+        config_remaining = parser.set_defaults_with_config(**config)
+        del args[i:i + 2]
+    _, unknown = parser.parse_known_args(args)
+    return [*config_remaining, *unknown]
+
+
+@contextmanager
+def _world_size(num_processes: int) -> Iterator[None]:
+    """Configs built while parsing see the run's process count: GRPO and RLOO size the generation batch with it."""
+    from transformers import TrainingArguments
+
+    original = TrainingArguments.__dict__["world_size"]
+    TrainingArguments.world_size = property(lambda self: num_processes)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        TrainingArguments.world_size = original  # type: ignore[method-assign]
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:
