@@ -12,7 +12,7 @@ from ..plan.schedule import TrainLoop, evaluation_steps
 from ..plan.sft import SFTLayout, plan_sft
 from .common import load_run_data, recorded_config, versions
 from .data import tokenizer_fingerprint
-from .sampling import eval_batches, train_batches
+from .sampling import UNREPLAYABLE_STRATEGIES, eval_batches, train_batches
 from .trl_args import TrainingArgs
 
 logger = logging.getLogger(__name__)
@@ -79,9 +79,6 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     if fmt == "conversational" and tokenizer.chat_template is None:
         raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
                          "--chat_template_path FILE.jinja or a model whose tokenizer has one")
-    if config.padding_free and not packing and config.max_length is not None:
-        raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
-                         "--max_length none")
     if packing and config.max_length is None:
         raise UsageError("packing needs max_length; pass --max_length N")
     skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
@@ -112,6 +109,14 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
     config = args.training
+    strategy = config.train_sampling_strategy
+    if strategy not in ("random", "sequential", *UNREPLAYABLE_STRATEGIES):
+        raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use 'random', 'sequential' or "
+                         "'group_by_length'")
+    # SFTTrainer checks this once, against the train packing, for train and eval alike.
+    if config.padding_free and not config.packing and config.max_length is not None:
+        raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
+                         "--max_length none")
     data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
     _apply_chat_template_path(tokenizer, config.chat_template_path)
@@ -120,15 +125,16 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
 
     warnings: list[str] = []
-    strategy = config.train_sampling_strategy
-    exact = strategy in ("random", "sequential")
+    exact = strategy not in UNREPLAYABLE_STRATEGIES
     if not exact:
-        raise UsageError(f"train_sampling_strategy={strategy!r} draws its order from the global RNG and is not "
-                         "planned yet; use 'random' or 'sequential'")
+        warnings.append(f"train_sampling_strategy={strategy!r} draws the train order from the global RNG: train "
+                        "shapes are every shape some order can produce, with the most micro-batches and the earliest "
+                        "step each can have")
     n = args.num_processes
     epoch_batches = train_batches(
         len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,
         seed=config.seed, data_seed=config.data_seed, drop_last=config.dataloader_drop_last,
+        lengths=train_rows.lengths, gradient_accumulation_steps=config.gradient_accumulation_steps,
     )
     loop = TrainLoop(
         steps_in_epoch=len(epoch_batches(0)[0]),
@@ -143,13 +149,14 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     if data.eval is not None:
         eval_packing = config.packing if config.eval_packing is None else config.eval_packing
         eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval")
-        eval_order = eval_batches(len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
-                                  drop_last=config.dataloader_drop_last)
-        eval_at = evaluation_steps(loop, eval_strategy=str(config.eval_strategy.value
-                                                           if hasattr(config.eval_strategy, "value")
-                                                           else config.eval_strategy),
-                                   eval_steps=config.eval_steps, eval_delay=config.eval_delay or 0,
-                                   eval_on_start=config.eval_on_start)
+        eval_order = eval_batches(
+            len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
+            drop_last=config.dataloader_drop_last,
+            grouped_lengths=eval_rows.lengths if strategy == "group_by_length" else None,
+            seed=config.data_seed if config.data_seed is not None else config.seed,
+        )
+        eval_at = evaluation_steps(loop, eval_strategy=_value(config.eval_strategy), eval_steps=config.eval_steps,
+                                   eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
 
     return plan_sft(
         train_rows=train_rows,
@@ -168,3 +175,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
                      **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
         warnings=warnings,
     )
+
+
+def _value(option: Any) -> str:
+    """An enum option (eval_strategy) as the string TRL's parser accepts."""
+    return str(getattr(option, "value", option))

@@ -40,9 +40,12 @@ def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
 
 def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None) -> list[Seen]:
     """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed."""
+    import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
+
+    torch.set_num_threads(1)  # the tiny model gains nothing from threads; they only contend on a shared machine
 
     script, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",

@@ -22,7 +22,8 @@ ASSISTANT_CHAT = FIXTURES / "assistant-chat.jsonl"
 CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     # conversational rows through the chat template; eval at every eval_steps multiple and the final step
     "padded-eval": (CAPYBARA, ["--per_device_train_batch_size", "4", "--max_steps", "10", "--eval_strategy", "steps",
-                               "--eval_steps", "4", "--per_device_eval_batch_size", "3"], CAPYBARA),
+                               "--eval_steps", "4", "--per_device_eval_batch_size", "7", "--max_length", "512"],
+                    CAPYBARA),
     # prompt-completion rows, gradient accumulation over two epochs with a partial last batch
     "prompt-completion-ga": (TLDR, ["--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2",
                                     "--num_train_epochs", "2", "--max_length", "256"], None),
@@ -45,7 +46,8 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
                          CAPYBARA),
     # bfd_split splits rows longer than max_length into documents of their own
     "packing-bfd-split": (TLDR, ["--packing", "--packing_strategy", "bfd_split", "--max_length", "96",
-                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32"], None),
+                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32", "--max_steps", "12"],
+                          None),
     # wrapped packing with the padded collator; max_length not a multiple of pad_to_multiple_of
     "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "100",
                                "--per_device_train_batch_size", "3", "--pad_to_multiple_of", "32"], None),
