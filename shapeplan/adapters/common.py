@@ -74,8 +74,12 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
     if getattr(args.training, "eval_strategy", "no") != "no":
         if eval_source is not None:
             eval_data = _only_split(load_dataset_source(eval_source), script.dataset_test_split, eval_source)
-        else:
+        elif not isinstance(data, dict) or script.dataset_test_split in data:
             eval_data = select_split(data, script.dataset_test_split, source)
+        else:
+            raise DatasetError(f"dataset {source} has no split {script.dataset_test_split!r} for the eval loop "
+                               f"(it has {', '.join(data)}); pass --eval-dataset DATASET or choose a split with "
+                               "--dataset_test_split")
         check_rows(eval_data, eval_source or source)
     elif eval_source is not None:
         raise UsageError("--eval-dataset is given but eval_strategy is 'no'; add --eval_strategy steps "

@@ -19,16 +19,23 @@ logger = logging.getLogger(__name__)
 
 
 def _row_format(example: dict[str, Any], text_field: str) -> str:
+    from trl.data_utils import is_conversational
+
     if "input_ids" in example:
         return "tokenized"
-    if "messages" in example or "conversations" in example:
+    if is_conversational(example):
         return "conversational"
+    for column in ("messages", "conversations", "prompt"):
+        if column in example and not isinstance(example[column], str):
+            raise DatasetError(f"column {column!r} holds neither text nor a list of {{'role', 'content'}} messages; "
+                               "fix the dataset's rows")
     if "prompt" in example and "completion" in example:
         return "prompt-completion"
-    if text_field in example:
+    if isinstance(example.get(text_field), str):
         return "text"
     raise DatasetError(f"dataset has no usable column (it has {', '.join(example) or 'none'}); SFT needs "
-                       f"'messages', '{text_field}' (set --dataset_text_field) or 'prompt' and 'completion'")
+                       f"'messages' (a list of role/content messages), a text column '{text_field}' (set "
+                       "--dataset_text_field) or 'prompt' and 'completion'")
 
 
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
@@ -85,12 +92,17 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     if skip:
         prepared = dataset
     else:
+        from jinja2 import TemplateError
+
         trainer = _bare_trainer(tokenizer, config, first)
         try:
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
-        except (ValueError, RuntimeError, TypeError, KeyError) as exc:
+        except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+    if "input_ids" not in prepared.column_names:
+        raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
+                           "skip_prepare_dataset the dataset must be tokenized already")
     import pyarrow.compute as pc
 
     # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,15 +106,19 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
 
     parser = make_parser(method)
     try:
-        *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        with warnings.catch_warnings():
+            # TRL's own defaults trip transformers' deprecation notices (gradient_checkpointing); none is the user's.
+            warnings.simplefilter("ignore", FutureWarning)
+            *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
+                argv, return_remaining_strings=True, separate_remaining_strings=True
+            )
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
     num_processes = _launch_num_processes(method, [*config_remaining, *cli_remaining])
     script, training, model, *rest = parsed
+    _check_positive(training)
     return TrainingArgs(
         method=method,
         script=script,
@@ -123,6 +128,18 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple).
+_POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size")
+
+
+def _check_positive(training: Any) -> None:
+    for name in _POSITIVE:
+        value = getattr(training, name, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {value}")
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:
@@ -147,10 +164,19 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     except ValueError as exc:
         raise UsageError(f"{_first_line(exc)}") from exc
     parser = launch_command_parser()
+
+    def error(message: str) -> None:  # argparse would print usage and exit; we want one line
+        raise UsageError(f"{message}; see `accelerate launch --help` for launch options")
+
+    parser.error = error  # type: ignore[method-assign]
+    # "shapeplan" stands for the training script accelerate expects; a bare token before it is a stray argument.
     known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
     if unknown:
         raise UsageError(f"unknown option {unknown[0]!r}: it is neither a TRL `{method}` option nor an "
                          f"`accelerate launch` option; see `trl {method} --help`")
+    if known.training_script != "shapeplan":
+        raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
+                         "pass TRL options as --name value")
     if known.num_processes is not None:
         return int(known.num_processes)
     if known.config_file:
