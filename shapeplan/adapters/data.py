@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,10 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
     import datasets
 
     path = Path(source)
+    # datasets logs a parse failure before raising it; the error below carries the same cause in one line.
+    datasets_logger = logging.getLogger("datasets")
+    level = datasets_logger.level
+    datasets_logger.setLevel(logging.CRITICAL)
     try:
         if path.is_file():
             builder = _FILE_BUILDERS.get(path.suffix.lower())
@@ -46,6 +51,8 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
     except Exception as exc:  # datasets raises many types for unreadable data; report them as one line
         raise DatasetError(f"cannot read dataset {source}: {_short(_root_cause(exc))}; check the file's format") \
             from exc
+    finally:
+        datasets_logger.setLevel(level)
 
 
 def select_split(data: Any, split: str, source: str) -> Any:
