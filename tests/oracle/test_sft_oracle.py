@@ -44,6 +44,11 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
                                     "--pad_to_multiple_of", "64", "--max_steps", "8", "--eval_strategy", "steps",
                                     "--eval_steps", "0.25", "--eval_delay", "3", "--per_device_eval_batch_size", "4"],
                          CAPYBARA),
+    # bfd packing for train only: eval rows stay unpacked (truncated) but are still collated padding-free
+    "packing-bfd-eval-unpacked": (TLDR, ["--packing", "--eval_packing", "false", "--max_length", "128",
+                                         "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32",
+                                         "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "3",
+                                         "--per_device_eval_batch_size", "8"], TLDR),
     # bfd_split splits rows longer than max_length into documents of their own
     "packing-bfd-split": (TLDR, ["--packing", "--packing_strategy", "bfd_split", "--max_length", "96",
                                  "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32", "--max_steps", "12"],
