@@ -125,6 +125,11 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     if strategy not in ("random", "sequential", *UNREPLAYABLE_STRATEGIES):
         raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use 'random', 'sequential' or "
                          "'group_by_length'")
+    accelerator = config.accelerator_config
+    if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
+                                   or accelerator.dispatch_batches):
+        raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not planned "
+                         "for data-parallel runs; keep accelerate's defaults")
     # SFTTrainer checks this once, against the train packing, for train and eval alike.
     if config.padding_free and not config.packing and config.max_length is not None:
         raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
@@ -137,11 +142,13 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
 
     warnings: list[str] = []
-    exact = strategy not in UNREPLAYABLE_STRATEGIES
+    # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
+    seedable = config.accelerator_config.use_seedable_sampler
+    exact = strategy == "sequential" or (strategy == "random" and seedable)
     if not exact:
-        warnings.append(f"train_sampling_strategy={strategy!r} draws the train order from the global RNG: train "
-                        "shapes are every shape some order can produce, with the most micro-batches and the earliest "
-                        "step each can have")
+        cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
+        warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
+                        "order can produce, with the most micro-batches and the earliest step each can have")
     n = args.num_processes
     epoch_batches = train_batches(
         len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,

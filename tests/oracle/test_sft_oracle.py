@@ -105,10 +105,18 @@ def test_rows_dropped_in_preparation_are_counted() -> None:
     assert (plan.stats.rows, plan.stats.dropped_rows) == (16, 8)
 
 
-def test_group_by_length_plan_bounds_the_real_trainer() -> None:
-    """group_by_length draws the train order from the global RNG: the plan is the set of reachable shapes, each
-    with the most micro-batches and the earliest step it can have; the eval order is seeded, so eval is exact."""
-    argv = ["--train_sampling_strategy", "group_by_length", "--per_device_train_batch_size", "4",
+UNREPLAYABLE = {
+    "group-by-length": ["--train_sampling_strategy", "group_by_length"],
+    "unseeded-random-sampler": ["--accelerator_config", '{"use_seedable_sampler": false}'],
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREPLAYABLE))
+def test_unreplayable_order_plan_bounds_the_real_trainer(name: str) -> None:
+    """group_by_length (and torch's own RandomSampler) draw the train order from the global RNG: the plan is the
+    set of reachable shapes, each with the most micro-batches and the earliest step it can have. The eval order
+    does not depend on it (group_by_length seeds its eval sampler), so eval stays exact."""
+    argv = [*UNREPLAYABLE[name], "--per_device_train_batch_size", "4",
             "--gradient_accumulation_steps", "2", "--max_steps", "6", "--max_length", "256",
             "--pad_to_multiple_of", "64", "--eval_strategy", "steps", "--eval_steps", "3",
             "--per_device_eval_batch_size", "6"]
