@@ -106,6 +106,7 @@ BAD_INPUTS = {
     "both-model-spellings": ([str(TLDR), *MODEL, "--model_name_or_path", "x"], 2,
                              "both --model and --model_name_or_path are given"),
     "unknown-method": ([str(TLDR), "--method", "ppo"], 2, "Invalid value for '--method'"),
+    "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
     "unplanned-sampling": ([str(TLDR), *MODEL, "--train_sampling_strategy", "batch_rebalance"], 2,
                            "train_sampling_strategy='batch_rebalance' is not planned yet"),
 }

@@ -56,6 +56,10 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them."""
     script = args.script
     mixture = args.dataset_mixture
+    if getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False):
+        # A stream has no length: the Trainer runs it in stream order for max_steps, not epochs of a sampler.
+        raise UsageError("streaming datasets are not planned yet; drop --dataset_streaming to plan the map-style "
+                         "run of the same data")
     if mixture is not None and getattr(mixture, "datasets", None):
         from trl import get_dataset
 

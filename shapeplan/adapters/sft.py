@@ -149,6 +149,9 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
         cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
         warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
                         "order can produce, with the most micro-batches and the earliest step each can have")
+    if config.label_smoothing_factor > 0:
+        warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
+                        "grad, then the fused head without), so each train shape compiles two graphs")
     n = args.num_processes
     epoch_batches = train_batches(
         len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,
