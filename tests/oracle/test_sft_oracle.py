@@ -139,7 +139,7 @@ def test_two_process_plan_equals_real_trainer(tmp_path: Path) -> None:
     argv = ["--per_device_train_batch_size", "5", "--gradient_accumulation_steps", "3", "--num_train_epochs", "2",
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "5",
             "--per_device_eval_batch_size", "7"]
-    plan = _plan(CAPYBARA, [*argv, "--num_processes", "2"], CAPYBARA)
+    plan = _plan(CAPYBARA, [*argv, "--num-processes", "2"], CAPYBARA)
     seen = run_sft_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path)
     assert {s.rank for s in seen} == {0, 1}
     assert planned(plan) == observed(seen)
