@@ -108,7 +108,7 @@ BAD_INPUTS = {
     "unknown-method": ([str(TLDR), "--method", "ppo"], 2, "Invalid value for '--method'"),
     "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
     "unplanned-sampling": ([str(TLDR), *MODEL, "--train_sampling_strategy", "batch_rebalance"], 2,
-                           "train_sampling_strategy='batch_rebalance' is not planned yet"),
+                           "train_sampling_strategy='batch_rebalance' is not planned yet; use one of random"),
 }
 
 

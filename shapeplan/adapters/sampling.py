@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 RankBatches = list[list[list[int]]]
 
-# Orders the Trainer draws from the global RNG: planned as a bound (`exact: false`), never replayed.
-UNREPLAYABLE_STRATEGIES = ("group_by_length",)
+# The train_sampling_strategy values `train_batches` draws orders for.
+TRAIN_STRATEGIES = ("random", "sequential", "group_by_length")
 
 
 def _batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int) -> RankBatches:

@@ -12,7 +12,7 @@ from ..plan.schedule import TrainLoop, evaluation_steps
 from ..plan.sft import SFTLayout, plan_sft
 from .common import load_run_data, recorded_config, versions
 from .data import tokenizer_fingerprint
-from .sampling import UNREPLAYABLE_STRATEGIES, eval_batches, train_batches
+from .sampling import TRAIN_STRATEGIES, eval_batches, train_batches
 from .trl_args import TrainingArgs
 
 logger = logging.getLogger(__name__)
@@ -122,9 +122,9 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
     config = args.training
     strategy = config.train_sampling_strategy
-    if strategy not in ("random", "sequential", *UNREPLAYABLE_STRATEGIES):
-        raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use 'random', 'sequential' or "
-                         "'group_by_length'")
+    if strategy not in TRAIN_STRATEGIES:
+        raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use one of "
+                         f"{', '.join(TRAIN_STRATEGIES)}")
     accelerator = config.accelerator_config
     if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
                                    or accelerator.dispatch_batches):
@@ -143,8 +143,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
 
     warnings: list[str] = []
     # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
-    seedable = config.accelerator_config.use_seedable_sampler
-    exact = strategy == "sequential" or (strategy == "random" and seedable)
+    exact = strategy == "sequential" or (strategy == "random" and accelerator.use_seedable_sampler)
     if not exact:
         cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
         warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
