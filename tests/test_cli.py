@@ -106,6 +106,8 @@ BAD_INPUTS = {
     "both-model-spellings": ([str(TLDR), *MODEL, "--model_name_or_path", "x"], 2,
                              "both --model and --model_name_or_path are given"),
     "unknown-method": ([str(TLDR), "--method", "ppo"], 2, "Invalid value for '--method'"),
+    "unwritable-output": ([*RUN, "-o", "{bad}/no-folder/plan.json"], 1,
+                          "cannot write plan to {bad}/no-folder/plan.json"),
     "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
     "unplanned-sampling": ([str(TLDR), *MODEL, "--train_sampling_strategy", "batch_rebalance"], 2,
                            "train_sampling_strategy='batch_rebalance' is not planned yet; use one of random"),
@@ -150,7 +152,8 @@ def test_no_shapeplan_option_shadows_a_trl_or_accelerate_option() -> None:
 
 def test_the_planning_core_imports_no_heavy_library() -> None:
     code = ("import pkgutil, importlib, sys, shapeplan.plan\n"
-            "for m in pkgutil.iter_modules(shapeplan.plan.__path__): importlib.import_module('shapeplan.plan.' + m.name)\n"
+            "for m in pkgutil.iter_modules(shapeplan.plan.__path__):\n"
+            "    importlib.import_module('shapeplan.plan.' + m.name)\n"
             "print(sorted(n for n in ('torch', 'trl', 'transformers', 'datasets', 'click', 'accelerate', 'numpy')"
             " if n in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -51,8 +51,8 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
                                          "--per_device_eval_batch_size", "8"], TLDR),
     # bfd_split splits rows longer than max_length into documents of their own
     "packing-bfd-split": (TLDR, ["--packing", "--packing_strategy", "bfd_split", "--max_length", "96",
-                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32", "--max_steps", "12"],
-                          None),
+                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32",
+                                 "--max_steps", "12"], None),
     # wrapped packing with the padded collator; max_length not a multiple of pad_to_multiple_of
     "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "100",
                                "--per_device_train_batch_size", "3", "--pad_to_multiple_of", "32"], None),
