@@ -148,6 +148,9 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
         cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
         warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
                         "order can produce, with the most micro-batches and the earliest step each can have")
+    if config.resume_from_checkpoint:
+        warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
+                        "before its checkpoint and meets only the shapes after it")
     if config.label_smoothing_factor > 0:
         warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
                         "grad, then the fused head without), so each train shape compiles two graphs")
