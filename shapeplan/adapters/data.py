@@ -28,9 +28,8 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
             if builder is None:
                 raise DatasetError(f"dataset file {source} has an unsupported type {path.suffix!r}; "
                                    "use .jsonl, .json, .parquet or .csv")
-            with open(path, "rb") as f:  # also the readability check: datasets' own error would name no cause
-                if not f.read(4096).strip():
-                    raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
+            if _blank(path):  # datasets' own error for an empty file names no cause
+                raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
             return datasets.load_dataset(builder, data_files=str(path))
         if path.is_dir():
             if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
@@ -91,6 +90,15 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h.update(json.dumps(tokenizer.chat_template, sort_keys=True, default=str).encode())
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
+
+
+def _blank(path: Path) -> bool:
+    """Whether the file holds only whitespace (reading it also checks that it is readable)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
 
 
 def _root_cause(exc: BaseException) -> BaseException:
