@@ -7,7 +7,7 @@ import click
 from ..errors import UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.model import METHODS
-from .output import emit_plan
+from .output import emit_plan, progress_bars_on_terminals_only
 
 
 def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
@@ -78,6 +78,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     """
     from ..analyze import analyze
 
+    progress_bars_on_terminals_only()
     argv = split_run_arguments(method, trl_args, model, split)
     plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
