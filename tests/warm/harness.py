@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
@@ -63,9 +64,10 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
 
 
-def record(fn, *args) -> set[Signature]:  # type: ignore[no-untyped-def]
-    """The op signatures `fn(*args)` dispatches outside data loading (sampler, collator, device copy)."""
+def record(fn, *args) -> tuple[set[Signature], Any]:  # type: ignore[no-untyped-def]
+    """The op signatures `fn(*args)` dispatches outside data loading (sampler, collator, device copy), and what
+    it returned."""
     recorder = OpRecorder()
     with outside_data_loading(recorder), recorder:
-        fn(*args)
-    return recorder.signatures
+        result = fn(*args)
+    return recorder.signatures, result
