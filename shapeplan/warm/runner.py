@@ -36,6 +36,7 @@ class Warmer(Protocol):
     """One TRL method's warm-up: runs tasks through that trainer's real step, reporting to a Tracker."""
 
     torch_compile: bool
+    warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
 
     def bind(self, plan: Plan) -> int:
         """Take what the warm-up needs from `plan`; return how many eval passes the planned run makes (each eval
@@ -232,4 +233,5 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
         device=backend.device,
         environment=environment,
         script_lines=backend.script_lines(cache_dir, torch_compile=warmer.torch_compile, graphs=graphs),
+        warnings=tuple(dict.fromkeys(warmer.warnings)),
     )

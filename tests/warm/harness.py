@@ -11,7 +11,7 @@ from shapeplan.plan.model import Plan
 from shapeplan.warm.backends.inductor import InductorBackend
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.opsig import OpRecorder, Signature, outside_data_loading
-from shapeplan.warm.runner import warm
+from shapeplan.warm.runner import check_cache_dir, warm
 from shapeplan.warm.sft import SFTWarmer
 from tests.conftest import TINY_MODEL
 
@@ -58,6 +58,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     from shapeplan.adapters.trl_args import parse_training_args
 
     backend = InductorBackend("cpu")
+    cache_dir = check_cache_dir(cache_dir)
     backend.prepare(cache_dir)
     args = parse_training_args("sft", plan.config["argv"])
     warmer = SFTWarmer(args, device="cpu")
