@@ -137,6 +137,6 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer = make_warmer(plan.method, args, device=backend.device)
+    warmer = make_warmer(plan.method, args)
     report = warm(plan, warmer, backend, cache, progress=True)
     emit(report, as_json=as_json, verify=False)

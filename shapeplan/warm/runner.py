@@ -28,7 +28,7 @@ MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
 # Phases a warmer runs; the others (generate, ref, ...) belong to warmers not built yet.
 WARMED_PHASES = ("train", "eval")
-# method -> (module in shapeplan.warm, Warmer class); each takes (TrainingArgs, device=...)
+# method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs)
 WARMERS = {"sft": ("sft", "SFTWarmer")}
 
 
@@ -54,13 +54,13 @@ class Warmer(Protocol):
         ...
 
 
-def make_warmer(method: str, args: Any, *, device: str) -> Warmer:
+def make_warmer(method: str, args: Any) -> Warmer:
     import importlib
 
     if method not in WARMERS:
         raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(WARMERS)}")
     module, name = WARMERS[method]
-    return getattr(importlib.import_module(f".{module}", __package__), name)(args, device=device)
+    return getattr(importlib.import_module(f".{module}", __package__), name)(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int) -> tuple[WarmTask, ...]:

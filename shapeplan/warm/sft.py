@@ -67,10 +67,9 @@ class _Step:
 class SFTWarmer:
     """Warms SFT shapes with `trl.SFTTrainer` (see the module docstring)."""
 
-    def __init__(self, args: Any, *, device: str) -> None:
+    def __init__(self, args: Any) -> None:
         self.args = args
         self.config = args.training
-        self.device = device
         self.torch_compile = bool(self.config.torch_compile)
         self.padding_free = bool(self.config.padding_free or (
             self.config.packing and self.config.packing_strategy in {"bfd", "bfd_split"}))

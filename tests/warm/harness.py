@@ -61,7 +61,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     cache_dir = check_cache_dir(cache_dir)
     backend.prepare(cache_dir)
     args = parse_training_args("sft", plan.config["argv"])
-    warmer = SFTWarmer(args, device="cpu")
+    warmer = SFTWarmer(args)
     return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
 
 
