@@ -36,6 +36,11 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     backend = make_backend(device)
     cache = check_cache_dir(Path(cache_dir) if cache_dir else default_cache_dir(device))
     backend.prepare(cache)
+    # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     return backend, cache
 
 
@@ -92,6 +97,7 @@ def render(report: Any, *, verify: bool) -> str:
     if verify:
         lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
                      f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
+    lines += [f"warning: {w}" for w in report.warnings]
     if report.script_lines:
         lines.append("")
         lines.append("Set these in the training script (and its environment) to hit this cache:")
@@ -131,6 +137,6 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer = make_warmer(plan.method, args, device=backend.device)
+    warmer = make_warmer(plan.method, args)
     report = warm(plan, warmer, backend, cache, progress=True)
     emit(report, as_json=as_json, verify=False)

@@ -28,7 +28,7 @@ MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
 # Phases a warmer runs; the others (generate, ref, ...) belong to warmers not built yet.
 WARMED_PHASES = ("train", "eval")
-# method -> (module in shapeplan.warm, Warmer class); each takes (TrainingArgs, device=...)
+# method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs)
 WARMERS = {"sft": ("sft", "SFTWarmer")}
 
 
@@ -36,6 +36,7 @@ class Warmer(Protocol):
     """One TRL method's warm-up: runs tasks through that trainer's real step, reporting to a Tracker."""
 
     torch_compile: bool
+    warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
 
     def bind(self, plan: Plan) -> int:
         """Take what the warm-up needs from `plan`; return how many eval passes the planned run makes (each eval
@@ -53,13 +54,13 @@ class Warmer(Protocol):
         ...
 
 
-def make_warmer(method: str, args: Any, *, device: str) -> Warmer:
+def make_warmer(method: str, args: Any) -> Warmer:
     import importlib
 
     if method not in WARMERS:
         raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(WARMERS)}")
     module, name = WARMERS[method]
-    return getattr(importlib.import_module(f".{module}", __package__), name)(args, device=device)
+    return getattr(importlib.import_module(f".{module}", __package__), name)(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int) -> tuple[WarmTask, ...]:
@@ -232,4 +233,5 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
         device=backend.device,
         environment=environment,
         script_lines=backend.script_lines(cache_dir, torch_compile=warmer.torch_compile, graphs=graphs),
+        warnings=tuple(dict.fromkeys(warmer.warnings)),
     )
