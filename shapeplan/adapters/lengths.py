@@ -84,8 +84,9 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
     kind = "prompt-completion" if "prompt" in first else "messages" if is_conversational(first) else "text"
     masked = trainer.completion_only_loss and kind == "prompt-completion"
     truncating = config.max_length is not None and not packing
+    read = {"messages", "prompt", "completion", "tools", "chat_template_kwargs", config.dataset_text_field}
     job = _Job(
-        dataset=dataset,
+        dataset=dataset.select_columns([c for c in dataset.column_names if c in read]),
         tokenizer=tokenizer,
         kind=kind,
         conversational=is_conversational(first),
