@@ -7,12 +7,13 @@ follow tokenization (EOS added to plain text, completion masks, `max_length` tru
 with no trainable token, shuffling, packing) are TRL's, applied to lengths:
 
 - truncation keeps `range(length)[slice]`, the slice TRL cuts with;
-- a row TRL could drop (a completion-only loss whose prompt may reach the kept window) is decided by TRL itself:
-  those few rows go through `_prepare_dataset` (see `_trl_decides`);
+- a completion-only loss keeps a row when a trainable token (position >= prompt_len) is in the kept window. An
+  upper bound of prompt_len decides most rows without tokenizing the prompt (`_lengths_and_prompt_bounds`); the
+  few rows the bound cannot decide go through TRL's own `_prepare_dataset` (`_trl_decides`);
 - shuffling and packing run TRL's and datasets' own code on a dataset whose lists hold no values, only lengths.
 
 What this cannot follow row by row (assistant-only loss masks, from/value conversations, datasets already
-tokenized or formatted, iterable datasets, processors) is left to TRL's path: see `fast_path_refusal`.
+tokenized or formatted, iterable datasets, vision data) is left to TRL's path: see `fast_path_refusal`.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def fast_path_refusal(dataset: Any, tokenizer: Any, config: Any) -> str | None:
         return f"dataset formatted as {dataset.format['type']!r}"
     if "input_ids" in dataset.column_names:
         return "dataset already tokenized"
-    if isinstance(tokenizer, ProcessorMixin):
-        return "processor (vision model)"
+    if isinstance(tokenizer, ProcessorMixin) or {"image", "images"} & set(dataset.column_names):
+        return "vision data"
     if config.assistant_only_loss:
         return "assistant_only_loss masks"
     if is_conversational_from_value(dataset[0]):
