@@ -172,14 +172,15 @@ def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         return _encode_lengths(job.tokenizer, texts, special=True), np.full(len(rows), -1, dtype=np.int32)
     if job.conversational:
         full = [_render(job, row["prompt"] + row["completion"], row) for row in rows]
-        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
-        special = False
     else:
-        prompts = [row["prompt"] for row in rows]
-        full = [prompt + _completion_with_eos(row, job) for prompt, row in zip(prompts, rows)]
-        special = True
+        full = [row["prompt"] + _completion_with_eos(row, job) for row in rows]
+    special = not job.conversational  # TRL tokenizes plain text with the tokenizer's special tokens
     if not job.need_prompt_lengths:
         return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
+    if job.conversational:
+        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
+    else:
+        prompts = [row["prompt"] for row in rows]
     return _lengths_and_prompt_bounds(job, full, prompts, special=special)
 
 
