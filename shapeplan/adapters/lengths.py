@@ -254,7 +254,8 @@ def _is_backend(tokenizer: Any) -> bool:
 
 def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
     """The Rust encodings `TokenizersBackend._encode_plus` makes, without converting every id to a Python int: the
-    same backend state (no truncation, no padding, split_special_tokens) and the same `encode_batch` call."""
+    same backend state (no truncation, no padding, split_special_tokens) and the same ids, from `encode_batch_fast`
+    (`encode_batch` without character offsets, which lengths do not need)."""
     from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
 
     tokenizer.set_truncation_and_padding(
@@ -264,7 +265,7 @@ def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
     backend = tokenizer._tokenizer
     if backend.encode_special_tokens != tokenizer.split_special_tokens:
         backend.encode_special_tokens = tokenizer.split_special_tokens
-    return backend.encode_batch(texts, add_special_tokens=special, is_pretokenized=False)  # type: ignore[no-any-return]
+    return backend.encode_batch_fast(texts, add_special_tokens=special)  # type: ignore[no-any-return]
 
 
 def _countable_eos(tokenizer: Any, eos: str, *, special: bool) -> tuple[int, int] | None:
