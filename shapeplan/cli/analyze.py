@@ -51,7 +51,8 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
 @click.option("--no-cache", "no_cache", is_flag=True,
-              help="Recompute row lengths instead of reading the length cache (SHAPEPLAN_CACHE_DIR).")
+              help="Compute row lengths afresh, neither reading nor writing the length cache "
+                   "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, no_cache: bool) -> None:
     """List every input shape a TRL run will feed the model.
