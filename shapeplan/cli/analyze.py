@@ -55,7 +55,8 @@ def run_options(command):  # type: ignore[no-untyped-def]
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,
-              help="Recompute row lengths instead of reading the length cache (SHAPEPLAN_CACHE_DIR).")
+              help="Compute row lengths afresh, neither reading nor writing the length cache "
+                   "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
                     no_cache: bool) -> None:
