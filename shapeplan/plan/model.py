@@ -13,11 +13,11 @@ METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "dist
 # their first_step counts as eval's does; `ref_precompute` runs before training (first_step 0).
 Phase = Literal[
     "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
-    "ref_kl", "eval_ref_kl", "teacher"
+    "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 ]
 PHASES: tuple[str, ...] = (
     "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
-    "ref_kl", "eval_ref_kl", "teacher"
+    "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 )
 
 
