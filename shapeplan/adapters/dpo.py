@@ -36,25 +36,9 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     return rows, len(dataset) - len(rows)
 
 
-<<<<<<< HEAD
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
-    config = args.training
-    data = load_run_data(args, eval_source=eval_source)
-    train_rows, dropped = prepare_rows(data.train, data.tokenizer, config, "train")
-    epoch_batches, loop = train_schedule(args, len(train_rows))
-    precompute = bool(config.precompute_ref_log_probs)
-    ref_batch = config.precompute_ref_batch_size
-    eval_rows = None
-    eval_order: Any = ()
-    eval_at: list[int] = []
-    if data.eval is not None:
-        eval_rows, _ = prepare_rows(data.eval, data.tokenizer, config, "eval")
-        eval_order, eval_at = eval_schedule(args, loop, len(eval_rows))
-=======
-def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> Plan:
     run = prepare_run(args, argv, eval_source, prepare_rows)
     train_precompute, eval_precompute = precompute_batches(args, run)
->>>>>>> trainers
     return plan_dpo(
         train_rows=run.train_rows,
         layout=DPOLayout(max_length=args.training.max_length, precompute_ref=args.training.precompute_ref_log_probs),
