@@ -39,7 +39,7 @@ def test_kto_runs_policy_and_reference_on_rows_and_kl_rows() -> None:
 
 
 def test_dpo_precompute_replaces_the_reference_forwards_with_a_pass_before_training() -> None:
-    rows = PairedRows(chosen=(100, 300, 50), rejected=(130, 90, 20))
+    rows = PairedRows(chosen=(100, 300, 50), rejected=(130, 90, 20), prompt=(10, 20, 5))
     plan = plan_dpo(
         train_rows=rows, layout=DPOLayout(max_length=None, precompute_ref=True),
         loop=TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=2, num_train_epochs=2, max_steps=-1),

@@ -4,7 +4,7 @@ it, in the train step or, with precompute_ref_log_probs, in one pass over the da
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
 from .model import Plan
@@ -17,6 +17,28 @@ from .schedule import TrainLoop
 class DPOLayout:
     max_length: int | None  # the collator cuts every sequence to it
     precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
+    truncation_mode: str = "keep_start"  # which end of a sequence the cut keeps
+
+
+def completion_tokens(prompt: int, total: int, max_length: int | None, truncation_mode: str) -> int:
+    """The completion tokens of one sequence that TRL's metrics select: its completion mask, cut as the collator
+    cuts it, without the first position (`completion_mask[..., 1:]`)."""
+    completion = total - prompt
+    kept = total if max_length is None else min(total, max_length)
+    if truncation_mode == "keep_end":
+        ones = min(completion, kept)
+        first_is_completion = kept > 0 and completion >= kept
+    else:
+        ones = max(0, kept - prompt)
+        first_is_completion = kept > 0 and prompt == 0
+    return ones - first_is_completion
+
+
+def _completion_counts(rows: PairedRows, batch: Sequence[int], layout: DPOLayout) -> tuple[int, int]:
+    def count(totals: tuple[int, ...]) -> int:
+        return sum(completion_tokens(rows.prompt[i], totals[i], layout.max_length, layout.truncation_mode)
+                   for i in batch)
+    return count(rows.chosen), count(rows.rejected)
 
 
 def plan_dpo(
@@ -35,7 +57,9 @@ def plan_dpo(
     def forwards(rows: PairedRows, phases: tuple[str, ...]) -> Forwards:
         def run(batch: Sequence[int]) -> list[tuple[str, BatchShape]]:
             shape = stacked_batch(rows, batch, info.pad_to_multiple_of, layout.max_length)
-            return [(phase, shape) for phase in phases]
+            # the policy's step computes the metrics that select completion tokens; the reference forwards do not
+            policy = replace(shape, completion_tokens=_completion_counts(rows, batch, layout))
+            return [(phase, policy if phase in ("train", "eval") else shape) for phase in phases]
         return run
 
     train_phases = ("train",) if layout.precompute_ref else ("train", "ref")

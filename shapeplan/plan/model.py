@@ -30,6 +30,9 @@ class Shape:
     `certain` is False for shapes that only sampling can produce (GRPO completion buckets).
     Padding-free batches also carry the per-batch values that can trigger a compile under `torch.compile`:
     the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape.
+    DPO's policy forwards carry `completion_tokens`: the completion-token counts of the chosen and of the rejected
+    half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
+    is an op input of its own size (a compile each on an eager device).
     """
 
     phase: str
@@ -43,6 +46,7 @@ class Shape:
     logits_to_keep: int | None = None
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
+    completion_tokens: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[Any, ...]:

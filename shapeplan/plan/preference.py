@@ -16,6 +16,7 @@ class PairedRows:
 
     chosen: tuple[int, ...]
     rejected: tuple[int, ...]
+    prompt: tuple[int, ...] = ()  # DPO: the prompt's share of both (its completions follow it)
 
     def __len__(self) -> int:
         return len(self.chosen)
