@@ -31,7 +31,7 @@ def test_warm_dispatches_every_op_signature_of_the_real_run(name: str, tmp_path:
     argv = CONFIGS[name]
     plan = plan_for("dpo", EXPLICIT, argv, tmp_path / "out")
     real = record(real_run, "dpo", EXPLICIT, argv, tmp_path / "out")
-    warmed_report: list = []
+    warmed_report: list = []  # type: ignore[type-arg]
     warmed = record(lambda: warmed_report.append(warm_plan("dpo", plan, tmp_path / "cache")))
     assert not warmed_report[0].failed, warmed_report[0].failed
     missing = real - warmed
