@@ -23,7 +23,8 @@ def test_stacked_batch_puts_both_sides_in_one_batch_and_truncates_each() -> None
 
 
 def test_kto_runs_policy_and_reference_on_rows_and_kl_rows() -> None:
-    rows = UnpairedRows(lengths=(100, 200, 150, 300, 60), kl_lengths=(60, 100, 200, 150, 300))
+    rows = UnpairedRows(lengths=(100, 200, 150, 300, 60), kl_lengths=(60, 100, 200, 150, 300),
+                        prompt=(10, 20, 30, 40, 50), labels=(True, False, True, False, True))
     plan = plan_kto(
         train_rows=rows, layout=KTOLayout(max_length=None, precompute_ref=False),
         loop=TrainLoop(steps_in_epoch=3, gradient_accumulation_steps=1, num_train_epochs=1, max_steps=-1),

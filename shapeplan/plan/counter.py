@@ -15,6 +15,7 @@ class _Entry:
     cu_seq_lens: set[int] = field(default_factory=set)
     max_length_q: set[int] = field(default_factory=set)
     completion_tokens: set[int] = field(default_factory=set)
+    chosen_rows: set[int] = field(default_factory=set)
 
 
 class ShapeCounter:
@@ -38,6 +39,7 @@ class ShapeCounter:
         cu_seq_lens: int | None = None,
         max_length_q: int | None = None,
         completion_tokens: tuple[int, ...] = (),
+        chosen_rows: int | None = None,
     ) -> None:
         key = (phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
         entry = self._entries.get(key)
@@ -51,6 +53,8 @@ class ShapeCounter:
         if max_length_q is not None:
             entry.max_length_q.add(max_length_q)
         entry.completion_tokens.update(completion_tokens)
+        if chosen_rows is not None:
+            entry.chosen_rows.add(chosen_rows)
 
     def shapes(self) -> tuple[Shape, ...]:
         out = [
@@ -67,6 +71,7 @@ class ShapeCounter:
                 cu_seq_lens=tuple(sorted(e.cu_seq_lens)),
                 max_length_q=tuple(sorted(e.max_length_q)),
                 completion_tokens=tuple(sorted(e.completion_tokens)),
+                chosen_rows=tuple(sorted(e.chosen_rows)),
             )
             for key, e in self._entries.items()
         ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
 from .model import Plan
-from .preference import PairedRows, stacked_batch
+from .preference import PairedRows, completion_tokens, stacked_batch
 from .rows import BatchShape
 from .schedule import TrainLoop
 
@@ -18,20 +18,6 @@ class DPOLayout:
     max_length: int | None  # the collator cuts every sequence to it
     precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
     truncation_mode: str = "keep_start"  # which end of a sequence the cut keeps
-
-
-def completion_tokens(prompt: int, total: int, max_length: int | None, truncation_mode: str) -> int:
-    """The completion tokens of one sequence that TRL's metrics select: its completion mask, cut as the collator
-    cuts it, without the first position (`completion_mask[..., 1:]`)."""
-    completion = total - prompt
-    kept = total if max_length is None else min(total, max_length)
-    if truncation_mode == "keep_end":
-        ones = min(completion, kept)
-        first_is_completion = kept > 0 and completion >= kept
-    else:
-        ones = max(0, kept - prompt)
-        first_is_completion = kept > 0 and prompt == 0
-    return ones - first_is_completion
 
 
 def _completion_counts(rows: PairedRows, batch: Sequence[int], layout: DPOLayout) -> tuple[int, int]:

@@ -15,7 +15,7 @@ PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when set.
 _OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
-             "completion_tokens")
+             "completion_tokens", "chosen_rows")
 
 
 def shape_to_dict(shape: Shape) -> dict[str, Any]:
@@ -79,6 +79,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
                 cu_seq_lens=tuple(s.get("cu_seq_lens", ())),
                 max_length_q=tuple(s.get("max_length_q", ())),
                 completion_tokens=tuple(s.get("completion_tokens", ())),
+                chosen_rows=tuple(s.get("chosen_rows", ())),
             )
             for s in data["shapes"]
         )

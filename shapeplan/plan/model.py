@@ -32,7 +32,8 @@ class Shape:
     the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape.
     DPO's policy forwards carry `completion_tokens`: the completion-token counts of the chosen and of the rejected
     half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
-    is an op input of its own size (a compile each on an eager device).
+    is an op input of its own size (a compile each on an eager device). KTO's carry them too (desirable and
+    undesirable rows), and `chosen_rows`: the numbers of desirable rows its batches had, which KTO's loss selects.
     """
 
     phase: str
@@ -47,6 +48,7 @@ class Shape:
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
     completion_tokens: tuple[int, ...] = ()
+    chosen_rows: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[Any, ...]:
