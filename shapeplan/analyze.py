@@ -9,7 +9,8 @@ from .errors import UsageError
 from .plan.model import METHODS, Plan
 
 # method -> module in shapeplan.adapters with `plan(args, argv, *, eval_source, use_cache) -> Plan`
-PLANNED = {"sft": "sft", "grpo": "grpo", "rloo": "grpo", "dpo": "dpo", "kto": "kto", "reward": "reward"}
+PLANNED = {"sft": "sft", "grpo": "grpo", "rloo": "grpo", "dpo": "dpo", "kto": "kto", "reward": "reward",
+           "distillation": "distillation"}
 
 
 def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:

@@ -30,6 +30,10 @@ def _extra(shape: Shape) -> str:
         parts.append(f"cu_seq_lens {_span(shape.cu_seq_lens)}")
     if shape.max_length_q:
         parts.append(f"max_length_q {_span(shape.max_length_q)}")
+    if shape.completion_tokens:
+        parts.append(f"completion tokens {_span(shape.completion_tokens)}")
+    if shape.chosen_rows:
+        parts.append(f"chosen rows {_span(shape.chosen_rows)}")
     if not shape.certain:
         parts.append("possible")
     return ", ".join(parts)

@@ -23,7 +23,8 @@ def test_stacked_batch_puts_both_sides_in_one_batch_and_truncates_each() -> None
 
 
 def test_kto_runs_policy_and_reference_on_rows_and_kl_rows() -> None:
-    rows = UnpairedRows(lengths=(100, 200, 150, 300, 60), kl_lengths=(60, 100, 200, 150, 300))
+    rows = UnpairedRows(lengths=(100, 200, 150, 300, 60), kl_lengths=(60, 100, 200, 150, 300),
+                        prompt=(10, 20, 30, 40, 50), labels=(True, False, True, False, True))
     plan = plan_kto(
         train_rows=rows, layout=KTOLayout(max_length=None, precompute_ref=False),
         loop=TrainLoop(steps_in_epoch=3, gradient_accumulation_steps=1, num_train_epochs=1, max_steps=-1),
@@ -39,7 +40,7 @@ def test_kto_runs_policy_and_reference_on_rows_and_kl_rows() -> None:
 
 
 def test_dpo_precompute_replaces_the_reference_forwards_with_a_pass_before_training() -> None:
-    rows = PairedRows(chosen=(100, 300, 50), rejected=(130, 90, 20))
+    rows = PairedRows(chosen=(100, 300, 50), rejected=(130, 90, 20), prompt=(10, 20, 5))
     plan = plan_dpo(
         train_rows=rows, layout=DPOLayout(max_length=None, precompute_ref=True),
         loop=TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=2, num_train_epochs=2, max_steps=-1),

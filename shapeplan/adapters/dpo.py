@@ -32,7 +32,7 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     prompt, chosen, rejected = list_lengths(prepared, "prompt_ids", "chosen_ids", "rejected_ids")
     check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
     rows = PairedRows(chosen=tuple(p + c for p, c in zip(prompt, chosen)),
-                      rejected=tuple(p + r for p, r in zip(prompt, rejected)))
+                      rejected=tuple(p + r for p, r in zip(prompt, rejected)), prompt=tuple(prompt))
     return rows, len(dataset) - len(rows)
 
 
@@ -41,7 +41,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     train_precompute, eval_precompute = precompute_batches(args, run)
     return plan_dpo(
         train_rows=run.train_rows,
-        layout=DPOLayout(max_length=args.training.max_length, precompute_ref=args.training.precompute_ref_log_probs),
+        layout=DPOLayout(max_length=args.training.max_length, precompute_ref=args.training.precompute_ref_log_probs,
+                         truncation_mode=args.training.truncation_mode),
         loop=run.loop,
         epoch_batches=run.epoch_batches,
         info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,

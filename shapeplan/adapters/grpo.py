@@ -101,7 +101,8 @@ def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
     """Token counts of every row's prompt, tokenized by the trainer's own `_tokenize_prompts` (never truncated)."""
     if "prompt" not in dataset.column_names:
         raise DatasetError(f"the {name} dataset has no 'prompt' column (it has {', '.join(dataset.column_names)}); "
-                           "GRPO and RLOO generate from 'prompt': rename the column or pass another dataset")
+                           "GRPO, RLOO and Distillation generate from 'prompt': rename the column or pass another "
+                           "dataset")
     prompts = dataset["prompt"]
     lengths: list[int] = []
     for start in range(0, len(prompts), _TOKENIZE_CHUNK):

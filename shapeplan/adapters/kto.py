@@ -41,10 +41,13 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     kl = _uses_kl(config)
     columns = ("prompt_ids", "completion_ids", "KL_completion_ids") if kl else ("prompt_ids", "completion_ids")
     prompt, completion, *kl_completion = list_lengths(prepared, *columns)
+    labels = tuple(bool(label) for label in prepared["label"])
     check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
     rows = UnpairedRows(
         lengths=tuple(p + c for p, c in zip(prompt, completion)),
         kl_lengths=tuple(p + c for p, c in zip(prompt, kl_completion[0])) if kl else None,
+        prompt=tuple(prompt),
+        labels=labels,
     )
     return rows, len(dataset) * (2 if paired else 1) - len(rows)
 

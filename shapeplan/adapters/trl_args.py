@@ -27,7 +27,7 @@ DEFAULT_DATASETS = {
     "dpo": "trl-lib/ultrafeedback_binarized",
     "kto": "trl-lib/kto-mix-14k",
     "reward": "trl-lib/ultrafeedback_binarized",
-    "distillation": "trl-lib/tldr",
+    "distillation": "trl-lib/ultrafeedback-prompt",  # TRL's distillation script example
 }
 # TRL resolves pad_to_multiple_of="auto" to 128 on a `neuron` device; planning for Trainium means 128.
 NEURON_PAD_TO_MULTIPLE_OF = 128

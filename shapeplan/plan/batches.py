@@ -92,4 +92,5 @@ def plan_batches(
 
 def _add(counter: ShapeCounter, phase: str, shape: BatchShape, step: int, count: int) -> None:
     counter.add(phase, shape.batch, shape.seq, step, count=count,
-                cu_seq_lens=shape.cu_seq_lens, max_length_q=shape.max_length_q)
+                cu_seq_lens=shape.cu_seq_lens, max_length_q=shape.max_length_q,
+                completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows)

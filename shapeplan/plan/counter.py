@@ -14,6 +14,8 @@ class _Entry:
     certain: bool
     cu_seq_lens: set[int] = field(default_factory=set)
     max_length_q: set[int] = field(default_factory=set)
+    completion_tokens: set[int] = field(default_factory=set)
+    chosen_rows: set[int] = field(default_factory=set)
 
 
 class ShapeCounter:
@@ -36,6 +38,8 @@ class ShapeCounter:
         logits_to_keep: int | None = None,
         cu_seq_lens: int | None = None,
         max_length_q: int | None = None,
+        completion_tokens: tuple[int, ...] = (),
+        chosen_rows: int | None = None,
     ) -> None:
         key = (phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
         entry = self._entries.get(key)
@@ -48,6 +52,9 @@ class ShapeCounter:
             entry.cu_seq_lens.add(cu_seq_lens)
         if max_length_q is not None:
             entry.max_length_q.add(max_length_q)
+        entry.completion_tokens.update(completion_tokens)
+        if chosen_rows is not None:
+            entry.chosen_rows.add(chosen_rows)
 
     def shapes(self) -> tuple[Shape, ...]:
         out = [
@@ -63,6 +70,8 @@ class ShapeCounter:
                 logits_to_keep=key[5],  # type: ignore[arg-type]
                 cu_seq_lens=tuple(sorted(e.cu_seq_lens)),
                 max_length_q=tuple(sorted(e.max_length_q)),
+                completion_tokens=tuple(sorted(e.completion_tokens)),
+                chosen_rows=tuple(sorted(e.chosen_rows)),
             )
             for key, e in self._entries.items()
         ]

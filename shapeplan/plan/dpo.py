@@ -4,11 +4,11 @@ it, in the train step or, with precompute_ref_log_probs, in one pass over the da
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
 from .model import Plan
-from .preference import PairedRows, stacked_batch
+from .preference import PairedRows, completion_tokens, stacked_batch
 from .rows import BatchShape
 from .schedule import TrainLoop
 
@@ -17,6 +17,14 @@ from .schedule import TrainLoop
 class DPOLayout:
     max_length: int | None  # the collator cuts every sequence to it
     precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
+    truncation_mode: str = "keep_start"  # which end of a sequence the cut keeps
+
+
+def _completion_counts(rows: PairedRows, batch: Sequence[int], layout: DPOLayout) -> tuple[int, int]:
+    def count(totals: tuple[int, ...]) -> int:
+        return sum(completion_tokens(rows.prompt[i], totals[i], layout.max_length, layout.truncation_mode)
+                   for i in batch)
+    return count(rows.chosen), count(rows.rejected)
 
 
 def plan_dpo(
@@ -35,7 +43,9 @@ def plan_dpo(
     def forwards(rows: PairedRows, phases: tuple[str, ...]) -> Forwards:
         def run(batch: Sequence[int]) -> list[tuple[str, BatchShape]]:
             shape = stacked_batch(rows, batch, info.pad_to_multiple_of, layout.max_length)
-            return [(phase, shape) for phase in phases]
+            # the policy's step computes the metrics that select completion tokens; the reference forwards do not
+            policy = replace(shape, completion_tokens=_completion_counts(rows, batch, layout))
+            return [(phase, policy if phase in ("train", "eval") else shape) for phase in phases]
         return run
 
     train_phases = ("train",) if layout.precompute_ref else ("train", "ref")

@@ -14,7 +14,8 @@ from .model import Plan, PlanStats, Shape
 PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when set.
-_OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q")
+_OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
+             "completion_tokens", "chosen_rows")
 
 
 def shape_to_dict(shape: Shape) -> dict[str, Any]:
@@ -77,6 +78,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
                 logits_to_keep=s.get("logits_to_keep"),
                 cu_seq_lens=tuple(s.get("cu_seq_lens", ())),
                 max_length_q=tuple(s.get("max_length_q", ())),
+                completion_tokens=tuple(s.get("completion_tokens", ())),
+                chosen_rows=tuple(s.get("chosen_rows", ())),
             )
             for s in data["shapes"]
         )

@@ -4,11 +4,11 @@ and on the rows themselves (train), then the reference model on both, in the ste
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
 from .model import Plan
-from .preference import padded_rows
+from .preference import completion_tokens, padded_rows
 from .rows import BatchShape
 from .schedule import TrainLoop
 
@@ -20,6 +20,8 @@ class UnpairedRows:
 
     lengths: tuple[int, ...]
     kl_lengths: tuple[int, ...] | None
+    prompt: tuple[int, ...] = ()  # the prompt's share of `lengths`
+    labels: tuple[bool, ...] = ()  # desirable or not
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -29,6 +31,13 @@ class UnpairedRows:
 class KTOLayout:
     max_length: int | None  # the collator cuts every sequence to it
     precompute_ref: bool  # the reference log-probs come from a pass before training, not from the step
+
+
+def _completion_counts(rows: UnpairedRows, batch: Sequence[int], max_length: int | None) -> tuple[int, int]:
+    """Completion tokens of the batch's desirable rows and of its undesirable rows (the collator keeps the start)."""
+    counts = [completion_tokens(rows.prompt[i], rows.lengths[i], max_length, "keep_start") for i in batch]
+    return (sum(n for n, i in zip(counts, batch) if rows.labels[i]),
+            sum(n for n, i in zip(counts, batch) if not rows.labels[i]))
 
 
 def plan_kto(
@@ -47,7 +56,11 @@ def plan_kto(
     def forwards(rows: UnpairedRows, *, main: tuple[str, ...], kl: tuple[str, ...]) -> Forwards:
         def run(batch: Sequence[int]) -> list[tuple[str, BatchShape]]:
             shape = padded_rows([rows.lengths[i] for i in batch], info.pad_to_multiple_of, layout.max_length)
-            out = [(phase, shape) for phase in main]
+            # the policy's step selects the desirable rows and the completion tokens of each kind for its loss and
+            # metrics; the reference forwards do not
+            policy = replace(shape, completion_tokens=_completion_counts(rows, batch, layout.max_length),
+                             chosen_rows=sum(rows.labels[i] for i in batch))
+            out = [(phase, policy if phase in ("train", "eval") else shape) for phase in main]
             if rows.kl_lengths is not None:
                 kl_shape = padded_rows([rows.kl_lengths[i] for i in batch], info.pad_to_multiple_of,
                                        layout.max_length)

@@ -13,11 +13,11 @@ METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "dist
 # their first_step counts as eval's does; `ref_precompute` runs before training (first_step 0).
 Phase = Literal[
     "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
-    "ref_kl", "eval_ref_kl", "teacher"
+    "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 ]
 PHASES: tuple[str, ...] = (
     "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
-    "ref_kl", "eval_ref_kl", "teacher"
+    "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 )
 
 
@@ -30,6 +30,10 @@ class Shape:
     `certain` is False for shapes that only sampling can produce (GRPO completion buckets).
     Padding-free batches also carry the per-batch values that can trigger a compile under `torch.compile`:
     the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape.
+    DPO's policy forwards carry `completion_tokens`: the completion-token counts of the chosen and of the rejected
+    half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
+    is an op input of its own size (a compile each on an eager device). KTO's carry them too (desirable and
+    undesirable rows), and `chosen_rows`: the numbers of desirable rows its batches had, which KTO's loss selects.
     """
 
     phase: str
@@ -43,6 +47,8 @@ class Shape:
     logits_to_keep: int | None = None
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
+    completion_tokens: tuple[int, ...] = ()
+    chosen_rows: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[Any, ...]:

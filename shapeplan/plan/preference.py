@@ -16,6 +16,7 @@ class PairedRows:
 
     chosen: tuple[int, ...]
     rejected: tuple[int, ...]
+    prompt: tuple[int, ...] = ()  # DPO: the prompt's share of both (its completions follow it)
 
     def __len__(self) -> int:
         return len(self.chosen)
@@ -36,3 +37,17 @@ def stacked_batch(rows: PairedRows, batch: Sequence[int], multiple: int | None,
                   max_length: int | None = None) -> BatchShape:
     """All chosen sequences then all rejected ones, in one padded batch of 2 x rows."""
     return padded_rows([rows.chosen[i] for i in batch] + [rows.rejected[i] for i in batch], multiple, max_length)
+
+
+def completion_tokens(prompt: int, total: int, max_length: int | None, truncation_mode: str) -> int:
+    """The completion tokens of one sequence that TRL's metrics select: its completion mask, cut as the collator
+    cuts it, without the first position (`completion_mask[..., 1:]`)."""
+    completion = total - prompt
+    kept = total if max_length is None else min(total, max_length)
+    if truncation_mode == "keep_end":
+        ones = min(completion, kept)
+        first_is_completion = kept > 0 and completion >= kept
+    else:
+        ones = max(0, kept - prompt)
+        first_is_completion = kept > 0 and prompt == 0
+    return ones - first_is_completion

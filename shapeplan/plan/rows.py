@@ -33,6 +33,8 @@ class BatchShape:
     tokens: int  # real (non-pad) tokens
     cu_seq_lens: int | None = None  # padding-free only: length of cu_seq_lens_q/k
     max_length_q: int | None = None  # padding-free only: longest document, pads count as 1-token documents
+    completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: chosen and rejected completion-token counts
+    chosen_rows: int | None = None  # KTO policy forwards: desirable rows in the batch
 
 
 def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:

@@ -16,6 +16,7 @@ class WarmTask:
     """One planned shape to run through the trainer's step.
 
     `cu_seq_lens` / `max_length_q` are the padding-free values the plan met with this shape (each gets a batch).
+    `completion_tokens` are DPO's per-batch completion-token counts met with this shape (each needs a batch).
     `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
     grow with every batch, so a warm eval pass runs as many batches as the real one.
     """
@@ -25,6 +26,7 @@ class WarmTask:
     seq: int
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
+    completion_tokens: tuple[int, ...] = ()
     per_pass: int = 1
 
     @property
@@ -35,6 +37,8 @@ class WarmTask:
             parts.append("cu=" + ",".join(map(str, self.cu_seq_lens)))
         if self.max_length_q:
             parts.append("maxq=" + ",".join(map(str, self.max_length_q)))
+        if self.completion_tokens:
+            parts.append("completion=" + ",".join(map(str, self.completion_tokens)))
         if self.phase != "train":
             parts.append(f"per_pass={self.per_pass}")
         return " ".join(parts)

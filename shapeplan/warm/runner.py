@@ -26,10 +26,11 @@ from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
 
 MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
-# Phases a warmer runs; the others (generate, ref, ...) belong to warmers not built yet.
+# Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
+# warmers not built yet.
 WARMED_PHASES = ("train", "eval")
 # method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs)
-WARMERS = {"sft": ("sft", "SFTWarmer")}
+WARMERS = {"sft": ("sft", "SFTWarmer"), "dpo": ("preference", "DPOWarmer"), "reward": ("preference", "RewardWarmer")}
 
 
 class Warmer(Protocol):
@@ -37,6 +38,8 @@ class Warmer(Protocol):
 
     torch_compile: bool
     warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
+    # phase -> the warmed phase whose step also runs it, on the same (batch, seq) (DPO: ref -> train)
+    inner_phases: dict[str, str]
 
     def bind(self, plan: Plan) -> int:
         """Take what the warm-up needs from `plan`; return how many eval passes the planned run makes (each eval
@@ -63,10 +66,20 @@ def make_warmer(method: str, args: Any) -> Warmer:
     return getattr(importlib.import_module(f".{module}", __package__), name)(args)
 
 
-def tasks_from_plan(plan: Plan, *, eval_passes: int) -> tuple[WarmTask, ...]:
-    """One task per planned train/eval shape, in plan order."""
+def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
+        WarmTask, ...]:
+    """One task per planned train/eval shape, in plan order; a shape of an inner phase is warmed by the task of
+    its host phase with the same (batch, seq), which the plan must hold."""
+    inner_phases = inner_phases or {}
+    planned = {(s.phase, s.batch, s.seq) for s in plan.shapes}
     tasks = []
     for shape in plan.shapes:
+        if shape.phase in inner_phases:
+            if (inner_phases[shape.phase], shape.batch, shape.seq) not in planned:
+                raise PlanFileError(f"the plan has a {shape.phase} shape ({shape.batch}, {shape.seq}) without the "
+                                    f"{inner_phases[shape.phase]} shape that runs it; re-create the plan with "
+                                    "`shapeplan analyze`")
+            continue
         if shape.phase not in WARMED_PHASES:
             raise PlanFileError(f"the plan has {shape.phase} shapes, which `shapeplan warm` cannot run yet; "
                                 "it warms train and eval shapes")
@@ -74,7 +87,8 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int) -> tuple[WarmTask, ...]:
         if shape.phase != "train":
             per_pass = shape.count // eval_passes if eval_passes and shape.count % eval_passes == 0 else shape.count
         tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cu_seq_lens=shape.cu_seq_lens,
-                              max_length_q=shape.max_length_q, per_pass=per_pass))
+                              max_length_q=shape.max_length_q, completion_tokens=shape.completion_tokens,
+                              per_pass=per_pass))
     return tuple(tasks)
 
 
@@ -209,7 +223,7 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
 
     verify=True runs every shape regardless of the manifest and writes nothing: it reports what compiled.
     """
-    tasks = tasks_from_plan(plan, eval_passes=warmer.bind(plan))
+    tasks = tasks_from_plan(plan, eval_passes=warmer.bind(plan), inner_phases=warmer.inner_phases)
     graphs = graph_bound(tasks)
     backend.configure(torch_compile=warmer.torch_compile, graphs=graphs)
     environment = {**warmer.environment(), "compiler": backend.settings()}

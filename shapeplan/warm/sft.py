@@ -65,19 +65,32 @@ class _Step:
 
 
 class SFTWarmer:
-    """Warms SFT shapes with `trl.SFTTrainer` (see the module docstring)."""
+    """Warms SFT shapes with `trl.SFTTrainer` (see the module docstring).
+
+    Other trainers' warmers (shapeplan.warm.preference) reuse this loop: they override `method`, `inner_phases`,
+    `rows_per_example`, `tokenizer`, `layouts`, `rows` and `_build_trainer`.
+    """
+
+    method = "sft"
+    # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
+    inner_phases: dict[str, str] = {}
+    # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
+    rows_per_example = 1
 
     def __init__(self, args: Any) -> None:
         self.args = args
         self.config = args.training
         self.torch_compile = bool(self.config.torch_compile)
-        self.padding_free = bool(self.config.padding_free or (
-            self.config.packing and self.config.packing_strategy in {"bfd", "bfd_split"}))
+        self.padding_free = self._padding_free()
         self._tokenizer: Any = None
         self._trainer: Any = None
         self.logs = False  # whether the planned run logs (set by bind)
         self.train_remainder = self.eval_remainder = 0  # set by bind
         self.warnings: list[str] = []
+
+    def _padding_free(self) -> bool:
+        return bool(self.config.padding_free or (
+            self.config.packing and self.config.packing_strategy in {"bfd", "bfd_split"}))
 
     # -- identity -------------------------------------------------------------------------------------------
 
@@ -120,7 +133,8 @@ class SFTWarmer:
         self.train_remainder = 0
         if not cfg.dataloader_drop_last and plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
             self.train_remainder = plan.stats.rows % cfg.per_device_train_batch_size
-        short = [s.batch for s in plan.by_phase("eval") if s.batch < cfg.per_device_eval_batch_size]
+        rows = [s.batch // self.rows_per_example for s in plan.by_phase("eval")]
+        short = [n for n in rows if n < cfg.per_device_eval_batch_size]
         self.eval_remainder = 0 if self.padding_free or cfg.dataloader_drop_last or not short else short[0]
 
     def _run_logs(self, total_steps: int) -> bool:
@@ -139,8 +153,8 @@ class SFTWarmer:
         """The plan must have been made for this method, model and tokenizer."""
         from ..adapters.data import tokenizer_fingerprint
 
-        if plan.method != "sft":
-            raise PlanFileError(f"the plan is for `{plan.method}`, not sft; pass --method {plan.method}")
+        if plan.method != self.method:
+            raise PlanFileError(f"the plan is for `{plan.method}`, not {self.method}; pass --method {plan.method}")
         planned = plan.fingerprint.get("tokenizer")
         if planned is not None and planned != tokenizer_fingerprint(self.tokenizer):
             raise PlanFileError(f"the plan was made with another tokenizer than {self.args.model.model_name_or_path}'s;"
@@ -153,7 +167,7 @@ class SFTWarmer:
             versions[name] = metadata.version(name)
         hashed = _hashed_config(self.config, self.args.model)
         return {
-            "method": "sft",
+            "method": self.method,
             "model": self.args.model.model_name_or_path,
             "dtype": {"model": str(self.args.model.dtype), "bf16": bool(self.config.bf16),
                       "fp16": bool(self.config.fp16)},
@@ -183,6 +197,11 @@ class SFTWarmer:
             return batches or padding_free_batches(task.seq, (), (), multiple)[0]
         return padded_batches(task.batch, task.seq, multiple, self.config.max_length)
 
+    def rows(self, batches: Sequence[SyntheticBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+        """Prepared dataset rows for `batches`, and the row indices of each batch."""
+        return dataset_rows(batches, self.tokenizer.vocab_size,
+                            seq_lengths=self.padding_free and bool(self.config.packing))
+
     def _train_steps(self, tasks: Sequence[WarmTask], carrier: WarmTask | None) -> list[_Step]:
         ga = self.config.gradient_accumulation_steps
         steps = []
@@ -209,23 +228,11 @@ class SFTWarmer:
         """`SFTTrainer` as `trl sft`'s main() builds it, on already prepared synthetic rows."""
         import datasets
         from transformers import PrinterCallback
-        from transformers.trainer_utils import IntervalStrategy, SaveStrategy
         from trl import SFTTrainer, get_peft_config, get_quantization_config
 
         cfg, model_args = self.config, self.args.model
-        model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=cfg.trust_remote_code,
-                                 attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-        model_init_kwargs.update(cfg.model_init_kwargs or {})
-        cfg.model_init_kwargs = model_init_kwargs
-        # What only steers the run's bookkeeping: no checkpoints, reports or progress bars of the trainer's own,
-        # evaluation only where the warmer asks for it, and rows taken as prepared.
-        cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
-        cfg.report_to = []
-        cfg.save_strategy = SaveStrategy.NO
-        cfg.eval_strategy = IntervalStrategy.NO
-        cfg.load_best_model_at_end = False
-        cfg.push_to_hub = False
-        cfg.disable_tqdm = True
+        script_config(cfg, model_args)
+        # rows taken as prepared
         cfg.dataset_kwargs = {**(cfg.dataset_kwargs or {}), "skip_prepare_dataset": True}
         trainer = SFTTrainer(
             model=model_args.model_name_or_path,
@@ -258,10 +265,8 @@ class SFTWarmer:
                 return
         steps = self._train_steps(train_tasks, carrier)
         evals = self._eval_batches(eval_tasks)
-        vocab = self.tokenizer.vocab_size
-        seq_lengths = self.padding_free and bool(self.config.packing)
-        train_rows, train_index = dataset_rows([b for s in steps for b in s.batches], vocab, seq_lengths=seq_lengths)
-        eval_rows, eval_index = dataset_rows([b for _, b in evals], vocab, seq_lengths=seq_lengths)
+        train_rows, train_index = self.rows([b for s in steps for b in s.batches])
+        eval_rows, eval_index = self.rows([b for _, b in evals])
         progress = _Progress(tracker, steps, [t for t, _ in evals], eval_tasks, logs=self.logs)
         try:
             if self._trainer is None:
@@ -294,6 +299,25 @@ class SFTWarmer:
             for task in pending:  # the loop ended early (a callback stopped it): these did not run
                 if task not in tracker.results:
                     tracker.fail(task, "the trainer stopped before this shape")
+
+
+def script_config(cfg: Any, model_args: Any) -> None:
+    """Set `cfg` as `trl <method>`'s main() does (the model's init kwargs), and turn off what only steers the run's
+    bookkeeping: no checkpoints, reports or progress bars of the trainer's own, evaluation only where the warmer
+    asks for it."""
+    from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=cfg.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    model_init_kwargs.update(cfg.model_init_kwargs or {})
+    cfg.model_init_kwargs = model_init_kwargs
+    cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
+    cfg.report_to = []
+    cfg.save_strategy = SaveStrategy.NO
+    cfg.eval_strategy = IntervalStrategy.NO
+    cfg.load_best_model_at_end = False
+    cfg.push_to_hub = False
+    cfg.disable_tqdm = True
 
 
 # rows, the row indices of each batch, the run's batch size, the remainder its dataloader reports

@@ -1,0 +1,178 @@
+"""The DPO and Reward warmers: the real `DPOTrainer` / `RewardTrainer`, built as `trl dpo` / `trl reward` build it,
+train on synthetic prepared rows through `Trainer.train()`, with the SFT warmer's loop (fixed batches, per-shape
+accounting, the eval pass carried by `eval_on_start`).
+
+Both trainers' collators stack a batch's chosen sequences, then its rejected ones, and pad them together: a
+planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic layout of that shape. DPO's step
+runs the policy and the reference model on the same tensors, so a planned `ref` (`eval_ref`) shape is warmed by
+the `train` (`eval`) task of the same shape. DPO's metrics select the completion tokens of each half of the batch
+with a boolean mask, so every planned completion-token count gets a batch whose chosen (or rejected) half has that
+many. Not warmed yet: DPO's `ref_precompute` pass (the runner refuses such
+a plan) and Reward's optional `margin` column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .model import WarmTask
+from .sft import SFTWarmer, script_config
+from .synthetic import SyntheticBatch, padded_batches, token_ids
+
+
+@dataclass(frozen=True, slots=True)
+class PairedBatch:
+    """The rows of one synthetic batch: (prompt, chosen completion, rejected completion) token counts each."""
+
+    rows: tuple[tuple[int, int, int], ...]
+
+
+def paired_layouts(batch: SyntheticBatch) -> PairedBatch:
+    """A layout of 2B sequence lengths as B rows: the first B are the chosen sides, the last B the rejected, each
+    after a one-token prompt."""
+    half = len(batch.documents) // 2
+    return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(batch.documents[:half], batch.documents[half:])))
+
+
+def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> PairedBatch | None:
+    """B rows whose chosen halves hold `chosen` completion tokens and rejected halves `rejected`, none longer than
+    `longest` and one exactly that long; None when they do not fit."""
+    room = longest - 1  # a one-token prompt at least
+    if max(chosen, rejected) > rows * room:
+        return None
+
+    def fill(total: int) -> list[int]:
+        out = []
+        for _ in range(rows):
+            out.append(min(room, total))
+            total -= out[-1]
+        return out
+
+    chosen_rows, rejected_rows = fill(chosen), fill(rejected)
+    # the first row's prompt makes its longer side `longest` (the others keep a one-token prompt)
+    first = (longest - max(chosen_rows[0], rejected_rows[0]), chosen_rows[0], rejected_rows[0])
+    return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:]))))
+
+
+class _PreferenceWarmer(SFTWarmer):
+    """What DPO and Reward share: paired rows, two sequences per row, no padding-free batches."""
+
+    rows_per_example = 2
+    trainer_class = ""  # the TRL trainer's name
+
+    def _padding_free(self) -> bool:
+        return False  # TRL 1.16's preference collators always pad (DPO's padding_free falls back to padding)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from ..adapters.data import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
+                                             revision=self.args.model.model_revision,
+                                             trust_remote_code=bool(self.config.trust_remote_code))
+        return self._tokenizer
+
+    def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
+        """The task's padded layouts (with padding, and without where reachable), none longer than max_length:
+        the plan's seq is at most R(max_length), so capping keeps the batch's length."""
+        cap = self.config.max_length
+        out = []
+        for layout in padded_batches(task.batch, task.seq, self.config.pad_to_multiple_of, cap):
+            lengths = tuple(min(n, cap) if cap is not None else n for n in layout.documents)
+            out.append(paired_layouts(SyntheticBatch(lengths)))
+        return out
+
+    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:  # type: ignore[override]
+        """One eval pass shaped as the real one: `per_pass` batches of each shape, the short last batch at the end
+        (the loop concatenates the losses batch by batch, and their sizes are ops of their own). The real pass
+        meets at most two completion-token counts per batch, so the counted batches fit; padded layouts fill the
+        rest."""
+        short = [t for t in tasks if t.batch // self.rows_per_example == self.eval_remainder]
+        out = []
+        for task in [t for t in tasks if t not in short] + short:
+            layouts = self.layouts(task)
+            out += [(task, layouts[i % len(layouts)]) for i in range(task.per_pass)]
+        return out
+
+    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
+        """One prepared dataset row with these token counts."""
+        raise NotImplementedError
+
+    def rows(self, batches: Sequence[PairedBatch]) -> tuple[  # type: ignore[override]
+            list[dict[str, Any]], list[list[int]]]:
+        rows: list[dict[str, Any]] = []
+        index: list[list[int]] = []
+        for batch in batches:
+            index.append(list(range(len(rows), len(rows) + len(batch.rows))))
+            rows += [self.example(*counts, offset=len(rows) + i) for i, counts in enumerate(batch.rows)]
+        return rows, index
+
+    def trainer_type(self) -> Any:
+        import trl
+
+        return getattr(trl, self.trainer_class)
+
+    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
+        """The trainer as `trl <method>`'s main() builds it, on already prepared synthetic rows."""
+        import datasets
+        from transformers import PrinterCallback
+        from trl import get_peft_config, get_quantization_config
+
+        script_config(self.config, self.args.model)
+        trainer = self.trainer_type()(
+            model=self.args.model.model_name_or_path,
+            args=self.config,
+            train_dataset=datasets.Dataset.from_list(train_rows),
+            eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
+            quantization_config=get_quantization_config(self.args.model),
+            peft_config=get_peft_config(self.args.model),
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict; the warm-up reports for itself
+        return trainer
+
+
+class DPOWarmer(_PreferenceWarmer):
+    method = "dpo"
+    trainer_class = "DPOTrainer"
+    inner_phases = {"ref": "train", "eval_ref": "eval"}
+
+    def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
+        """One batch per two planned completion-token counts (chosen half, rejected half), as long as the padded
+        layout's longest row (or `seq` where the counts need full rows), then the padded layouts."""
+        padded = super().layouts(task)
+        longest = max(max(p + c, p + r) for p, c, r in padded[0].rows)
+        counts = list(task.completion_tokens)
+        counted = []
+        for chosen, rejected in zip(counts[::2], counts[1::2] + counts[-1:]):
+            batch = counted_batch(len(padded[0].rows), longest, chosen, rejected)
+            counted.append(batch or counted_batch(len(padded[0].rows), task.seq, chosen, rejected))
+        return [b for b in counted if b is not None] + padded
+
+    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
+        vocab = self.tokenizer.vocab_size
+        return {"prompt_ids": token_ids(prompt, vocab, offset), "chosen_ids": token_ids(chosen, vocab, offset + 1),
+                "rejected_ids": token_ids(rejected, vocab, offset + 2)}
+
+    def trainer_type(self) -> Any:
+        from trl import DPOTrainer
+
+        class PreparedDPOTrainer(DPOTrainer):
+            """Takes the synthetic rows as `_prepare_dataset`'s output (DPO has no option to skip it)."""
+
+            def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+                return dataset
+
+        return PreparedDPOTrainer
+
+
+class RewardWarmer(_PreferenceWarmer):
+    method = "reward"
+    trainer_class = "RewardTrainer"  # skips its preparation for rows that have chosen_ids/rejected_ids
+
+    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
+        vocab = self.tokenizer.vocab_size
+        return {"chosen_ids": token_ids(prompt + chosen, vocab, offset),
+                "rejected_ids": token_ids(prompt + rejected, vocab, offset + 1)}

@@ -1,0 +1,48 @@
+"""Distillation plans equal what the real `DistillationTrainer` feeds the student and the teacher: generate sizes
+with their static cache length, train / teacher / eval / eval_teacher forwards with `logits_to_keep`, counts and
+first steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shapeplan.analyze import analyze
+from tests.conftest import TINY_MODEL
+from tests.oracle.distillation_harness import run_distillation_trainer
+from tests.oracle.grpo_harness import observed, planned
+from tests.oracle.test_grpo_oracle import MIXED, STATIC, _rows
+
+pytestmark = pytest.mark.slow
+
+# name -> (train rows, eval rows (None: no eval), TRL options); rows are lines of TLDR.
+CONFIGS = {
+    # Rounds of B * GA = 4 prompts from every bucket from 128 to 512 tokens: the static cache grows.
+    "accumulation-cache-growth": (MIXED, None, [
+        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_completion_length", "16",
+        "--max_steps", "4", *STATIC]),
+    # 10 prompts, rounds of 3: one tail prompt dropped each epoch; eval on start and every 2 steps, uneven last batch.
+    "epochs-eval": (10, 5, [
+        "--per_device_train_batch_size", "3", "--max_completion_length", "8", "--num_train_epochs", "2",
+        "--eval_strategy", "steps", "--eval_steps", "2", "--eval_on_start", "true",
+        "--per_device_eval_batch_size", "2", *STATIC]),
+    # No padding multiple, one-token completions: every prompt length shows; a dynamic cache.
+    "unpadded-dynamic-cache": (12, None, [
+        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "3", "--max_completion_length", "1",
+        "--pad_to_multiple_of", "1", "--max_steps", "2"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_plan_equals_real_trainer(name: str, tmp_path: Path) -> None:
+    train_rows, eval_rows, argv = CONFIGS[name]
+    train = _rows(tmp_path / "train.jsonl", train_rows)
+    eval_data = _rows(tmp_path / "eval.jsonl", eval_rows) if eval_rows else None
+    plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
+                                    "--teacher_model_name_or_path", str(TINY_MODEL), *argv],
+                   eval_source=str(eval_data) if eval_data else None)
+    seen = run_distillation_trainer(train, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data)
+    assert all(s.certain for s in plan.shapes)
+    assert planned(plan) == observed(seen)
+    assert plan.stats.micro_batches == sum(1 for s in seen if s.phase == "train")
