@@ -110,3 +110,62 @@ def worker_env(index: int, count: int, device: str, cores_per_worker: int) -> di
     if device == "neuron":
         env["NEURON_RT_VISIBLE_CORES"] = core_groups(count, cores_per_worker)[index]
     return env
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedTask:
+    """A task as a worker's JSON report describes it (what the merged report prints)."""
+
+    phase: str
+    batch: int
+    seq: int
+    key: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} ({self.batch}, {self.seq})"
+
+
+def _die_with_parent() -> None:
+    """Linux: a worker gets SIGKILL when the `shapeplan warm` that started it dies, even by kill -9."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, cores_per_worker: int = 1) -> Any:
+    """Run `shapeplan warm --plan PLAN` in `count` worker processes at once, each on its share (and, on neuron, its
+    own NeuronCores), all recording into the cache dir's manifest; return their reports merged into one."""
+    import json
+    import subprocess
+    import sys
+
+    from ..errors import ShapeplanError
+    from .model import WarmReport, WarmResult
+
+    command = [sys.executable, "-m", "shapeplan", "warm", "--plan", str(plan_path), "--device", device,
+               "--cache-dir", str(cache_dir), "--json"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent,
+                              env={**os.environ, **worker_env(i, count, device, cores_per_worker)})
+             for i in range(count)]
+    outputs = [proc.communicate()[0] for proc in procs]
+    reports = []
+    for i, (proc, out) in enumerate(zip(procs, outputs)):
+        try:
+            reports.append(json.loads(out))
+        except json.JSONDecodeError:
+            raise ShapeplanError(f"worker {i} exited with code {proc.returncode} without a report; its errors are "
+                                 "above") from None
+    results: dict[str, WarmResult] = {}
+    for report in reports:
+        for r in report["results"]:
+            if r["status"] == "skipped" and r["key"] in results:
+                continue  # every worker lists what the manifest already held; the worker that warmed it counts
+            task = ReportedTask(r["phase"], r["batch"], r["seq"], r["key"])
+            results[r["key"]] = WarmResult(task=task, status=r["status"], seconds=r["seconds"],
+                                           counters=r["counters"], error=r.get("error"))
+    first = reports[0]
+    return WarmReport(results=tuple(results.values()), cache_dir=first["cache_dir"], device=first["device"],
+                      environment=first["environment"], script_lines=tuple(first["script_lines"]))
