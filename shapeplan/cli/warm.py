@@ -119,9 +119,14 @@ def emit(report: Any, *, as_json: bool, verify: bool) -> None:
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Warm this plan (from `shapeplan analyze -o`) instead of planning the run first.")
 @device_option
+@click.option("--workers", type=int, default=1, show_default=True, metavar="N",
+              help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore), "
+              "capped by host memory.")
+@click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
+              help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
-                 as_json: bool) -> None:
+                 as_json: bool, workers: int, worker_memory: float | None) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -135,8 +140,27 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     """
     from ..warm.runner import make_warmer, warm
 
+    from ..warm.parallel import worker_count
+
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer = make_warmer(plan.method, args)
-    report = warm(plan, warmer, backend, cache, progress=True)
+    count = worker_count(workers, backend.device, worker_memory)
+    if count > 1:
+        report = _warm_in_workers(plan, count, backend.device, cache)
+    else:
+        warmer = make_warmer(plan.method, args)
+        report = warm(plan, warmer, backend, cache, progress=True)
     emit(report, as_json=as_json, verify=False)
+
+
+def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
+    """The plan, written for the workers to read, warmed by `count` worker processes."""
+    import tempfile
+
+    from ..plan.io import write_plan
+    from ..warm.parallel import run_workers
+
+    with tempfile.TemporaryDirectory(prefix="shapeplan-workers-") as folder:
+        plan_file = Path(folder) / "plan.json"
+        write_plan(plan, plan_file)
+        return run_workers(plan_file, count=count, device=device, cache_dir=cache)
