@@ -17,6 +17,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 TEXT = FIXTURES / "text.jsonl"
 LONG_PROMPTS = FIXTURES / "long-prompts.jsonl"
 ASSISTANT_CHAT = FIXTURES / "assistant-chat.jsonl"
+PLAIN_CHAT_TEMPLATE = FIXTURES / "plain-chat.jinja"
 
 # name -> (train data, TRL options, eval data). Every config stays small: the tiny model trains at a few steps/s.
 CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
@@ -39,6 +40,9 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     "assistant-only-drops-unpadded": (ASSISTANT_CHAT, ["--assistant_only_loss", "--max_length", "96",
                                                        "--per_device_train_batch_size", "3",
                                                        "--pad_to_multiple_of", "none"], None),
+    # a chat template of the user's own (--chat_template_path FILE.jinja) instead of the tokenizer's
+    "own-chat-template": (ASSISTANT_CHAT, ["--chat_template_path", str(PLAIN_CHAT_TEMPLATE), "--max_length", "160",
+                                           "--per_device_train_batch_size", "4", "--pad_to_multiple_of", "32"], None),
     # bfd packing is padding-free: (1, R(sum)); packed eval at a fractional eval_steps after eval_delay
     "packing-bfd-eval": (CAPYBARA, ["--packing", "--max_length", "256", "--per_device_train_batch_size", "2",
                                     "--pad_to_multiple_of", "64", "--max_steps", "8", "--eval_strategy", "steps",
