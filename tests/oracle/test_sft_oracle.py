@@ -79,6 +79,10 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     "shuffle-dataset-seeds": (CAPYBARA, ["--shuffle_dataset", "--seed", "7", "--data_seed", "3", "--max_length", "192",
                                          "--per_device_train_batch_size", "4", "--max_steps", "6",
                                          "--pad_to_multiple_of", "64"], None),
+    # batch_rebalance: TRL's rank-aware sampler balancing micro-batch cost, with its own fixed seed
+    "batch-rebalance": (CAPYBARA, ["--train_sampling_strategy", "batch_rebalance", "--per_device_train_batch_size", "4",
+                                   "--gradient_accumulation_steps", "3", "--max_length", "512", "--max_steps", "6",
+                                   "--pad_to_multiple_of", "32"], None),
     # wrapped packing collated padding-free: each packed row is one document
     "packing-wrapped-padding-free": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--padding_free",
                                             "--max_length", "128", "--per_device_train_batch_size", "2",
