@@ -69,6 +69,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads((root / "no-template" / "tokenizer_config.json").read_text())
     assert "chat_template" not in config
     (root / "typo.yaml").write_text("max_lenght: 5\n")
+    (root / "sampling.yaml").write_text("train_sampling_strategy: foo\n")  # YAML values skip argparse's choices
     return root
 
 
@@ -109,8 +110,8 @@ BAD_INPUTS = {
     "unwritable-output": ([*RUN, "-o", "{bad}/no-folder/plan.json"], 1,
                           "cannot write plan to {bad}/no-folder/plan.json"),
     "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
-    "unplanned-sampling": ([str(TLDR), *MODEL, "--train_sampling_strategy", "batch_rebalance"], 2,
-                           "train_sampling_strategy='batch_rebalance' is not planned yet; use one of random"),
+    "unknown-sampling-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/sampling.yaml"], 2,
+                                   "train_sampling_strategy='foo' is not one shapeplan plans"),
 }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 RankBatches = list[list[list[int]]]
 
 # The train_sampling_strategy values `train_batches` draws orders for.
-TRAIN_STRATEGIES = ("random", "sequential", "group_by_length")
+TRAIN_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
 
 
 def _batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int) -> RankBatches:
@@ -52,7 +52,12 @@ def train_batches(
     "group_by_length": `LengthGroupedSampler(batch_size * gradient_accumulation_steps)` over the rows' `lengths`.
     The Trainer gives it no generator, so the run draws from the global RNG; this is one order it can draw
     (seeded with `seed` plus the epoch), which only fixes batch sizes and token counts, never the run's order.
+    "batch_rebalance": one `BatchRebalanceSampler` per rank (it shards itself; the Trainer makes accelerate's
+    shard a pass-through), with the Trainer's arguments and its own fixed seed.
     """
+    if strategy == "batch_rebalance":
+        return _rebalanced(lengths, batch_size=batch_size, num_processes=num_processes,
+                          gradient_accumulation_steps=gradient_accumulation_steps, drop_last=drop_last)
     if strategy == "random":
         from accelerate.data_loader import SeedableRandomSampler
 
@@ -71,6 +76,25 @@ def train_batches(
         raise ValueError(f"no order for train_sampling_strategy={strategy!r}")
 
     return lambda epoch: _batches(order(epoch), batch_size, drop_last, num_processes)
+
+
+def _rebalanced(lengths: Sequence[int], *, batch_size: int, num_processes: int, gradient_accumulation_steps: int,
+                drop_last: bool) -> Callable[[int], RankBatches]:
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    samplers = [
+        BatchRebalanceSampler(lengths=list(lengths), effective_batch_size=batch_size * gradient_accumulation_steps
+                              * num_processes, dp_size=num_processes, grad_accum=gradient_accumulation_steps,
+                              rank=rank, drop_last=drop_last)
+        for rank in range(num_processes)
+    ]
+
+    def epoch_batches(epoch: int) -> RankBatches:
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        return [[list(batch) for batch in sampler] for sampler in samplers]
+
+    return epoch_batches
 
 
 def eval_batches(num_rows: int, *, batch_size: int, num_processes: int, drop_last: bool,

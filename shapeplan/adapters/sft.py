@@ -142,7 +142,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     config = args.training
     strategy = config.train_sampling_strategy
     if strategy not in TRAIN_STRATEGIES:
-        raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use one of "
+        raise UsageError(f"train_sampling_strategy={strategy!r} is not one shapeplan plans; use one of "
                          f"{', '.join(TRAIN_STRATEGIES)}")
     accelerator = config.accelerator_config
     if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
@@ -163,7 +163,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
 
     warnings: list[str] = []
     # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
-    exact = strategy == "sequential" or (strategy == "random" and accelerator.use_seedable_sampler)
+    exact = strategy in ("sequential", "batch_rebalance") or (
+        strategy == "random" and accelerator.use_seedable_sampler)
     if not exact:
         cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
         warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "

@@ -17,6 +17,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 TEXT = FIXTURES / "text.jsonl"
 LONG_PROMPTS = FIXTURES / "long-prompts.jsonl"
 ASSISTANT_CHAT = FIXTURES / "assistant-chat.jsonl"
+PLAIN_CHAT_TEMPLATE = FIXTURES / "plain-chat.jinja"
 
 # name -> (train data, TRL options, eval data). Every config stays small: the tiny model trains at a few steps/s.
 CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
@@ -39,6 +40,9 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     "assistant-only-drops-unpadded": (ASSISTANT_CHAT, ["--assistant_only_loss", "--max_length", "96",
                                                        "--per_device_train_batch_size", "3",
                                                        "--pad_to_multiple_of", "none"], None),
+    # a chat template of the user's own (--chat_template_path FILE.jinja) instead of the tokenizer's
+    "own-chat-template": (ASSISTANT_CHAT, ["--chat_template_path", str(PLAIN_CHAT_TEMPLATE), "--max_length", "160",
+                                           "--per_device_train_batch_size", "4", "--pad_to_multiple_of", "32"], None),
     # bfd packing is padding-free: (1, R(sum)); packed eval at a fractional eval_steps after eval_delay
     "packing-bfd-eval": (CAPYBARA, ["--packing", "--max_length", "256", "--per_device_train_batch_size", "2",
                                     "--pad_to_multiple_of", "64", "--max_steps", "8", "--eval_strategy", "steps",
@@ -75,6 +79,10 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     "shuffle-dataset-seeds": (CAPYBARA, ["--shuffle_dataset", "--seed", "7", "--data_seed", "3", "--max_length", "192",
                                          "--per_device_train_batch_size", "4", "--max_steps", "6",
                                          "--pad_to_multiple_of", "64"], None),
+    # batch_rebalance: TRL's rank-aware sampler balancing micro-batch cost, with its own fixed seed
+    "batch-rebalance": (CAPYBARA, ["--train_sampling_strategy", "batch_rebalance", "--per_device_train_batch_size", "4",
+                                   "--gradient_accumulation_steps", "3", "--max_length", "512", "--max_steps", "6",
+                                   "--pad_to_multiple_of", "32"], None),
     # wrapped packing collated padding-free: each packed row is one document
     "packing-wrapped-padding-free": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--padding_free",
                                             "--max_length", "128", "--per_device_train_batch_size", "2",
