@@ -58,7 +58,8 @@ def check_config(plan: Any, args: Any, argv: list[str]) -> None:
     from ..adapters.common import recorded_config
 
     given = json.loads(json.dumps(recorded_config(args, argv), default=str))
-    for name, value in sorted(given.items()):
+    # the model first: with another model every other difference is beside the point
+    for name, value in sorted(given.items(), key=lambda item: (item[0] != "model_name_or_path", item[0])):
         if name == "argv" or name not in plan.config:
             continue
         if plan.config[name] != value:

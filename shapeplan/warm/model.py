@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 # compiled: something was compiled; cached: it ran and everything came from the cache; failed: it raised;
 # skipped: the manifest already records it as warmed in the same environment.
-Status = Literal["compiled", "cached", "failed", "skipped"]
 STATUSES: tuple[str, ...] = ("compiled", "cached", "failed", "skipped")
 
 

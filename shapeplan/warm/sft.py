@@ -111,6 +111,9 @@ class SFTWarmer:
     def bind(self, plan: Plan) -> int:
         """Check the plan is for this method and tokenizer; note whether the run logs; return its eval passes."""
         self.check_plan(plan)
+        if self.args.num_processes > 1:
+            self.warnings.append(f"the run has {self.args.num_processes} processes and the warm-up one: every "
+                                 "rank's shapes are warmed, the collectives between ranks are not")
         self.logs = self._run_logs(plan.stats.optimizer_steps)
         self._remainders(plan)
         return self._eval_passes(plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -51,3 +52,16 @@ def test_plan_for_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixtur
                  str(tmp_path / "c")]) == 1
     assert _error(capsys) == [f"Error: the plan was made with another tokenizer than {model}'s; re-create it with "
                               f"`shapeplan analyze ... --model {model} -o PLAN`"]
+
+
+def test_warm_plans_first_from_run_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["warm", str(CAPYBARA), "--model", str(TINY_MODEL), "--bf16", "false", *ARGV, "--device", "cpu",
+                 "--cache-dir", str(tmp_path / "cache"), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out)
+    planned = plan_for(CAPYBARA, ARGV, tmp_path / "out")
+    assert [(r["phase"], r["batch"], r["seq"], r["status"]) for r in report["results"]] == [
+        (s.phase, s.batch, s.seq, "cached") for s in planned.shapes]
+    assert report["device"] == "cpu" and report["script_lines"] == []  # eager: nothing for the script to set
+    assert (tmp_path / "cache" / "shapeplan-manifest.json").is_file()

@@ -13,7 +13,7 @@ from tests.warm.harness import plan_for, real_run, record, warm_plan
 pytestmark = pytest.mark.slow
 
 CONFIGS = {
-    "padded": ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "3"],
+    "padded": ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "2"],
     "packing": ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "3", "--packing"],
     "eval-ga": ["--max_length", "256", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
                 "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "2",
