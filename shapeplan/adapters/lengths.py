@@ -125,8 +125,12 @@ def _workers(requested: int | None, rows: int) -> int:
     if env:
         return max(1, int(env))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # Forking costs more than it saves on a few chunks.
-    return max(1, min(cores, rows // (4 * CHUNK_ROWS)))
+    if cores <= 2:
+        # Measured on 2 cores (benchmarks/analyze_speed.py --workers): one process, with the fast tokenizer's own
+        # batch parallelism, beat two forked workers in time and CPU (these pay copy-on-write faults). With more
+        # cores the single-threaded rendering dominates one process, and workers spread it.
+        return 1
+    return max(1, min(cores, rows // (4 * CHUNK_ROWS)))  # forking costs more than it saves on a few chunks
 
 
 def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
