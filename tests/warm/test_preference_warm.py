@@ -11,7 +11,7 @@ from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.cli import main
 from shapeplan.plan.io import write_plan
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.preference import DPOWarmer, RewardWarmer, counted_batch
+from shapeplan.warm.preference import DPOWarmer, KTOWarmer, RewardWarmer, counted_batch, kto_batch
 from tests.conftest import ROOT, TINY_MODEL
 from tests.warm.trainer_harness import plan_for
 
@@ -57,6 +57,27 @@ def test_reward_batches_have_the_task_shape() -> None:
     rows, index = warmer.rows(warmer.layouts(WarmTask(phase="eval", batch=4, seq=384)))
     assert all(len(rows[i]["chosen_ids"]) <= 300 and len(rows[i]["rejected_ids"]) <= 300 for m in index for i in m)
     assert [tuple(collator([rows[i] for i in m])["input_ids"].shape) for m in index] == [(4, 384)]
+
+
+@pytest.mark.parametrize(("kl_seq", "chosen", "counts"), [(384, 1, (0, 700)), (128, 3, (500, 0)), (256, 2, (300, 5))])
+def test_kto_batches_have_the_shapes_and_counts(kl_seq: int, chosen: int, counts: tuple[int, int]) -> None:
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    warmer = _warmer(KTOWarmer, [])
+    warmer._kl = {("train", 3, 384): [kl_seq]}
+    task = WarmTask(phase="train", batch=3, seq=384, chosen_rows=(chosen,), completion_tokens=counts)
+    rows, index = warmer.rows(warmer.layouts(task))
+    collator = DataCollatorForUnpairedPreference(pad_token_id=0, pad_to_multiple_of=128)
+    met = set()
+    for members in index:
+        batch = collator([rows[i] for i in members])
+        assert (tuple(batch["input_ids"].shape), tuple(batch["KL_input_ids"].shape)) == ((3, 384), (3, kl_seq))
+        labels = batch["label"].tolist()
+        mask = batch["completion_mask"][:, 1:]
+        met.add((sum(labels), int(mask[[i for i, x in enumerate(labels) if x]].sum()),
+                 int(mask[[i for i, x in enumerate(labels) if not x]].sum())))
+    assert (chosen, *counts) in met
+    assert kto_batch(3, 383, 127, 1, (100, 200)) is None  # a carrier row needs 256 completion tokens
 
 
 def test_dpo_precompute_plan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
