@@ -1,14 +1,14 @@
-"""The DPO and Reward warmers: the real `DPOTrainer` / `RewardTrainer`, built as `trl dpo` / `trl reward` build it,
+"""The DPO, KTO and Reward warmers: the real trainers, built as `trl dpo|kto|reward` build them,
 train on synthetic prepared rows through `Trainer.train()`, with the SFT warmer's loop (fixed batches, per-shape
 accounting, the eval pass carried by `eval_on_start`).
 
-Both trainers' collators stack a batch's chosen sequences, then its rejected ones, and pad them together: a
+The DPO and Reward collators stack a batch's chosen sequences, then its rejected ones, and pad them together: a
 planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic layout of that shape. DPO's step
 runs the policy and the reference model on the same tensors, so a planned `ref` (`eval_ref`) shape is warmed by
 the `train` (`eval`) task of the same shape. DPO's metrics select the completion tokens of each half of the batch
 with a boolean mask, so every planned completion-token count gets a batch whose chosen (or rejected) half has that
-many. Not warmed yet: DPO's `ref_precompute` pass (the runner refuses such
-a plan) and Reward's optional `margin` column.
+many; KTO's (see `KTOWarmer`) likewise, with its desirable-row counts. Not warmed yet: the `ref_precompute`
+pass (the runner refuses such a plan) and Reward's optional `margin` column.
 """
 
 from __future__ import annotations
