@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "tiny-qwen3"
 SOURCES = {"conversational": ROOT / "examples" / "capybara-sample.jsonl",
            "prompt-completion": ROOT / "examples" / "tldr-sample.jsonl"}
-PARTS = ("floor", "trl", "analyze", "cached")
+PARTS = ("floor", "trl", "analyze", "cached", "cli-cached")
 
 
 def _redraw(text: str, rng: random.Random) -> str:
@@ -129,8 +129,11 @@ def part_trl(data: Path, max_length: int) -> dict[str, Any]:
 
 
 def part_analyze(data: Path, max_length: int) -> dict[str, Any]:
-    import datasets  # noqa: F401  (imported by analyze; before the clock, as in the other parts)
-    import trl  # noqa: F401
+    # What analyze imports on its way, before the clock as in the other parts (TRL's config pulls in torch).
+    import datasets  # noqa: F401
+    import transformers.training_args  # noqa: F401
+    import trl.scripts.sft  # noqa: F401
+    from trl import SFTConfig, SFTTrainer  # noqa: F401
 
     import shapeplan.adapters.sft  # noqa: F401
     from shapeplan.analyze import analyze
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=100_000, help="rows of each dataset (default 100000)")
     parser.add_argument("--max-length", type=int, default=1024, help="SFT max_length (default: TRL's 1024)")
     parser.add_argument("--kinds", default="conversational,prompt-completion")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"a subset of {','.join(PARTS)}")
+    parser.add_argument("--workers", default=None, help="SHAPEPLAN_WORKERS for analyze (default: one per core)")
     parser.add_argument("--json", dest="json_out", default=None, help="also write the results to this file")
     parser.add_argument("--part", choices=sorted(PART_FUNCTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -191,12 +196,18 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_CACHE": str(work / "datasets"), "SHAPEPLAN_CACHE_DIR": str(work / "shapeplan"),
                "PYTHONPATH": str(ROOT), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+        if args.workers:
+            env["SHAPEPLAN_WORKERS"] = args.workers
         for kind in args.kinds.split(","):
             data = work / f"{kind}.jsonl"
             make_rows(kind, args.rows, data)
             run_part("load", data, args.max_length, env)
-            parts = {part: run_part(part, data, args.max_length, env) for part in PARTS}
-            parts["cli-cached"] = {"seconds": cli_wall_seconds(data, args.max_length, env)}
+            parts: dict[str, dict[str, Any]] = {}
+            for part in args.parts.split(","):
+                if part == "cli-cached":
+                    parts[part] = {"seconds": cli_wall_seconds(data, args.max_length, env)}
+                else:
+                    parts[part] = run_part(part, data, args.max_length, env)
             results[kind] = parts
             report(kind, args.rows, parts)
     if args.json_out:
@@ -205,20 +216,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(kind: str, rows: int, parts: dict[str, dict[str, Any]]) -> None:
-    floor = parts["floor"]["seconds"]
-    print(f"\n{kind}: {rows} rows, {parts['floor']['tokens'] / rows:.0f} tokens per row, "
-          f"{os.cpu_count()} cores")
-    cpu_floor = parts["floor"]["cpu_seconds"]
-    print(f"  {'part':<11} {'seconds':>8} {'x floor':>8} {'cpu s':>8} {'x floor':>8} {'peak RSS MB':>12}")
+    base = parts.get("floor", parts[next(iter(parts))])
+    floor, cpu_floor = base["seconds"], base.get("cpu_seconds", 1.0)
+    tokens = f", {base['tokens'] / rows:.0f} tokens per row" if "tokens" in base else ""
+    against = "floor" if "floor" in parts else next(iter(parts))
+    print(f"\n{kind}: {rows} rows{tokens}, {os.cpu_count()} cores; x {against}: time relative to {against}")
+    print(f"  {'part':<11} {'seconds':>8} {'x ' + against:>8} {'cpu s':>8} {'x ' + against:>8} {'peak RSS MB':>12}")
     for name, part in parts.items():
         rss = f"{part['peak_rss_mb']:12.0f}" if "peak_rss_mb" in part else f"{'':>12}"
         cpu = f"{part['cpu_seconds']:8.2f} {part['cpu_seconds'] / cpu_floor:8.2f}" if "cpu_seconds" in part \
             else f"{'':>8} {'':>8}"
         print(f"  {name:<11} {part['seconds']:8.2f} {part['seconds'] / floor:8.2f} {cpu} {rss}")
-    analyze_s, trl_s = parts["analyze"]["seconds"], parts["trl"]["seconds"]
-    print(f"  analyze / floor = {analyze_s / floor:.2f} (target <= 1.2); trl / analyze = {trl_s / analyze_s:.2f} "
-          f"(target >= 2); cached re-run {parts['cached']['seconds']:.2f} s in process, "
-          f"{parts['cli-cached']['seconds']:.2f} s from the command line (target <= 2 s)")
+    if {"floor", "trl", "analyze", "cached", "cli-cached"} <= set(parts):
+        analyze_s, trl_s = parts["analyze"]["seconds"], parts["trl"]["seconds"]
+        print(f"  analyze / floor = {analyze_s / floor:.2f} (target <= 1.2); trl / analyze = {trl_s / analyze_s:.2f} "
+              f"(target >= 2); cached re-run {parts['cached']['seconds']:.2f} s in process, "
+              f"{parts['cli-cached']['seconds']:.2f} s from the command line with interpreter start and imports "
+              "(target <= 2 s)")
 
 
 if __name__ == "__main__":

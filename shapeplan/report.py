@@ -7,13 +7,15 @@ from .plan.grpo import GENERATE_PHASES, cache_pin
 from .plan.model import Plan, Shape
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def _table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
+    """Numbers right-aligned, the `text_columns` left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
-    out = [line, "  ".join("-" * w for w in widths)]
-    for r in rows:
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    return "\n".join(out)
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in text_columns else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def _extra(shape: Shape) -> str:
@@ -47,9 +49,14 @@ def _minutes(minutes: float) -> str:
 
 def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
     """The generate sizes and what they cost to compile; what pinning the static cache length saves."""
-    sizes = {s.key for s in plan.shapes if s.phase in GENERATE_PHASES}
-    if not sizes:
+    generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
+    if not generate:
         return []
+    sizes = {s.key for s in generate}
+    if any(s.cache_len is None for s in generate):
+        return [f"generate sizes: {len(sizes)} (batch, prompt bucket) with a dynamic cache: every decode step is "
+                f"a new shape, up to {max(s.max_new_tokens or 1 for s in generate) - 1} per size; the estimate "
+                "counts one compile per size"]
     lines = [f"generate sizes: {len(sizes)} (batch, prompt bucket, cache length), "
              f"{_minutes(len(sizes) * generate_minutes)} to compile at {generate_minutes:g} min each"]
     pin = cache_pin(plan.shapes)
@@ -73,7 +80,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{plan.method.upper()} plan for {model} (pad_to_multiple_of={pad}, "
         f"{plan.config.get('num_processes', 1)} process(es)){'' if plan.exact else ' — a bound, not exact'}",
         "",
-        _table(headers, rows),
+        _table(headers, rows, text_columns=(0, 5)),
         "",
         f"rows: {st.rows:,}" + (f" ({st.dropped_rows:,} dropped in preparation)" if st.dropped_rows else "")
         + f"   micro-batches: {st.micro_batches:,}   optimizer steps: {st.optimizer_steps:,}",

@@ -19,6 +19,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+# The tiny model gains nothing from intra-op threads; with two pytest workers on two cores they only contend
+# (an oracle run is ~3x faster with one thread). Set before torch is imported; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # datasets reads its cache location at import, so it is set before any test imports it.
 _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="shapeplan-tests-"))
 os.environ["HF_DATASETS_CACHE"] = str(_SESSION_CACHE / "datasets")

@@ -34,7 +34,7 @@ def test_no_training_option_plans_the_guide_example() -> None:
     assert {s.batch for s in guide.by_phase("generate")} == {4}
 
 
-def test_any_training_option_keeps_trl_defaults() -> None:
+def test_any_training_option_keeps_trl_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     plan = analyze("grpo", [*RUN, "--max_steps", "2"])
     assert (plan.config["num_generations"], plan.config["max_completion_length"]) == (8, 512)
     assert {s.cache_len for s in plan.by_phase("generate")} == {None}
@@ -43,6 +43,10 @@ def test_any_training_option_keeps_trl_defaults() -> None:
     # 512 new tokens at a multiple of 128: four completion buckets, none certain
     assert {s.logits_to_keep for s in plan.by_phase("train")} == {128, 256, 384, 512}
     assert not any(s.certain for s in plan.by_phase("train"))
+    assert main(["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL), "--max_steps", "2"]) == 0
+    sizes = len({s.key for s in plan.by_phase("generate")})
+    assert f"generate sizes: {sizes} (batch, prompt bucket) with a dynamic cache: every decode step is a new " \
+           "shape, up to 511 per size" in capsys.readouterr().out
 
 
 def test_pinning_the_advised_cache_length_leaves_one_per_size() -> None:
@@ -99,7 +103,14 @@ def test_plan_file_round_trips_generation_fields() -> None:
 
 
 def test_generation_batch_follows_num_processes() -> None:
-    # GRPOConfig derives steps_per_generation with the planning machine's single process; the run has two.
+    # GRPOConfig sizes the generation batch with the process count: 2 x 2 rows hold one group of 4 generations,
+    # which a single process could not.
+    plan = analyze("grpo", [*RUN, "--per_device_train_batch_size", "2", "--num_generations", "4",
+                            "--max_steps", "1", "--num_processes", "2", "--max_completion_length", "8"])
+    assert plan.config["generation_batch_size"] == 4
+    assert {s.batch for s in plan.by_phase("generate")} == {2}
+    assert sum(s.count for s in plan.by_phase("generate")) == 2  # one round per rank
+
     plan = analyze("grpo", [*RUN, "--per_device_train_batch_size", "2", "--generation_batch_size", "8",
                             "--num_generations", "4", "--max_steps", "2", "--num_processes", "2",
                             "--max_completion_length", "8"])
@@ -141,3 +152,10 @@ def test_reward_model_is_planned_with_a_warning(capsys: pytest.CaptureFixture[st
     plan = json.loads(capsys.readouterr().out)
     assert any(w.startswith("reward model my-org/reward is not planned") for w in plan["warnings"])
     assert {s["phase"] for s in plan["shapes"]} == {"generate", "train"}
+
+
+def test_fewer_prompts_than_a_generation_batch_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # 130 rows per device / 2 generations = 65 unique prompts per round; the sample has 64
+    err = _one_line_error(capsys, ["analyze", "--method", "grpo", str(TLDR), "--model", str(TINY_MODEL),
+                                   "--per_device_train_batch_size", "130", "--num_generations", "2"], 1)
+    assert "64 prompts, fewer than one generation batch holds (65 unique prompts)" in err

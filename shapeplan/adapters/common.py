@@ -56,6 +56,10 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them."""
     script = args.script
     mixture = args.dataset_mixture
+    if getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False):
+        # A stream has no length: the Trainer runs it in stream order for max_steps, not epochs of a sampler.
+        raise UsageError("streaming datasets are not planned yet; drop --dataset_streaming to plan the map-style "
+                         "run of the same data")
     if mixture is not None and getattr(mixture, "datasets", None):
         from trl import get_dataset
 
@@ -74,8 +78,12 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
     if getattr(args.training, "eval_strategy", "no") != "no":
         if eval_source is not None:
             eval_data = _only_split(load_dataset_source(eval_source), script.dataset_test_split, eval_source)
-        else:
+        elif not isinstance(data, dict) or script.dataset_test_split in data:
             eval_data = select_split(data, script.dataset_test_split, source)
+        else:
+            raise DatasetError(f"dataset {source} has no split {script.dataset_test_split!r} for the eval loop "
+                               f"(it has {', '.join(data)}); pass --eval-dataset DATASET or choose a split with "
+                               "--dataset_test_split")
         check_rows(eval_data, eval_source or source)
     elif eval_source is not None:
         raise UsageError("--eval-dataset is given but eval_strategy is 'no'; add --eval_strategy steps "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,18 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
     import datasets
 
     path = Path(source)
+    # datasets logs a parse failure before raising it; the error below carries the same cause in one line.
+    datasets_logger = logging.getLogger("datasets")
+    level = datasets_logger.level
+    datasets_logger.setLevel(logging.CRITICAL)
     try:
         if path.is_file():
             builder = _FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
                 raise DatasetError(f"dataset file {source} has an unsupported type {path.suffix!r}; "
                                    "use .jsonl, .json, .parquet or .csv")
+            if _blank(path):  # datasets' own error for an empty file names no cause
+                raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
             return datasets.load_dataset(builder, data_files=str(path))
         if path.is_dir():
             if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
@@ -37,8 +44,14 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
     except FileNotFoundError as exc:
         raise DatasetError(f"dataset {source} not found ({_short(exc)}); pass a local .jsonl/.json/.parquet/.csv "
                            "file, a save_to_disk folder, or a Hub id reachable from this machine") from exc
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset {source}: {exc.strerror or _short(exc)}; check that the file "
+                           "is readable") from exc
     except Exception as exc:  # datasets raises many types for unreadable data; report them as one line
-        raise DatasetError(f"cannot read dataset {source}: {_short(exc)}; check the file's format") from exc
+        raise DatasetError(f"cannot read dataset {source}: {_short(_root_cause(exc))}; check the file's format") \
+            from exc
+    finally:
+        datasets_logger.setLevel(level)
 
 
 def select_split(data: Any, split: str, source: str) -> Any:
@@ -60,6 +73,8 @@ def check_rows(dataset: Any, source: str) -> None:
 def load_tokenizer(model: str, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
+    if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
+        raise ModelError(f"model folder {model} not found; pass an existing model folder or a Hub id with --model")
     try:
         return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
@@ -75,6 +90,22 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h.update(json.dumps(tokenizer.chat_template, sort_keys=True, default=str).encode())
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
+
+
+def _blank(path: Path) -> bool:
+    """Whether the file holds only whitespace (reading it also checks that it is readable)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """datasets wraps the parser's error (the useful line) in DatasetGenerationError."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
 
 
 def _short(exc: BaseException) -> str:

@@ -82,30 +82,6 @@ def _generation_settings(config: Any) -> Any:
     return generation
 
 
-def generation_batch(args: TrainingArgs) -> tuple[int, int]:
-    """(steps_per_generation, global generation batch) for the run's process count.
-
-    GRPOConfig derives them with the planning machine's world size (1); they are derived again here as its
-    `__post_init__` does, with `num_processes`.
-    """
-    config = args.training
-    n = args.num_processes
-    global_batch = config.per_device_train_batch_size * n
-    if "generation_batch_size" in args.given:
-        if config.generation_batch_size % global_batch != 0:
-            raise UsageError(f"generation_batch_size ({config.generation_batch_size}) must be divisible by the global "
-                             f"batch size ({config.per_device_train_batch_size} * {n}); change one of them")
-        steps = config.generation_batch_size // global_batch
-    else:
-        steps = config.steps_per_generation
-    size = global_batch * steps
-    if size % config.num_generations != 0:
-        raise UsageError(f"the generation batch ({size} = {config.per_device_train_batch_size} per device * {n} "
-                         f"process(es) * {steps} steps per generation) must be divisible by num_generations "
-                         f"({config.num_generations}); change --num_generations or the batch")
-    return steps, size
-
-
 def _bare_trainer(method: str, tokenizer: Any, config: Any) -> Any:
     """A trainer with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them for a text model."""
     import trl
@@ -167,7 +143,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     config = args.training
     method = args.method
     generation = _generation_settings(config)
-    steps, size = generation_batch(args)
+    # Parsed with the run's process count (see trl_args), so these are the run's.
+    steps, size = config.steps_per_generation, config.generation_batch_size
     n = args.num_processes
     data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
@@ -210,10 +187,6 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
 
         eval_lengths = prompt_lengths(data.eval, trainer, "eval")
         generations = config.num_generations_eval or config.num_generations
-        if (config.per_device_eval_batch_size * n) % generations != 0:
-            raise UsageError(f"the global eval batch ({config.per_device_eval_batch_size} * {n}) must be divisible "
-                             f"by the generations per eval prompt ({generations}); change "
-                             "--per_device_eval_batch_size or --num_generations_eval")
         # A fresh sampler per evaluation, seeded alike: every evaluation walks the same order.
         order = list(RepeatSampler(range(len(eval_lengths)), mini_repeat_count=generations, seed=config.seed))
         eval_order = ordered_batches(order, batch_size=config.per_device_eval_batch_size, num_processes=n,
@@ -223,9 +196,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                                    eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
 
     recorded = recorded_config(args, argv)
-    recorded.update(steps_per_generation=steps, generation_batch_size=size, max_new_tokens=generation.max_new_tokens,
-                    max_cache_len=generation.max_cache_len, num_generations_eval=config.num_generations_eval,
-                    shuffle_dataset=config.shuffle_dataset)
+    recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
+                    num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
     return plan_generation(
         method=method,
         prompt_lengths=train_lengths,

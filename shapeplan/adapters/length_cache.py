@@ -65,7 +65,7 @@ def load(key: str) -> tuple[Rows, int] | None:
         with np.load(path, allow_pickle=False) as data:
             if str(data["key"]) != key:
                 return None
-            lengths = tuple(int(x) for x in data["lengths"])
+            lengths = tuple(data["lengths"].tolist())
             documents = None
             if "document_offsets" in data:
                 flat = data["documents"].tolist()
@@ -85,11 +85,11 @@ def store(key: str, rows: Rows, dropped: int) -> None:
     path = _path(key)
     arrays: dict[str, Any] = {
         "key": np.array(key),
-        "lengths": np.asarray(rows.lengths, dtype=np.int64),
+        "lengths": np.asarray(rows.lengths, dtype=np.int32),
         "dropped": np.array(dropped, dtype=np.int64),
     }
     if rows.documents is not None:
-        arrays["documents"] = np.asarray([d for row in rows.documents for d in row], dtype=np.int64)
+        arrays["documents"] = np.asarray([d for row in rows.documents for d in row], dtype=np.int32)
         arrays["document_offsets"] = np.concatenate([[0], np.cumsum([len(row) for row in rows.documents])])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,12 +7,13 @@ follow tokenization (EOS added to plain text, completion masks, `max_length` tru
 with no trainable token, shuffling, packing) are TRL's, applied to lengths:
 
 - truncation keeps `range(length)[slice]`, the slice TRL cuts with;
-- a row TRL could drop (a completion-only loss whose prompt may reach the kept window) is decided by TRL itself:
-  those few rows go through `_prepare_dataset` (see `_trl_decides`);
+- a completion-only loss keeps a row when a trainable token (position >= prompt_len) is in the kept window. An
+  upper bound of prompt_len decides most rows without tokenizing the prompt (`_lengths_and_prompt_bounds`); the
+  few rows the bound cannot decide go through TRL's own `_prepare_dataset` (`_trl_decides`);
 - shuffling and packing run TRL's and datasets' own code on a dataset whose lists hold no values, only lengths.
 
 What this cannot follow row by row (assistant-only loss masks, from/value conversations, datasets already
-tokenized or formatted, iterable datasets, processors) is left to TRL's path: see `fast_path_refusal`.
+tokenized or formatted, iterable datasets, vision data) is left to TRL's path: see `fast_path_refusal`.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def fast_path_refusal(dataset: Any, tokenizer: Any, config: Any) -> str | None:
         return f"dataset formatted as {dataset.format['type']!r}"
     if "input_ids" in dataset.column_names:
         return "dataset already tokenized"
-    if isinstance(tokenizer, ProcessorMixin):
-        return "processor (vision model)"
+    if isinstance(tokenizer, ProcessorMixin) or {"image", "images"} & set(dataset.column_names):
+        return "vision data"
     if config.assistant_only_loss:
         return "assistant_only_loss masks"
     if is_conversational_from_value(dataset[0]):
@@ -84,8 +85,9 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
     kind = "prompt-completion" if "prompt" in first else "messages" if is_conversational(first) else "text"
     masked = trainer.completion_only_loss and kind == "prompt-completion"
     truncating = config.max_length is not None and not packing
+    read = {"messages", "prompt", "completion", "tools", "chat_template_kwargs", config.dataset_text_field}
     job = _Job(
-        dataset=dataset,
+        dataset=dataset.select_columns([c for c in dataset.column_names if c in read]),
         tokenizer=tokenizer,
         kind=kind,
         conversational=is_conversational(first),
@@ -170,14 +172,15 @@ def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         return _encode_lengths(job.tokenizer, texts, special=True), np.full(len(rows), -1, dtype=np.int32)
     if job.conversational:
         full = [_render(job, row["prompt"] + row["completion"], row) for row in rows]
-        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
-        special = False
     else:
-        prompts = [row["prompt"] for row in rows]
-        full = [prompt + _completion_with_eos(row, job) for prompt, row in zip(prompts, rows)]
-        special = True
+        full = [row["prompt"] + _completion_with_eos(row, job) for row in rows]
+    special = not job.conversational  # TRL tokenizes plain text with the tokenizer's special tokens
     if not job.need_prompt_lengths:
         return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
+    if job.conversational:
+        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
+    else:
+        prompts = [row["prompt"] for row in rows]
     return _lengths_and_prompt_bounds(job, full, prompts, special=special)
 
 
@@ -251,7 +254,8 @@ def _is_backend(tokenizer: Any) -> bool:
 
 def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
     """The Rust encodings `TokenizersBackend._encode_plus` makes, without converting every id to a Python int: the
-    same backend state (no truncation, no padding, split_special_tokens) and the same `encode_batch` call."""
+    same backend state (no truncation, no padding, split_special_tokens) and the same ids, from `encode_batch_fast`
+    (`encode_batch` without character offsets, which lengths do not need)."""
     from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
 
     tokenizer.set_truncation_and_padding(
@@ -261,7 +265,7 @@ def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
     backend = tokenizer._tokenizer
     if backend.encode_special_tokens != tokenizer.split_special_tokens:
         backend.encode_special_tokens = tokenizer.split_special_tokens
-    return backend.encode_batch(texts, add_special_tokens=special, is_pretokenized=False)  # type: ignore[no-any-return]
+    return backend.encode_batch_fast(texts, add_special_tokens=special)  # type: ignore[no-any-return]
 
 
 def _countable_eos(tokenizer: Any, eos: str, *, special: bool) -> tuple[int, int] | None:

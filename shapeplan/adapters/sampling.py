@@ -1,10 +1,14 @@
-"""The batch order the Trainer's dataloaders produce, replayed with torch's and accelerate's own samplers."""
+"""The batch order the Trainer's dataloaders produce, replayed with torch's, transformers' and accelerate's own
+samplers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 RankBatches = list[list[list[int]]]
+
+# The train_sampling_strategy values `train_batches` draws orders for.
+TRAIN_STRATEGIES = ("random", "sequential", "group_by_length")
 
 
 def _batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int) -> RankBatches:
@@ -21,6 +25,14 @@ def _batches(order: Sequence[int], batch_size: int, drop_last: bool, num_process
     ]
 
 
+def _length_grouped(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:
+    """`LengthGroupedSampler`'s order with a generator seeded with `seed`."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    return list(LengthGroupedSampler(batch_size, lengths=list(lengths), generator=torch.Generator().manual_seed(seed)))
+
+
 def train_batches(
     num_rows: int,
     *,
@@ -30,11 +42,16 @@ def train_batches(
     seed: int,
     data_seed: int | None,
     drop_last: bool,
+    lengths: Sequence[int] = (),
+    gradient_accumulation_steps: int = 1,
 ) -> Callable[[int], RankBatches]:
     """epoch -> per-rank batches of row indices, as `Trainer.get_train_dataloader` + `accelerator.prepare` give.
 
     "random": accelerate swaps the `RandomSampler` for a `SeedableRandomSampler` seeded with `data_seed`
     (or the `seed` TRL passed to `set_seed`) plus the epoch.
+    "group_by_length": `LengthGroupedSampler(batch_size * gradient_accumulation_steps)` over the rows' `lengths`.
+    The Trainer gives it no generator, so the run draws from the global RNG; this is one order it can draw
+    (seeded with `seed` plus the epoch), which only fixes batch sizes and token counts, never the run's order.
     """
     if strategy == "random":
         from accelerate.data_loader import SeedableRandomSampler
@@ -47,15 +64,22 @@ def train_batches(
     elif strategy == "sequential":
         def order(epoch: int) -> list[int]:
             return list(range(num_rows))
+    elif strategy == "group_by_length":
+        def order(epoch: int) -> list[int]:
+            return _length_grouped(lengths, batch_size * gradient_accumulation_steps, seed + epoch)
     else:
-        raise ValueError(f"no replayable order for train_sampling_strategy={strategy!r}")
+        raise ValueError(f"no order for train_sampling_strategy={strategy!r}")
 
     return lambda epoch: _batches(order(epoch), batch_size, drop_last, num_processes)
 
 
-def eval_batches(num_rows: int, *, batch_size: int, num_processes: int, drop_last: bool) -> RankBatches:
-    """The eval loop's order: sequential, sharded across ranks with even batches."""
-    return _batches(range(num_rows), batch_size, drop_last, num_processes)
+def eval_batches(num_rows: int, *, batch_size: int, num_processes: int, drop_last: bool,
+                 grouped_lengths: Sequence[int] | None = None, seed: int = 0) -> RankBatches:
+    """The eval loop's order, sharded across ranks with even batches: sequential, or with
+    train_sampling_strategy "group_by_length" (pass the rows' lengths as `grouped_lengths`) `LengthGroupedSampler`
+    seeded with `seed` (`data_seed`, else `seed`), a fresh generator at every evaluation."""
+    order = range(num_rows) if grouped_lengths is None else _length_grouped(grouped_lengths, batch_size, seed)
+    return _batches(order, batch_size, drop_last, num_processes)
 
 
 def ordered_batches(order: Sequence[int], *, batch_size: int, num_processes: int, drop_last: bool) -> RankBatches:

@@ -13,23 +13,30 @@ from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths
 from .common import load_run_data, recorded_config, versions
 from .data import tokenizer_fingerprint
-from .sampling import eval_batches, train_batches
+from .sampling import TRAIN_STRATEGIES, eval_batches, train_batches
 from .trl_args import TrainingArgs
 
 logger = logging.getLogger(__name__)
 
 
 def _row_format(example: dict[str, Any], text_field: str) -> str:
+    from trl.data_utils import is_conversational
+
     if "input_ids" in example:
         return "tokenized"
-    if "messages" in example or "conversations" in example:
+    if is_conversational(example):
         return "conversational"
+    for column in ("messages", "conversations", "prompt"):
+        if column in example and not isinstance(example[column], str):
+            raise DatasetError(f"column {column!r} holds neither text nor a list of {{'role', 'content'}} messages; "
+                               "fix the dataset's rows")
     if "prompt" in example and "completion" in example:
         return "prompt-completion"
-    if text_field in example:
+    if isinstance(example.get(text_field), str):
         return "text"
     raise DatasetError(f"dataset has no usable column (it has {', '.join(example) or 'none'}); SFT needs "
-                       f"'messages', '{text_field}' (set --dataset_text_field) or 'prompt' and 'completion'")
+                       f"'messages' (a list of role/content messages), a text column '{text_field}' (set "
+                       "--dataset_text_field) or 'prompt' and 'completion'")
 
 
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
@@ -81,9 +88,6 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     if fmt == "conversational" and tokenizer.chat_template is None:
         raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
                          "--chat_template_path FILE.jinja or a model whose tokenizer has one")
-    if config.padding_free and not packing and config.max_length is not None:
-        raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
-                         "--max_length none")
     if packing and config.max_length is None:
         raise UsageError("packing needs max_length; pass --max_length N")
     skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
@@ -109,13 +113,18 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
     if trainer is None:  # skip_prepare_dataset
         prepared = dataset
     else:
+        from jinja2 import TemplateError
+
         try:
             if lengths.fast_path_refusal(dataset, tokenizer, config) is None:
                 return lengths.fast_prepared_rows(trainer, dataset, tokenizer, config, packing=packing, name=name)
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
-        except (ValueError, RuntimeError, TypeError, KeyError) as exc:
+        except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+    if "input_ids" not in prepared.column_names:
+        raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
+                           "skip_prepare_dataset the dataset must be tokenized already")
     import pyarrow.compute as pc
 
     # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.
@@ -131,6 +140,19 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
+    strategy = config.train_sampling_strategy
+    if strategy not in TRAIN_STRATEGIES:
+        raise UsageError(f"train_sampling_strategy={strategy!r} is not planned yet; use one of "
+                         f"{', '.join(TRAIN_STRATEGIES)}")
+    accelerator = config.accelerator_config
+    if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
+                                   or accelerator.dispatch_batches):
+        raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not planned "
+                         "for data-parallel runs; keep accelerate's defaults")
+    # SFTTrainer checks this once, against the train packing, for train and eval alike.
+    if config.padding_free and not config.packing and config.max_length is not None:
+        raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
+                         "--max_length none")
     data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
     _apply_chat_template_path(tokenizer, config.chat_template_path)
@@ -140,15 +162,23 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
 
     warnings: list[str] = []
-    strategy = config.train_sampling_strategy
-    exact = strategy in ("random", "sequential")
+    # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
+    exact = strategy == "sequential" or (strategy == "random" and accelerator.use_seedable_sampler)
     if not exact:
-        raise UsageError(f"train_sampling_strategy={strategy!r} draws its order from the global RNG and is not "
-                         "planned yet; use 'random' or 'sequential'")
+        cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
+        warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
+                        "order can produce, with the most micro-batches and the earliest step each can have")
+    if config.resume_from_checkpoint:
+        warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
+                        "before its checkpoint and meets only the shapes after it")
+    if config.label_smoothing_factor > 0:
+        warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
+                        "grad, then the fused head without), so each train shape compiles two graphs")
     n = args.num_processes
     epoch_batches = train_batches(
         len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,
         seed=config.seed, data_seed=config.data_seed, drop_last=config.dataloader_drop_last,
+        lengths=train_rows.lengths, gradient_accumulation_steps=config.gradient_accumulation_steps,
     )
     loop = TrainLoop(
         steps_in_epoch=len(epoch_batches(0)[0]),
@@ -162,14 +192,16 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     eval_at: list[int] = []
     if data.eval is not None:
         eval_packing = config.packing if config.eval_packing is None else config.eval_packing
-        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval", use_cache=use_cache)
-        eval_order = eval_batches(len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
-                                  drop_last=config.dataloader_drop_last)
-        eval_at = evaluation_steps(loop, eval_strategy=str(config.eval_strategy.value
-                                                           if hasattr(config.eval_strategy, "value")
-                                                           else config.eval_strategy),
-                                   eval_steps=config.eval_steps, eval_delay=config.eval_delay or 0,
-                                   eval_on_start=config.eval_on_start)
+        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval",
+                                  use_cache=use_cache)
+        eval_order = eval_batches(
+            len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
+            drop_last=config.dataloader_drop_last,
+            grouped_lengths=eval_rows.lengths if strategy == "group_by_length" else None,
+            seed=config.data_seed if config.data_seed is not None else config.seed,
+        )
+        eval_at = evaluation_steps(loop, eval_strategy=_value(config.eval_strategy), eval_steps=config.eval_steps,
+                                   eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
 
     return plan_sft(
         train_rows=train_rows,
@@ -188,3 +220,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                      **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
         warnings=warnings,
     )
+
+
+def _value(option: Any) -> str:
+    """An enum option (eval_strategy) as the string TRL's parser accepts."""
+    return str(getattr(option, "value", option))

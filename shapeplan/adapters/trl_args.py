@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,17 +105,21 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
         argv = ["--use_cpu", "true", *argv]
 
+    num_processes = _launch_num_processes(method, _launch_options(method, argv))
     parser = make_parser(method)
     try:
-        *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        with _world_size(num_processes), warnings.catch_warnings():
+            # TRL's own defaults trip transformers' deprecation notices (gradient_checkpointing); none is the user's.
+            warnings.simplefilter("ignore", FutureWarning)
+            *parsed, _, _ = parser.parse_args_and_config(
+                argv, return_remaining_strings=True, separate_remaining_strings=True
+            )
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
-    num_processes = _launch_num_processes(method, [*config_remaining, *cli_remaining])
     script, training, model, *rest = parsed
+    _check_positive(training)
     return TrainingArgs(
         method=method,
         script=script,
@@ -123,6 +129,46 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+def _launch_options(method: str, argv: list[str]) -> list[str]:
+    """What TRL's parser leaves over from `argv` and its `--config` file: the `accelerate launch` options."""
+    parser = make_parser(method)
+    args = list(argv)
+    config_remaining: list[str] = []
+    if "--config" in args:
+        i = args.index("--config")
+        config = _read_yaml(args[i + 1]) if i + 1 < len(args) else {}
+        config.pop("env", None)
+        config_remaining = parser.set_defaults_with_config(**config)
+        del args[i:i + 2]
+    _, unknown = parser.parse_known_args(args)
+    return [*config_remaining, *unknown]
+
+
+@contextmanager
+def _world_size(num_processes: int) -> Iterator[None]:
+    """Configs built while parsing see the run's process count: GRPO and RLOO size the generation batch with it."""
+    from transformers import TrainingArguments
+
+    original = TrainingArguments.__dict__["world_size"]
+    TrainingArguments.world_size = property(lambda self: num_processes)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        TrainingArguments.world_size = original  # type: ignore[method-assign]
+
+
+# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple).
+_POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size")
+
+
+def _check_positive(training: Any) -> None:
+    for name in _POSITIVE:
+        value = getattr(training, name, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {value}")
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:
@@ -147,10 +193,19 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     except ValueError as exc:
         raise UsageError(f"{_first_line(exc)}") from exc
     parser = launch_command_parser()
+
+    def error(message: str) -> None:  # argparse would print usage and exit; we want one line
+        raise UsageError(f"{message}; see `accelerate launch --help` for launch options")
+
+    parser.error = error  # type: ignore[method-assign]
+    # "shapeplan" stands for the training script accelerate expects; a bare token before it is a stray argument.
     known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
     if unknown:
         raise UsageError(f"unknown option {unknown[0]!r}: it is neither a TRL `{method}` option nor an "
                          f"`accelerate launch` option; see `trl {method} --help`")
+    if known.training_script != "shapeplan":
+        raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
+                         "pass TRL options as --name value")
     if known.num_processes is not None:
         return int(known.num_processes)
     if known.config_file:

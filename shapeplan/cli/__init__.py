@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
+    except click.ClickException as exc:  # click's usage errors, as one line like every other error
+        hint = f"; see `{exc.ctx.command_path} --help`" if isinstance(exc, click.UsageError) and exc.ctx else ""
+        click.echo(f"Error: {exc.format_message().splitlines()[0].rstrip('.')}{hint}", err=True)
         return exc.exit_code
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

@@ -7,7 +7,7 @@ import click
 from ..errors import UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.model import METHODS
-from .output import emit_plan
+from .output import emit_plan, progress_bars_on_terminals_only
 
 
 def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
@@ -55,7 +55,8 @@ def run_options(command):  # type: ignore[no-untyped-def]
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,
-              help="Recompute row lengths instead of reading the length cache (SHAPEPLAN_CACHE_DIR).")
+              help="Compute row lengths afresh, neither reading nor writing the length cache "
+                   "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
                     no_cache: bool) -> None:
@@ -78,6 +79,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     """
     from ..analyze import analyze
 
+    progress_bars_on_terminals_only()
     argv = split_run_arguments(method, trl_args, model, split)
     plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)

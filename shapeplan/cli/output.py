@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES
@@ -20,3 +22,11 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
         click.echo(render_plan(plan, generate_minutes=generate_minutes))
         if output is not None:
             click.echo(f"plan written to {output}", err=True)
+
+
+def progress_bars_on_terminals_only() -> None:
+    """datasets draws a tqdm bar on stderr for each step of tokenizing; in logs and pipes it is noise."""
+    if not sys.stderr.isatty():
+        import datasets
+
+        datasets.disable_progress_bars()

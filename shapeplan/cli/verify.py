@@ -22,6 +22,6 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
 
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
-    warmer = make_warmer(plan.method, args, device=backend.device)
+    warmer = make_warmer(plan.method, args)
     report = warm(plan, warmer, backend, cache, verify=True, progress=True)
     emit(report, as_json=as_json, verify=True)

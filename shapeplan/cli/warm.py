@@ -36,6 +36,11 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     backend = make_backend(device)
     cache = check_cache_dir(Path(cache_dir) if cache_dir else default_cache_dir(device))
     backend.prepare(cache)
+    # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     return backend, cache
 
 
@@ -92,6 +97,7 @@ def render(report: Any, *, verify: bool) -> str:
     if verify:
         lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
                      f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
+    lines += [f"warning: {w}" for w in report.warnings]
     if report.script_lines:
         lines.append("")
         lines.append("Set these in the training script (and its environment) to hit this cache:")
@@ -113,9 +119,14 @@ def emit(report: Any, *, as_json: bool, verify: bool) -> None:
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Warm this plan (from `shapeplan analyze -o`) instead of planning the run first.")
 @device_option
+@click.option("--workers", type=int, default=1, show_default=True, metavar="N",
+              help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore), "
+              "capped by host memory.")
+@click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
+              help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
-                 as_json: bool) -> None:
+                 as_json: bool, workers: int, worker_memory: float | None) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -129,8 +140,27 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     """
     from ..warm.runner import make_warmer, warm
 
+    from ..warm.parallel import worker_count
+
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer = make_warmer(plan.method, args, device=backend.device)
-    report = warm(plan, warmer, backend, cache, progress=True)
+    count = worker_count(workers, backend.device, worker_memory)
+    if count > 1:
+        report = _warm_in_workers(plan, count, backend.device, cache)
+    else:
+        warmer = make_warmer(plan.method, args)
+        report = warm(plan, warmer, backend, cache, progress=True)
     emit(report, as_json=as_json, verify=False)
+
+
+def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
+    """The plan, written for the workers to read, warmed by `count` worker processes."""
+    import tempfile
+
+    from ..plan.io import write_plan
+    from ..warm.parallel import run_workers
+
+    with tempfile.TemporaryDirectory(prefix="shapeplan-workers-") as folder:
+        plan_file = Path(folder) / "plan.json"
+        write_plan(plan, plan_file)
+        return run_workers(plan_file, count=count, device=device, cache_dir=cache)

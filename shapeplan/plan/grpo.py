@@ -43,8 +43,8 @@ class GenerationLayout:
     static_cache: bool
     max_cache_len: int | None  # generation_config.max_cache_len: a floor for the static cache length
     round_forwards: tuple[str, ...]
-    eval_batch_size: int = 1
-    eval_forwards: tuple[str, ...] = ()
+    eval_batch_size: int  # per_device_eval_batch_size: the chunk size of the eval batches' no-grad forwards
+    eval_forwards: tuple[str, ...]
 
     @property
     def generate_every(self) -> int:

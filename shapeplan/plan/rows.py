@@ -59,3 +59,22 @@ def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -
         cu_seq_lens=len(documents) + pads + 1,
         max_length_q=max(max(documents), 1 if pads else 0),
     )
+
+
+def reachable_seqs(rows: Rows, size: int, multiple: int | None, *, padding_free: bool) -> tuple[int, ...]:
+    """Every `seq` a batch of `size` rows can have in some order of the rows (a bound for unreplayable orders).
+
+    Padded: the batch's longest row sets it, and a row can be the longest only if `size - 1` others are no longer.
+    Padding-free: the batch's total lies between the `size` shortest and the `size` longest rows' totals; every
+    padded length in between is kept. A batch larger than the dataset repeats rows (accelerate's even batches).
+    """
+    ordered = sorted(rows.lengths)
+    if padding_free:
+        if size <= len(ordered):
+            low, high = sum(ordered[:size]), sum(ordered[-size:])
+        else:
+            low, high = size * ordered[0], size * ordered[-1]
+        step = multiple or 1
+        return tuple(range(round_up(low, multiple), round_up(high, multiple) + 1, step))
+    candidates = ordered[size - 1:] if size <= len(ordered) else ordered
+    return tuple(sorted({round_up(length, multiple) for length in candidates}))

@@ -66,9 +66,15 @@ def micro_batches(loop: TrainLoop) -> Iterator[MicroBatch]:
 
 def epoch_end_steps(loop: TrainLoop) -> list[int]:
     """The global step at the end of each epoch that runs (the last one may be cut short by max_steps)."""
-    ends: dict[int, int] = {}
+    return [step for step, _ in _epoch_ends(loop)]
+
+
+def _epoch_ends(loop: TrainLoop) -> list[tuple[int, float]]:
+    """(global step, `state.epoch`) at the end of each epoch that runs. The Trainer sets `state.epoch` to
+    epoch + (micro-batches run) / steps_in_epoch at each optimizer step, so an epoch cut short ends below epoch + 1."""
+    ends: dict[int, tuple[int, float]] = {}
     for mb in micro_batches(loop):
-        ends[mb.epoch] = mb.step
+        ends[mb.epoch] = (mb.step, mb.epoch + (mb.index + 1) / loop.steps_in_epoch)
     return [ends[e] for e in sorted(ends)]
 
 
@@ -93,8 +99,5 @@ def evaluation_steps(
             elif step >= total and eval_delay <= step:
                 out.append(step)
     elif eval_strategy == "epoch":
-        for epoch, step in enumerate(epoch_end_steps(loop)):
-            # state.epoch at the end of an epoch is epoch + 1 (or less when max_steps cuts it short)
-            if eval_delay <= epoch + 1:
-                out.append(step)
+        out += [step for step, epoch in _epoch_ends(loop) if eval_delay <= epoch]
     return out

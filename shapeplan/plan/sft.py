@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .counter import ShapeCounter
 from .model import Plan, PlanStats
-from .rows import BatchShape, Rows, padded_batch, padding_free_batch
+from .rows import BatchShape, Rows, padded_batch, padding_free_batch, reachable_seqs
 from .schedule import TrainLoop, micro_batches
 
 # rank -> batches -> row indices, for one epoch (train) or one pass (eval)
@@ -24,6 +24,11 @@ class SFTLayout:
     def shape(self, rows: Rows, batch: Sequence[int]) -> BatchShape:
         collate = padding_free_batch if self.padding_free else padded_batch
         return collate(rows, batch, self.pad_to_multiple_of)
+
+    def reachable(self, rows: Rows, size: int) -> tuple[tuple[int, int], ...]:
+        """Every (batch, seq) a batch of `size` rows can have in some order."""
+        seqs = reachable_seqs(rows, size, self.pad_to_multiple_of, padding_free=self.padding_free)
+        return tuple((1 if self.padding_free else size, seq) for seq in seqs)
 
 
 def count_train(
@@ -53,6 +58,34 @@ def count_train(
         last_step = mb.step
     return PlanStats(rows=len(rows), dropped_rows=0, micro_batches=micro, optimizer_steps=last_step,
                      tokens=tokens, padded_tokens=padded)
+
+
+def bound_train(
+    counter: ShapeCounter,
+    rows: Rows,
+    layout: SFTLayout,
+    loop: TrainLoop,
+    epoch_batches: Callable[[int], RankBatches],
+) -> None:
+    """Adds every train shape some order of the rows can produce, for an order that cannot be replayed.
+
+    Batch sizes do not depend on the order, so each shape a batch of size b can take gets the number of
+    micro-batches of size b (the most it can have) and the first step that runs one (the earliest it can appear).
+    `epoch_batches` is any order the sampler can draw; only its batch sizes are read.
+    """
+    per_size: dict[int, list[int]] = {}  # batch size -> [micro-batches, first step]
+    current_epoch, sizes = -1, []
+    for mb in micro_batches(loop):
+        if mb.epoch != current_epoch:
+            current_epoch = mb.epoch
+            sizes = [[len(batch) for batch in rank_batches] for rank_batches in epoch_batches(mb.epoch)]
+        for rank_sizes in sizes:
+            if mb.index < len(rank_sizes):
+                entry = per_size.setdefault(rank_sizes[mb.index], [0, mb.step])
+                entry[0] += 1
+    for size, (count, first_step) in sorted(per_size.items()):
+        for batch, seq in layout.reachable(rows, size):
+            counter.add("train", batch, seq, first_step, count=count, certain=False)
 
 
 def count_eval(
@@ -90,8 +123,15 @@ def plan_sft(
     fingerprint: dict[str, str] | None = None,
     warnings: Sequence[str] = (),
 ) -> Plan:
+    """The SFT plan. `exact=False`: `epoch_batches` is one order the sampler can draw, not the run's; the train
+    shapes are then the bound of `bound_train` and the token counts those of that order."""
     counter = ShapeCounter()
-    stats = count_train(counter, train_rows, train_layout, loop, epoch_batches)
+    if exact:
+        stats = count_train(counter, train_rows, train_layout, loop, epoch_batches)
+    else:
+        # Token accounting of the order `epoch_batches` draws; the shapes are the bound over every order.
+        stats = count_train(ShapeCounter(), train_rows, train_layout, loop, epoch_batches)
+        bound_train(counter, train_rows, train_layout, loop, epoch_batches)
     if eval_rows is not None:
         count_eval(counter, eval_rows, eval_layout or train_layout, eval_batches, eval_steps)
     return Plan(

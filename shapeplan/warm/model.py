@@ -86,6 +86,7 @@ class WarmReport:
     device: str
     environment: dict[str, Any]
     script_lines: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def failed(self) -> tuple[WarmResult, ...]:
@@ -101,6 +102,7 @@ class WarmReport:
             "device": self.device,
             "environment": self.environment,
             "script_lines": list(self.script_lines),
+            "warnings": list(self.warnings),
             "results": [
                 {"phase": r.task.phase, "batch": r.task.batch, "seq": r.task.seq, "key": r.task.key,
                  "status": r.status, "seconds": round(r.seconds, 3), "counters": dict(sorted(r.counters.items())),

@@ -18,26 +18,36 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import CacheError, PlanFileError
+from ..errors import CacheError, PlanFileError, UsageError
 from ..plan.io import write_atomic
 from ..plan.model import Plan
 from .backends.base import Backend, counter_delta
 from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
+from .parallel import current_part, split
 
 MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
 # Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
 # warmers not built yet.
 WARMED_PHASES = ("train", "eval")
-# method -> (module in shapeplan.warm, Warmer class); each takes (TrainingArgs, device=...)
-WARMERS = {"sft": ("sft", "SFTWarmer"), "dpo": ("preference", "DPOWarmer"), "kto": ("preference", "KTOWarmer"),
-           "reward": ("preference", "RewardWarmer")}
+# method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs). A warmer may also have
+# `tasks(plan)` (its own tasks instead of one per train/eval shape) and `shares` (it runs under
+# `accelerate launch`, keeping the ranks in step: the runner gives it every rank's share).
+WARMERS = {
+    "sft": ("sft", "SFTWarmer"),
+    "dpo": ("preference", "DPOWarmer"),
+    "kto": ("preference", "KTOWarmer"),
+    "reward": ("preference", "RewardWarmer"),
+    "grpo": ("grpo", "GenerationWarmer"),
+    "rloo": ("grpo", "GenerationWarmer"),
+}
 
 
 class Warmer(Protocol):
     """One TRL method's warm-up: runs tasks through that trainer's real step, reporting to a Tracker."""
 
     torch_compile: bool
+    warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
     # phase -> the warmed phase whose step also runs it, on a batch of as many rows (DPO: ref -> train, on the
     # same shape; KTO: kl -> train, the KL rows of a train batch)
     inner_phases: dict[str, str]
@@ -58,13 +68,16 @@ class Warmer(Protocol):
         ...
 
 
-def make_warmer(method: str, args: Any, *, device: str) -> Warmer:
+LOCKSTEP = ("grpo", "rloo")
+
+
+def make_warmer(method: str, args: Any) -> Warmer:
     import importlib
 
     if method not in WARMERS:
         raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(WARMERS)}")
     module, name = WARMERS[method]
-    return getattr(importlib.import_module(f".{module}", __package__), name)(args, device=device)
+    return getattr(importlib.import_module(f".{module}", __package__), name)(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
@@ -95,7 +108,7 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
 
 def graph_bound(tasks: Sequence[WarmTask]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
-    return sum(max(2, len(t.cu_seq_lens), len(t.max_length_q)) for t in tasks)
+    return sum(max(2, len(getattr(t, "cu_seq_lens", ())), len(getattr(t, "max_length_q", ()))) for t in tasks)
 
 
 def environment_key(environment: dict[str, Any]) -> str:
@@ -126,26 +139,36 @@ class Manifest:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, Any] = {"schema": MANIFEST_SCHEMA, "environments": {}}
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise CacheError(f"manifest {path} is unreadable ({exc}); delete it to re-warm this cache dir") \
-                    from exc
-            if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
-                raise CacheError(f"manifest {path} has an unknown schema; delete it to re-warm this cache dir")
-            self.data = data
+        self.data = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.is_file():
+            return {"schema": MANIFEST_SCHEMA, "environments": {}}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CacheError(f"manifest {self.path} is unreadable ({exc}); delete it to re-warm this cache dir") \
+                from exc
+        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+            raise CacheError(f"manifest {self.path} has an unknown schema; delete it to re-warm this cache dir")
+        return data
 
     def done(self, environment: str, task: WarmTask) -> bool:
         entry = self.data["environments"].get(environment, {}).get("shapes", {}).get(task.key)
         return entry is not None and entry.get("status") in ("compiled", "cached")
 
     def record(self, entry: ManifestEntry, environment: dict[str, Any]) -> None:
-        section = self.data["environments"].setdefault(entry.environment, {"environment": environment, "shapes": {}})
-        section["shapes"][entry.task] = entry.to_dict()
+        """Add `entry` under a lock, to the manifest as it is on disk: other processes (workers, ranks) record
+        into the same manifest."""
+        from .parallel import locked
+
         try:
-            write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+            with locked(self.path):
+                self.data = self._read()
+                section = self.data["environments"].setdefault(entry.environment,
+                                                               {"environment": environment, "shapes": {}})
+                section["shapes"][entry.task] = entry.to_dict()
+                write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
                 from exc
@@ -224,7 +247,9 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
 
     verify=True runs every shape regardless of the manifest and writes nothing: it reports what compiled.
     """
-    tasks = tasks_from_plan(plan, eval_passes=warmer.bind(plan), inner_phases=warmer.inner_phases)
+    eval_passes = warmer.bind(plan)
+    tasks = (warmer.tasks(plan) if hasattr(warmer, "tasks")
+             else tasks_from_plan(plan, eval_passes=eval_passes, inner_phases=warmer.inner_phases))
     graphs = graph_bound(tasks)
     backend.configure(torch_compile=warmer.torch_compile, graphs=graphs)
     environment = {**warmer.environment(), "compiler": backend.settings()}
@@ -232,20 +257,32 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
     key = environment_key(environment)
     skipped = [t for t in tasks if manifest is not None and manifest.done(key, t)]
     todo = [t for t in tasks if t not in skipped]
+    part = current_part()
+    lockstep = False
+    if part is not None:  # one of several workers or ranks: warm this one's share
+        shares = split(todo, part.count)
+        if part.ranks:
+            if not hasattr(warmer, "shares"):
+                raise UsageError(f"warming under `accelerate launch` is supported for {', '.join(LOCKSTEP)} runs; "
+                                 "run `shapeplan warm` in one process (use --workers to use several cores)")
+            warmer.shares = shares
+            lockstep = any(shares)  # a rank with nothing left still steps with the others
+        todo = shares[part.index]
     tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress)
     for task in skipped:
         tracker.results[task] = WarmResult(task=task, status="skipped", seconds=0.0)
     try:
-        if todo:
+        if todo or lockstep:
             warmer.run(todo, tasks, tracker)
         for task in tracker.pending(todo):  # a warmer that returns early leaves tasks unaccounted: they failed
             tracker.fail(task, "not run")
     finally:
         tracker.close()
     return WarmReport(
-        results=tuple(tracker.results[t] for t in tasks),
+        results=tuple(tracker.results[t] for t in tasks if t in tracker.results),
         cache_dir=str(cache_dir),
         device=backend.device,
         environment=environment,
         script_lines=backend.script_lines(cache_dir, torch_compile=warmer.torch_compile, graphs=graphs),
+        warnings=tuple(dict.fromkeys(warmer.warnings)),
     )

@@ -77,10 +77,9 @@ class SFTWarmer:
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
     rows_per_example = 1
 
-    def __init__(self, args: Any, *, device: str) -> None:
+    def __init__(self, args: Any) -> None:
         self.args = args
         self.config = args.training
-        self.device = device
         self.torch_compile = bool(self.config.torch_compile)
         self.padding_free = self._padding_free()
         self._tokenizer: Any = None
@@ -272,25 +271,34 @@ class SFTWarmer:
         try:
             if self._trainer is None:
                 self._trainer = self._build_trainer(train_rows, eval_rows)
-            trainer = self._trainer
-            trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
-                                                  if not isinstance(c, _Progress)] + [progress]
-            cfg = self.config
-            _use_batches(trainer, (train_rows, train_index, cfg.per_device_train_batch_size, self.train_remainder),
-                         (eval_rows, eval_index, cfg.per_device_eval_batch_size, self.eval_remainder))
-            trainer.args.max_steps = len(steps)
-            trainer.args.eval_on_start = bool(evals)
+        except Exception as exc:  # the model or config cannot be used: no shape can run
+            for task in pending:
+                tracker.fail(task, _first_line(exc))
+            return
+        trainer = self._trainer
+        trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
+                                              if not isinstance(c, _Progress)] + [progress]
+        cfg = self.config
+        _use_batches(trainer, (train_rows, train_index, cfg.per_device_train_batch_size, self.train_remainder),
+                     (eval_rows, eval_index, cfg.per_device_eval_batch_size, self.eval_remainder))
+        trainer.args.max_steps = len(steps)
+        trainer.args.eval_on_start = bool(evals)
+        try:
             trainer.train()
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # a failing shape must not stop the others: record it and go on
-            failed = progress.current()
-            error = _first_line(exc)
-            if not failed:  # failed outside any shape (loading the model, set-up): nothing can run
-                failed = [t for t in pending if t not in tracker.results]
+        except Exception as exc:  # a failing shape must not stop the others: record it, go on with the rest
+            # Shapes finish in the order they run (the eval pass first, as one unit), so the first unfinished
+            # one is where it failed.
+            order = [*eval_tasks, *dict.fromkeys(s.task for s in steps if s.task is not None)]
+            unfinished = [t for t in order if t not in tracker.results]
+            if not unfinished:  # after the last shape (the loop's wrap-up): every shape had finished
+                return
+            failed = [t for t in unfinished if t.phase == "eval"] if unfinished[0].phase == "eval" else unfinished[:1]
             for task in failed:
+                tracker.fail(task, _first_line(exc))
+        else:
+            for task in pending:  # the loop ended early (a callback stopped it): these did not run
                 if task not in tracker.results:
-                    tracker.fail(task, error)
+                    tracker.fail(task, "the trainer stopped before this shape")
 
 
 def script_config(cfg: Any, model_args: Any) -> None:
@@ -387,19 +395,9 @@ class _Progress(_progress_base()):  # type: ignore[misc]
         self.logs = logs
         self.step = -1  # index of the optimizer step in progress
         self.evaluated = 0  # eval batches done
-        self.in_eval = False
-
-    def current(self) -> list[WarmTask]:
-        """The tasks a failure now belongs to."""
-        if self.in_eval:
-            return list(self.eval_tasks)
-        if 0 <= self.step < len(self.steps) and self.steps[self.step].task is not None:
-            return [self.steps[self.step].task]
-        return []
 
     def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.tracker.start()
-        self.in_eval = bool(self.eval_batches)
 
     def on_prediction_step(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if self.evaluated < len(self.eval_batches):
@@ -409,7 +407,6 @@ class _Progress(_progress_base()):  # type: ignore[misc]
     def on_evaluate(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         for task in self.eval_tasks:
             self.tracker.finish(task)
-        self.in_eval = False
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.step += 1

@@ -204,6 +204,12 @@ def test_worker_processes_give_the_same_lengths(data: dict[str, Path], models: d
     assert fast_rows(dataset, tokenizer, config, packing=False, workers=2) == expected
 
 
+def test_vision_data_is_refused(data: dict[str, Path], models: dict[str, Path], tmp_path: Path) -> None:
+    dataset, tokenizer = _load(data, models, "messages", "plain")
+    dataset = dataset.add_column("images", [[] for _ in range(len(dataset))])
+    assert lengths.fast_path_refusal(dataset, tokenizer, _config(tmp_path)) == "vision data"
+
+
 @pytest.mark.parametrize(("case", "reason"), [("assistant-only-loss", "assistant_only_loss masks"),
                                               ("tokenized", "dataset already tokenized")])
 def test_refused_datasets_take_trls_path(case: str, reason: str, data: dict[str, Path], models: dict[str, Path],

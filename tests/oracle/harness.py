@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -40,9 +41,12 @@ def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
 
 def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None) -> list[Seen]:
     """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed."""
+    import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
+
+    torch.set_num_threads(1)  # the tiny model gains nothing from threads; they only contend on a shared machine
 
     script, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
@@ -72,7 +76,7 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
 
 
 def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                        num_processes: int = 2, tmp_dir: Path) -> list[Seen]:
+                        num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600) -> list[Seen]:
     """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,12 +89,23 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         spec = json.dumps({"train": str(train_path), "argv": list(argv),
                            "eval": str(eval_path) if eval_path else None, "out": str(out)})
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.oracle.harness", spec], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for rank, (p, text) in enumerate(zip(procs, outputs)):
+        with open(tmp_dir / f"rank{rank}.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.oracle.harness", spec], cwd=ROOT, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    # A rank that fails leaves the others waiting in a collective: stop them rather than wait for gloo's timeout.
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            break
+        time.sleep(0.2)
+    for rank, p in enumerate(procs):
         if p.returncode != 0:
-            raise RuntimeError(f"oracle rank {rank} failed:\n{text[-4000:]}")
+            log_text = (tmp_dir / f"rank{rank}.log").read_text()
+            raise RuntimeError(f"oracle rank {rank} exited with {p.returncode}:\n{log_text[-4000:]}")
     seen: list[Seen] = []
     for rank in range(num_processes):
         seen += [Seen(**s) for s in json.loads((tmp_dir / f"rank{rank}.json").read_text())]

@@ -22,7 +22,8 @@ ASSISTANT_CHAT = FIXTURES / "assistant-chat.jsonl"
 CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
     # conversational rows through the chat template; eval at every eval_steps multiple and the final step
     "padded-eval": (CAPYBARA, ["--per_device_train_batch_size", "4", "--max_steps", "10", "--eval_strategy", "steps",
-                               "--eval_steps", "4", "--per_device_eval_batch_size", "3"], CAPYBARA),
+                               "--eval_steps", "4", "--per_device_eval_batch_size", "7", "--max_length", "512"],
+                    CAPYBARA),
     # prompt-completion rows, gradient accumulation over two epochs with a partial last batch
     "prompt-completion-ga": (TLDR, ["--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2",
                                     "--num_train_epochs", "2", "--max_length", "256"], None),
@@ -43,9 +44,15 @@ CONFIGS: dict[str, tuple[Path, list[str], Path | None]] = {
                                     "--pad_to_multiple_of", "64", "--max_steps", "8", "--eval_strategy", "steps",
                                     "--eval_steps", "0.25", "--eval_delay", "3", "--per_device_eval_batch_size", "4"],
                          CAPYBARA),
+    # bfd packing for train only: eval rows stay unpacked (truncated) but are still collated padding-free
+    "packing-bfd-eval-unpacked": (TLDR, ["--packing", "--eval_packing", "false", "--max_length", "128",
+                                         "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32",
+                                         "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "3",
+                                         "--per_device_eval_batch_size", "8"], TLDR),
     # bfd_split splits rows longer than max_length into documents of their own
     "packing-bfd-split": (TLDR, ["--packing", "--packing_strategy", "bfd_split", "--max_length", "96",
-                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32"], None),
+                                 "--per_device_train_batch_size", "2", "--pad_to_multiple_of", "32",
+                                 "--max_steps", "12"], None),
     # wrapped packing with the padded collator; max_length not a multiple of pad_to_multiple_of
     "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "100",
                                "--per_device_train_batch_size", "3", "--pad_to_multiple_of", "32"], None),
@@ -98,10 +105,18 @@ def test_rows_dropped_in_preparation_are_counted() -> None:
     assert (plan.stats.rows, plan.stats.dropped_rows) == (16, 8)
 
 
-def test_group_by_length_plan_bounds_the_real_trainer() -> None:
-    """group_by_length draws the train order from the global RNG: the plan is the set of reachable shapes, each
-    with the most micro-batches and the earliest step it can have; the eval order is seeded, so eval is exact."""
-    argv = ["--train_sampling_strategy", "group_by_length", "--per_device_train_batch_size", "4",
+UNREPLAYABLE = {
+    "group-by-length": ["--train_sampling_strategy", "group_by_length"],
+    "unseeded-random-sampler": ["--accelerator_config", '{"use_seedable_sampler": false}'],
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREPLAYABLE))
+def test_unreplayable_order_plan_bounds_the_real_trainer(name: str) -> None:
+    """group_by_length (and torch's own RandomSampler) draw the train order from the global RNG: the plan is the
+    set of reachable shapes, each with the most micro-batches and the earliest step it can have. The eval order
+    does not depend on it (group_by_length seeds its eval sampler), so eval stays exact."""
+    argv = [*UNREPLAYABLE[name], "--per_device_train_batch_size", "4",
             "--gradient_accumulation_steps", "2", "--max_steps", "6", "--max_length", "256",
             "--pad_to_multiple_of", "64", "--eval_strategy", "steps", "--eval_steps", "3",
             "--per_device_eval_batch_size", "6"]
@@ -124,7 +139,7 @@ def test_two_process_plan_equals_real_trainer(tmp_path: Path) -> None:
     argv = ["--per_device_train_batch_size", "5", "--gradient_accumulation_steps", "3", "--num_train_epochs", "2",
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "5",
             "--per_device_eval_batch_size", "7"]
-    plan = _plan(CAPYBARA, [*argv, "--num_processes", "2"], CAPYBARA)
+    plan = _plan(CAPYBARA, [*argv, "--num-processes", "2"], CAPYBARA)
     seen = run_sft_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path)
     assert {s.rank for s in seen} == {0, 1}
     assert planned(plan) == observed(seen)

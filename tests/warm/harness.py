@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.warm.backends.inductor import InductorBackend
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.opsig import OpRecorder, Signature, outside_data_loading
-from shapeplan.warm.runner import warm
+from shapeplan.warm.runner import check_cache_dir, warm
 from shapeplan.warm.sft import SFTWarmer
 from tests.conftest import TINY_MODEL
 
@@ -57,15 +58,17 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     from shapeplan.adapters.trl_args import parse_training_args
 
     backend = InductorBackend("cpu")
+    cache_dir = check_cache_dir(cache_dir)
     backend.prepare(cache_dir)
     args = parse_training_args("sft", plan.config["argv"])
-    warmer = SFTWarmer(args, device="cpu")
+    warmer = SFTWarmer(args)
     return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
 
 
-def record(fn, *args) -> set[Signature]:  # type: ignore[no-untyped-def]
-    """The op signatures `fn(*args)` dispatches outside data loading (sampler, collator, device copy)."""
+def record(fn, *args) -> tuple[set[Signature], Any]:  # type: ignore[no-untyped-def]
+    """The op signatures `fn(*args)` dispatches outside data loading (sampler, collator, device copy), and what
+    it returned."""
     recorder = OpRecorder()
     with outside_data_loading(recorder), recorder:
-        fn(*args)
-    return recorder.signatures
+        result = fn(*args)
+    return recorder.signatures, result

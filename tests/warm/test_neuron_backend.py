@@ -71,6 +71,7 @@ class FakeWarmer:
 
     def __init__(self, fake: FakeNeuron, seen: set[str]) -> None:
         self.fake, self.seen = fake, seen
+        self.warnings: list[str] = []
 
     def bind(self, plan: Plan) -> int:
         return 1

@@ -25,10 +25,9 @@ CONFIGS = {
 def test_warm_dispatches_every_op_signature_of_the_real_run(name: str, tmp_path: Path) -> None:
     argv = CONFIGS[name]
     plan = plan_for(CAPYBARA, argv, tmp_path / "out")
-    real = record(real_run, CAPYBARA, argv, tmp_path / "out")
-    report = warm_plan(plan, tmp_path / "cache")
-    assert not report.failed
-    warmed = record(warm_plan, plan, tmp_path / "cache2")
+    real, _ = record(real_run, CAPYBARA, argv, tmp_path / "out")
+    warmed, report = record(warm_plan, plan, tmp_path / "cache")
+    assert [r.status for r in report.results] == ["cached"] * len(plan.shapes)  # eager on CPU: nothing compiles
     missing = real - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
     # The plan does not say which batches arrive without padding (SDPA then skips the mask): the warm-up also

@@ -28,7 +28,7 @@ def test_counted_batch_holds_the_counts_and_the_longest_row() -> None:
 
 
 def _warmer(cls, argv: list[str]):  # type: ignore[no-untyped-def]
-    return cls(parse_training_args(cls.method, ["--model_name_or_path", str(TINY_MODEL), *argv]), device="cpu")
+    return cls(parse_training_args(cls.method, ["--model_name_or_path", str(TINY_MODEL), *argv]))
 
 
 @pytest.mark.parametrize("max_length", [None, 300])

@@ -1,0 +1,478 @@
+"""The GRPO/RLOO warmer: the real `GRPOTrainer` / `RLOOTrainer`, built as `trl grpo` / `trl rloo` build it, trains
+through `Trainer.train()` itself on synthetic prompts whose generation rounds have exactly the planned sizes.
+
+One task per planned `generate` size (B, P, static cache length, max_new_tokens). Its rounds, each one generation
+batch trained for `steps_per_generation * num_iterations` micro-steps as in the run:
+
+1. the model's own `generate` with the trainer's GenerationConfig, decoded to the full `max_new_tokens` (the stop
+   check runs as always; only its verdict waits for the last step), so every decode step's shapes are met: the
+   attention mask and position ids grow a column per step. Before it, TRL's own post-processing runs for every
+   generated length the run can meet: L < max_new_tokens (generation stops early only when every row emitted EOS)
+   and L = max_new_tokens with 0..B rows ending in EOS (the EOS search indexes by a data-dependent row count);
+2. one round per planned completion bucket C of this P (first task of each P only): `generate` returns a
+   completion of a length L with R(L) = C, built on the host and moved to the device as TRL's own inputs are,
+   so the old_logprob / ref forwards and the (B, P+C) train step run for every planned C.
+
+Everything else is the trainer's own code: tokenizing is replaced by synthetic ids (host work), reward functions
+by stand-ins returning 0.0 (host work; the number of reward functions, which sizes the rewards tensor, is kept).
+The static cache only grows on a model, so tasks run in order of cache length, and a task whose cache length was
+reached through a longer prompt first grows it with such a prompt.
+
+Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
+all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
+padding its share with repeats of work already warmed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from ..errors import PlanFileError, UsageError
+from ..plan.buckets import round_up
+from ..plan.model import Plan
+from .runner import Tracker
+
+GENERATE_PHASES = ("generate",)
+# Phases the rounds of a generate task run; eval-side phases are not warmed yet.
+ROUND_PHASES = ("train", "old_logprob", "ref")
+_TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateTask:
+    """A planned generate size, and the completion buckets whose forwards and train step its rounds run."""
+
+    phase: str
+    batch: int  # rows of one generation batch
+    seq: int  # prompt bucket P
+    cache_len: int | None
+    max_new_tokens: int
+    completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
+    train_batch: int = 1  # rows of the forwards and train step
+
+    @property
+    def key(self) -> str:
+        parts = [self.phase, f"{self.batch}x{self.seq}", f"cache={self.cache_len}", f"new={self.max_new_tokens}"]
+        if self.completions:
+            parts.append(f"C={','.join(map(str, self.completions))}")
+        return " ".join(parts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} ({self.batch}, {self.seq})"
+
+    @property
+    def cost(self) -> float:
+        """Estimated compile minutes (plan/cost.py's rates): the generate graphs and one train shape per C."""
+        from ..plan.cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
+
+        return GENERATE_SHAPE_MINUTES + TRAIN_SHAPE_MINUTES * len(self.completions)
+
+
+def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
+    """One task per planned train-side generate size, in the order the static cache lets them run (growing)."""
+    unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(ROUND_PHASES))
+    if unsupported:
+        raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
+                            f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
+    completions: dict[int, set[int]] = {}
+    train_batch = 1
+    for shape in plan.shapes:
+        if shape.phase in ROUND_PHASES and shape.logits_to_keep is not None:
+            completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
+            if shape.phase == "train":
+                train_batch = shape.batch
+    generate = sorted((s for s in plan.shapes if s.phase in GENERATE_PHASES),
+                      key=lambda s: (s.cache_len or 0, -s.seq, s.batch))
+    tasks, trained = [], set()
+    for shape in generate:
+        assert shape.max_new_tokens is not None
+        buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
+        trained.add(shape.seq)
+        tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
+                                  max_new_tokens=shape.max_new_tokens, completions=buckets, train_batch=train_batch))
+    return tuple(tasks)
+
+
+# -- what each round does -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One `trainer._generate` call: B prompts of bucket P; `length` None runs the model's own `generate` (decoded
+    to max_new_tokens), else `generate` returns `length` tokens per row, `eos_rows` of them ending in EOS."""
+
+    rows: int
+    prompt: int
+    length: int | None = None
+    eos_rows: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One generation round: `before` calls (cache growth, post-processing lengths), then the round's own call."""
+
+    task: GenerateTask | None  # None: a round that repeats warmed work (rank padding)
+    own: Call
+    before: tuple[Call, ...] = ()
+    last: bool = False  # the task's last round
+
+
+def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) -> int:
+    """A generated length L with R(L) == bucket."""
+    length = min(bucket, max_new_tokens)
+    if round_up(length, multiple) != bucket:
+        raise PlanFileError(f"completion bucket {bucket} cannot come from at most {max_new_tokens} new tokens; "
+                            "re-create the plan with `shapeplan analyze ... -o PLAN`")
+    return length
+
+
+def task_rounds(task: GenerateTask, cache_len: int | None, multiple: int | None, pinned: int | None) -> list[Round]:
+    """The rounds of `task` on a model whose static cache is `cache_len` long (None: no generate yet)."""
+    b, p, new = task.batch, task.seq, task.max_new_tokens
+    before: list[Call] = []
+    grown = max(p + new - 1, pinned if pinned is not None else -1, cache_len if cache_len is not None else -1)
+    if task.cache_len is not None and grown < task.cache_len:  # reached through a longer prompt in the run
+        before.append(Call(b, task.cache_len - new + 1))
+    before += [Call(b, p, length, b) for length in range(1, new)]
+    before += [Call(b, p, new, k) for k in range(b + 1)]
+    rounds = [Round(task, Call(b, p), tuple(before))]
+    for bucket in task.completions:
+        length = completion_length(bucket, new, multiple)
+        rounds.append(Round(task, Call(b, p, length, b if length < new else 0)))
+    return [Round(r.task, r.own, r.before, last=i == len(rounds) - 1) for i, r in enumerate(rounds)]
+
+
+def lockstep(shares: Sequence[Sequence[Round]]) -> list[list[Round]]:
+    """Pad every rank's rounds to the same count, and each round's calls to the same count, with repeats of warmed
+    work (a rank with nothing to warm repeats another rank's last round)."""
+    count = max(len(s) for s in shares)
+    template = next(s for s in shares if s)
+    out = []
+    for rounds in shares:
+        filler = (rounds or template)[-1].own
+        out.append(list(rounds) + [Round(None, Call(filler.rows, filler.prompt, filler.length or 1, filler.rows))
+                                   for _ in range(count - len(rounds))])
+    for i in range(count):
+        calls = max(len(r[i].before) for r in out)
+        for r in out:
+            own = r[i].own
+            spare = Call(own.rows, own.prompt, 1, own.rows)
+            r[i] = Round(r[i].task, own, r[i].before + (spare,) * (calls - len(r[i].before)), r[i].last)
+    return out
+
+
+# -- the warmer -----------------------------------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+@dataclass
+class _State:
+    rounds: list[Round]
+    index: int = -1  # round in progress
+    call: Call | None = None  # the `_generate` call in progress
+    finished: list[GenerateTask] = field(default_factory=list)
+
+
+class GenerationWarmer:
+    """Warms GRPO / RLOO shapes with the method's own trainer (see the module docstring)."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.method = args.method
+        self.config = args.training
+        self.torch_compile = bool(self.config.torch_compile)
+        self.logs = False
+        self.multiple: int | None = None
+        self.pinned: int | None = None
+        self.rank, self.world = 0, 1
+        self.warnings: list[str] = []
+        self.inner_phases: dict[str, str] = {}
+        self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
+        self._tokenizer: Any = None
+
+    # -- identity ---------------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from ..adapters.data import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
+                                             revision=self.args.model.model_revision,
+                                             trust_remote_code=bool(self.config.trust_remote_code))
+        return self._tokenizer
+
+    def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
+        return generation_tasks(plan)
+
+    def bind(self, plan: Plan) -> int:
+        from ..adapters.data import tokenizer_fingerprint
+        from .sft import SFTWarmer
+
+        if plan.method != self.method:
+            raise PlanFileError(f"the plan is for `{plan.method}`, not {self.method}; pass --method {plan.method}")
+        planned = plan.fingerprint.get("tokenizer")
+        if planned is not None and planned != tokenizer_fingerprint(self.tokenizer):
+            raise PlanFileError(f"the plan was made with another tokenizer than {self.args.model.model_name_or_path}'s;"
+                                " re-create it with `shapeplan analyze ... --model "
+                                f"{self.args.model.model_name_or_path} -o PLAN`")
+        self.multiple = plan.pad_to_multiple_of
+        self.pinned = plan.config.get("max_cache_len")  # type: ignore[assignment]
+        self.logs = SFTWarmer._run_logs(self, plan.stats.optimizer_steps)  # type: ignore[arg-type]
+        return 0
+
+    def environment(self) -> dict[str, Any]:
+        from .sft import _hashed_config
+
+        versions = {name: metadata.version(name) for name in ("torch", "trl", "transformers", "accelerate")}
+        hashed = _hashed_config(self.config, self.args.model)
+        return {
+            "method": self.method,
+            "model": self.args.model.model_name_or_path,
+            "dtype": {"model": str(self.args.model.dtype), "bf16": bool(self.config.bf16),
+                      "fp16": bool(self.config.fp16)},
+            "world_size": self.args.num_processes,
+            "versions": versions,
+            "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16],
+        }
+
+    # -- rounds -----------------------------------------------------------------------------------------------
+
+    def _rounds(self, tasks: Sequence[GenerateTask]) -> list[list[Round]]:
+        shares = self.shares if self.shares is not None else [list(tasks)]
+        out = []
+        for share in shares:
+            rounds: list[Round] = []
+            cache: int | None = None
+            for task in share:
+                rounds += task_rounds(task, cache, self.multiple, self.pinned)
+                cache = max(task.cache_len or 0, cache or 0) if task.cache_len is not None else None
+            out.append(rounds)
+        return lockstep(out) if len(out) > 1 else out
+
+    # -- the run ----------------------------------------------------------------------------------------------
+
+    def _build_trainer(self, rows: list[dict[str, Any]]) -> Any:
+        """The trainer as `trl grpo` / `trl rloo` main() builds it, on synthetic prompt rows."""
+        import datasets
+        import trl
+        from transformers import PrinterCallback
+        from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+        cfg, model_args = self.config, self.args.model
+        model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=cfg.trust_remote_code,
+                                 attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+        model_init_kwargs.update(cfg.model_init_kwargs or {})
+        cfg.model_init_kwargs = model_init_kwargs
+        cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
+        cfg.report_to = []
+        cfg.save_strategy = SaveStrategy.NO
+        cfg.eval_strategy = IntervalStrategy.NO
+        cfg.load_best_model_at_end = False
+        cfg.push_to_hub = False
+        cfg.disable_tqdm = True
+        cfg.log_completions = False
+        trainer = getattr(trl, _TRAINERS[self.method])(
+            model=model_args.model_name_or_path,
+            reward_funcs=_stand_in_rewards(self.args.script),
+            args=cfg,
+            train_dataset=datasets.Dataset.from_list(rows),
+            peft_config=trl.get_peft_config(model_args),
+            **({"quantization_config": trl.get_quantization_config(model_args)} if self.method == "grpo" else {}),
+        )
+        trainer.remove_callback(PrinterCallback)
+        return trainer
+
+    def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:
+        from accelerate import PartialState
+
+        state = PartialState()
+        self.rank, self.world = state.process_index, state.num_processes
+        all_rounds = self._rounds(tasks)
+        rounds = all_rounds[self.rank if len(all_rounds) > 1 else 0]
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                self._train(rounds, tracker)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # a failure stops the lockstep; every task not finished failed with it
+                error = _first_line(exc)
+                for task in tracker.pending(tasks):
+                    tracker.fail(task, error)
+
+    def _train(self, rounds: list[Round], tracker: Tracker) -> None:
+        ga = self.config.gradient_accumulation_steps
+        every = self.config.steps_per_generation * self.config.num_iterations
+        while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
+            own = rounds[-1].own
+            rounds.append(Round(None, Call(own.rows, own.prompt, own.length or 1, own.rows)))
+        rows = [{"prompt": _placeholder(r.own.prompt, i)} for r in rounds for i in range(r.own.rows)]
+        trainer = self._build_trainer(rows[: rounds[0].own.rows])
+        state = _State(rounds)
+        _use_rounds(trainer, rows, rounds, every)
+        trainer.args.max_steps = len(rounds) * every // ga
+        progress = _Progress(tracker, state, logs=self.logs)
+        trainer.add_callback(progress)
+        with _controlled_generation(trainer, state, tracker, self._filler_token(trainer)):
+            trainer.train()
+        if state.index >= 0:
+            progress.end_round()
+
+    def _filler_token(self, trainer: Any) -> int:
+        eos = set(trainer.eos_token_ids)
+        return next(i for i in range(10, 10 + len(eos) + 1) if i not in eos)
+
+
+def _stand_in_rewards(script: Any) -> list[Any]:
+    """One host-side stand-in per reward function of the run (each returns 0.0; their number sizes the rewards)."""
+    names = list(getattr(script, "reward_funcs", None) or [])
+    if getattr(script, "reward_model_name_or_path", None):
+        raise UsageError("warming a run with a reward model is not supported: its inputs are re-tokenized text "
+                         "(see the plan's warning); drop --reward_model_name_or_path or wrap it in a reward function")
+    if not names:
+        raise UsageError("the run has no reward function; pass --reward_funcs as for `trl grpo`")
+
+    def make(index: int) -> Any:
+        def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+            return [0.0] * len(completions)
+
+        reward.__name__ = f"reward_{index}"
+        return reward
+
+    return [make(i) for i in range(len(names))]
+
+
+def _placeholder(prompt: int, row: int) -> str:
+    return f"shapeplan:{prompt}:{row}"
+
+
+def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
+    """Synthetic ids for placeholder prompts: the first row is P tokens long, the others one shorter (a batch
+    padded on the left, as real batches are)."""
+    out = []
+    for text in prompts:
+        _, p, row = text.split(":")
+        length = int(p) if int(row) == 0 else max(int(p) - 1, 1)
+        out.append([filler] * length)
+    return out
+
+
+def _use_rounds(trainer: Any, rows: list[dict[str, Any]], rounds: list[Round], every: int) -> None:
+    """The train dataloader yields each round's generation batch `every` times, as TRL's RepeatSampler does."""
+    from torch.utils.data import DataLoader
+
+    batches, start = [], 0
+    for r in rounds:
+        batches += [list(range(start, start + r.own.rows))] * every
+        start += r.own.rows
+    trainer.get_train_dataloader = lambda: DataLoader(rows, batch_sampler=batches, collate_fn=trainer.data_collator)
+
+
+@contextlib.contextmanager
+def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler: int) -> Iterator[None]:
+    """Make `trainer._generate` run each round's calls, and the model's `generate` do what each call says."""
+    import torch
+    from transformers.generation import utils as generation_utils
+
+    model = trainer.model
+    original_generate, original_call = model.generate, generation_utils.StopCheck.__call__
+    original_generate_calls = trainer._generate
+    eos = trainer.eos_token_ids[0]
+    decode_to: list[int] = []  # the length the model's generate must reach before it may stop
+
+    def stop_check(self, unfinished, tokens, length):  # type: ignore[no-untyped-def]
+        stop = original_call(self, unfinished, tokens, length)  # the same device ops as always
+        return stop and (not decode_to or length >= decode_to[-1])
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        call = state.call
+        assert call is not None
+        input_ids = kwargs["input_ids"]
+        if call.length is None:
+            decode_to.append(input_ids.shape[1] + kwargs["generation_config"].max_new_tokens)
+            try:
+                return original_generate(*args, **kwargs)
+            finally:
+                decode_to.pop()
+        rows = []
+        for i in range(call.rows):
+            completion = [filler] * call.length
+            if i < call.eos_rows:
+                completion[-1] = eos
+            rows.append([filler] * input_ids.shape[1] + completion)
+        return torch.tensor(rows).to(input_ids.device)  # built on the host, moved like TRL's own inputs
+
+    def generate_calls(prompts: list[Any]) -> Any:
+        if state.index >= 0:
+            _Progress.charge_round(tracker, state)
+        state.index += 1
+        current = state.rounds[state.index]
+        for call in current.before:
+            state.call = call
+            original_generate_calls([_placeholder(call.prompt, i) for i in range(call.rows)])
+        state.call = current.own
+        return original_generate_calls(prompts)
+
+    model.generate = generate
+    trainer._tokenize_prompts = lambda prompts: (_prompt_ids(prompts, filler), None, {})
+    trainer._generate = generate_calls
+    generation_utils.StopCheck.__call__ = stop_check  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        generation_utils.StopCheck.__call__ = original_call  # type: ignore[method-assign]
+        del model.generate, trainer._tokenize_prompts, trainer._generate
+
+
+def _callback_base():  # type: ignore[no-untyped-def]
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _Progress(_callback_base()):  # type: ignore[misc]
+    """Starts the clock when training starts; steers logging, saving and evaluation as the SFT warmer does."""
+
+    def __init__(self, tracker: Tracker, state: _State, *, logs: bool) -> None:
+        self.tracker = tracker
+        self.state = state
+        self.logs = logs
+        self.steps = 0
+
+    @staticmethod
+    def charge_round(tracker: Tracker, state: _State) -> None:
+        """The round in progress ends: charge it to its task, and finish the task after its last round."""
+        current = state.rounds[state.index]
+        if current.task is None or current.task in tracker.results:
+            tracker.start()  # padding rounds are charged to no task
+            return
+        if current.last:
+            tracker.finish(current.task)
+        else:
+            tracker.charge(current.task)
+
+    def end_round(self) -> None:
+        _Progress.charge_round(self.tracker, self.state)
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.tracker.start()
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        control.should_log = self.logs and self.steps == 0
+        control.should_save = False
+        control.should_evaluate = False
+        self.steps += 1
+        return control

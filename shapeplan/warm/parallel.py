@@ -1,0 +1,171 @@
+"""Warming on several cores at once: the tasks split over worker processes (one per NeuronCore group) or over the
+ranks of `accelerate launch`, every process recording into the one manifest under a lock.
+
+A process learns its part from its environment: SHAPEPLAN_WORKER=i/n (set by `shapeplan warm --workers n` for
+each worker it starts), or RANK/WORLD_SIZE (set by `accelerate launch` / torchrun for each rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import UsageError
+from ..plan.cost import TRAIN_SHAPE_MINUTES
+
+WORKER_ENV = "SHAPEPLAN_WORKER"
+# Host memory one worker needs, in GiB: the Neuron compiler takes several GiB per graph of a 0.6B model.
+WORKER_MEMORY_GIB = {"neuron": 24.0, "cuda": 8.0, "cpu": 2.0}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    index: int
+    count: int
+    ranks: bool  # ranks of one data-parallel run (they step together), not independent workers
+
+
+def current_part() -> Part | None:
+    """This process's part of the warm-up, from its environment; None when it warms everything alone."""
+    worker = os.environ.get(WORKER_ENV)
+    if worker:
+        index, _, count = worker.partition("/")
+        return Part(int(index), int(count), ranks=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        return Part(int(os.environ.get("RANK", "0")), world, ranks=True)
+    return None
+
+
+def task_cost(task: Any) -> tuple[float, int]:
+    """Estimated compile minutes of a task (its own estimate, else one train shape), then its size."""
+    return float(getattr(task, "cost", TRAIN_SHAPE_MINUTES)), task.batch * task.seq
+
+
+def split(tasks: Sequence[T], count: int) -> list[list[T]]:
+    """Longest first: each task, costliest first, goes to the least loaded share; each share keeps plan order."""
+    loads = [0.0] * count
+    owner: dict[int, int] = {}
+    for i in sorted(range(len(tasks)), key=lambda i: task_cost(tasks[i]), reverse=True):
+        share = min(range(count), key=lambda s: (loads[s], s))
+        owner[i] = share
+        loads[share] += task_cost(tasks[i])[0]
+    return [[t for i, t in enumerate(tasks) if owner[i] == s] for s in range(count)]
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` + ".lock" (released by the kernel if the process dies)."""
+    with open(f"{path}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def available_memory_gib() -> float:
+    """MemAvailable from /proc/meminfo (inf where it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024 ** 2
+    except OSError:
+        pass
+    return float("inf")
+
+
+def worker_count(requested: int, device: str, memory_gib: float | None) -> int:
+    """`requested` workers, capped by host memory (`memory_gib` each, default per device)."""
+    if requested < 1:
+        raise UsageError(f"--workers must be at least 1, not {requested}")
+    each = memory_gib if memory_gib is not None else WORKER_MEMORY_GIB[device]
+    return max(1, min(requested, int(available_memory_gib() // each)))
+
+
+def core_groups(workers: int, cores_per_worker: int) -> list[str]:
+    """NEURON_RT_VISIBLE_CORES for each worker: aligned groups of `cores_per_worker` (a power of two), the only
+    groups whose cores can run collectives together (0,1 / 2,3 / 0-3, never 1,2)."""
+    if cores_per_worker & (cores_per_worker - 1):
+        raise UsageError(f"a worker's NeuronCores must be a power of two, not {cores_per_worker}")
+    groups = []
+    for i in range(workers):
+        first = i * cores_per_worker
+        last = first + cores_per_worker - 1
+        groups.append(str(first) if first == last else f"{first}-{last}")
+    return groups
+
+
+def worker_env(index: int, count: int, device: str, cores_per_worker: int) -> dict[str, str]:
+    """What worker `index` of `count` runs with: its part and, on neuron, its own NeuronCores."""
+    env = {WORKER_ENV: f"{index}/{count}"}
+    if device == "neuron":
+        env["NEURON_RT_VISIBLE_CORES"] = core_groups(count, cores_per_worker)[index]
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedTask:
+    """A task as a worker's JSON report describes it (what the merged report prints)."""
+
+    phase: str
+    batch: int
+    seq: int
+    key: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} ({self.batch}, {self.seq})"
+
+
+def _die_with_parent() -> None:
+    """Linux: a worker gets SIGKILL when the `shapeplan warm` that started it dies, even by kill -9."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, cores_per_worker: int = 1) -> Any:
+    """Run `shapeplan warm --plan PLAN` in `count` worker processes at once, each on its share (and, on neuron, its
+    own NeuronCores), all recording into the cache dir's manifest; return their reports merged into one."""
+    import json
+    import subprocess
+    import sys
+
+    from ..errors import ShapeplanError
+    from .model import WarmReport, WarmResult
+
+    command = [sys.executable, "-m", "shapeplan", "warm", "--plan", str(plan_path), "--device", device,
+               "--cache-dir", str(cache_dir), "--json"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent,
+                              env={**os.environ, **worker_env(i, count, device, cores_per_worker)})
+             for i in range(count)]
+    outputs = [proc.communicate()[0] for proc in procs]
+    reports = []
+    for i, (proc, out) in enumerate(zip(procs, outputs)):
+        try:
+            reports.append(json.loads(out))
+        except json.JSONDecodeError:
+            raise ShapeplanError(f"worker {i} exited with code {proc.returncode} without a report; its errors are "
+                                 "above") from None
+    results: dict[str, WarmResult] = {}
+    for report in reports:
+        for r in report["results"]:
+            if r["status"] == "skipped" and r["key"] in results:
+                continue  # every worker lists what the manifest already held; the worker that warmed it counts
+            task = ReportedTask(r["phase"], r["batch"], r["seq"], r["key"])
+            results[r["key"]] = WarmResult(task=task, status=r["status"], seconds=r["seconds"],
+                                           counters=r["counters"], error=r.get("error"))
+    first = reports[0]
+    return WarmReport(results=tuple(results.values()), cache_dir=first["cache_dir"], device=first["device"],
+                      environment=first["environment"], script_lines=tuple(first["script_lines"]))

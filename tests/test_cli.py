@@ -1,0 +1,160 @@
+"""`shapeplan analyze` through the command line: help, --json, -o, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from shapeplan.analyze import analyze
+from shapeplan.cli import cli, main
+from shapeplan.plan.io import load_plan, plan_to_dict
+from shapeplan.report import render_plan
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
+
+MODEL = ["--model", str(TINY_MODEL)]
+RUN = [str(TLDR), *MODEL, "--max_steps", "3", "--per_device_train_batch_size", "4"]
+TRL_RUN = ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL), "--max_steps", "3",
+           "--per_device_train_batch_size", "4"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help() -> None:
+    runner = CliRunner()
+    top = runner.invoke(cli, ["--help"])
+    assert top.exit_code == 0 and "analyze" in top.stdout
+    sub = runner.invoke(cli, ["analyze", "--help"])
+    assert sub.exit_code == 0 and "DATASET" in sub.stdout and "--eval-dataset" in sub.stdout
+
+
+def test_json_prints_the_plan_alone_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["analyze", *RUN, "--json"], capsys)
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    assert data["schema"] == 1
+    assert data == plan_to_dict(analyze("sft", TRL_RUN))
+
+
+def test_output_writes_the_plan_and_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "plan.json"
+    code, out, err = _run(["analyze", *RUN, "-o", str(target)], capsys)
+    plan = analyze("sft", TRL_RUN)
+    assert (code, out, err) == (0, render_plan(plan) + "\n", f"plan written to {target}\n")
+    assert load_plan(target) == plan
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Bad inputs: data files and a copy of the tiny model whose tokenizer has no chat template."""
+    root = tmp_path_factory.mktemp("bad")
+    (root / "empty.jsonl").write_text("")
+    (root / "garbage.jsonl").write_text("{not json\n")
+    (root / "no-column.jsonl").write_text('{"foo": 1}\n')
+    (root / "data.txt").write_text("hello\n")
+    (root / "folder.jsonl").mkdir()
+    shutil.copytree(TINY_MODEL, root / "no-template")
+    (root / "no-template" / "chat_template.jinja").unlink()
+    config = json.loads((root / "no-template" / "tokenizer_config.json").read_text())
+    assert "chat_template" not in config
+    (root / "typo.yaml").write_text("max_lenght: 5\n")
+    return root
+
+
+# (argv after `analyze`, with {bad} for the fixture folder) -> (exit code, start of the error line)
+BAD_INPUTS = {
+    "missing-dataset": (["{bad}/missing.jsonl", *MODEL], 1, "dataset {bad}/missing.jsonl not found"),
+    "unsupported-file": (["{bad}/data.txt", *MODEL], 1, "dataset file {bad}/data.txt has an unsupported type"),
+    "unreadable-dataset": (["{bad}/garbage.jsonl", *MODEL], 1, "cannot read dataset {bad}/garbage.jsonl: JSON parse"),
+    "folder-without-data": (["{bad}/folder.jsonl", *MODEL], 1, "dataset {bad}/folder.jsonl not found"),
+    "empty-dataset": (["{bad}/empty.jsonl", *MODEL], 1, "dataset {bad}/empty.jsonl is empty"),
+    "no-usable-column": (["{bad}/no-column.jsonl", *MODEL], 1, "dataset has no usable column (it has foo)"),
+    "no-chat-template": ([str(CAPYBARA), "--model", "{bad}/no-template"], 1,
+                         "the dataset is conversational but the tokenizer has no chat template"),
+    "missing-model": ([str(TLDR), "--model", "{bad}/no-model"], 1, "model folder {bad}/no-model not found"),
+    "every-row-dropped": ([str(TLDR), *MODEL, "--max_length", "8"], 1, "every row of the train dataset was dropped"),
+    "mistyped-option": ([str(TLDR), *MODEL, "--max_lenght", "5"], 2, "unknown option '--max_lenght'"),
+    "mistyped-option-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/typo.yaml"], 2,
+                                  "unknown option '--max_lenght'"),
+    "bad-value": ([str(TLDR), *MODEL, "--max_length", "abc"], 2,
+                  "argument --max_length/--max-length: invalid int value: 'abc'"),
+    "bad-choice": ([str(TLDR), *MODEL, "--packing_strategy", "best"], 2,
+                   "argument --packing_strategy/--packing-strategy: invalid choice: 'best'"),
+    "missing-value": ([str(TLDR), *MODEL, "--max_length"], 2, "argument --max_length/--max-length: expected one"),
+    "trl-config-error": ([str(TLDR), *MODEL, "--fp16", "--bf16", "true"], 2,
+                         "invalid TRL option: At most one of fp16 and bf16"),
+    "bad-launch-value": ([str(TLDR), *MODEL, "--num_processes", "two"], 2,
+                         "argument --num_processes/--num-processes: invalid int value: 'two'"),
+    "stray-argument": ([str(TLDR), *MODEL, "extra"], 2, "unexpected argument 'extra'"),
+    "zero-batch-size": ([str(TLDR), *MODEL, "--per_device_train_batch_size", "0"], 2,
+                        "--per_device_train_batch_size must be a positive integer"),
+    "packing-without-max-length": ([str(TLDR), *MODEL, "--packing", "--max_length", "none"], 2,
+                                   "packing needs max_length"),
+    "eval-without-eval-data": ([str(TLDR), *MODEL, "--eval_strategy", "steps"], 1,
+                               f"dataset {TLDR} has no split 'test' for the eval loop"),
+    "both-model-spellings": ([str(TLDR), *MODEL, "--model_name_or_path", "x"], 2,
+                             "both --model and --model_name_or_path are given"),
+    "unknown-method": ([str(TLDR), "--method", "ppo"], 2, "Invalid value for '--method'"),
+    "unwritable-output": ([*RUN, "-o", "{bad}/no-folder/plan.json"], 1,
+                          "cannot write plan to {bad}/no-folder/plan.json"),
+    "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
+    "unplanned-sampling": ([str(TLDR), *MODEL, "--train_sampling_strategy", "batch_rebalance"], 2,
+                           "train_sampling_strategy='batch_rebalance' is not planned yet; use one of random"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_an_exit_code(name: str, bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv, exit_code, message = BAD_INPUTS[name]
+    code, out, err = _run(["analyze", *(a.format(bad=bad) for a in argv)], capsys)
+    assert (code, out) == (exit_code, "")
+    assert err.count("\n") == 1 and err.startswith("Error: " + message.format(bad=bad)), err
+
+
+def test_python_dash_m_reports_one_line_without_traceback() -> None:
+    result = subprocess.run([sys.executable, "-m", "shapeplan", "analyze", str(TLDR), *MODEL, "--max_lenght", "5"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: unknown option '--max_lenght'")
+
+
+def _click_options(command: click.Command) -> set[str]:
+    names = {opt for p in command.params if isinstance(p, click.Option) for opt in (*p.opts, *p.secondary_opts)}
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            names |= _click_options(sub)
+    return names
+
+
+def test_no_shapeplan_option_shadows_a_trl_or_accelerate_option() -> None:
+    """shapeplan's own options sit among TRL's and `accelerate launch`'s; none may take one of theirs
+    (-h/--help excepted: `shapeplan analyze --help` is shapeplan's help)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    theirs = set(launch_command_parser()._option_string_actions)
+    for method in ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"):
+        theirs |= set(importlib.import_module(f"trl.scripts.{method}").make_parser()._option_string_actions)
+    ours = _click_options(cli)
+    assert {"--split", "--model", "--method", "--json", "-o", "--output", "--eval-dataset"} <= ours
+    assert ours & theirs == set()
+
+
+def test_the_planning_core_imports_no_heavy_library() -> None:
+    code = ("import pkgutil, importlib, sys, shapeplan.plan\n"
+            "for m in pkgutil.iter_modules(shapeplan.plan.__path__):\n"
+            "    importlib.import_module('shapeplan.plan.' + m.name)\n"
+            "print(sorted(n for n in ('torch', 'trl', 'transformers', 'datasets', 'click', 'accelerate', 'numpy')"
+            " if n in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr

@@ -1,0 +1,69 @@
+"""Real `trl grpo` / `trl rloo` runs and their warm-ups on the tiny model, with the device ops they dispatch."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shapeplan.analyze import analyze
+from shapeplan.plan.model import Plan
+from shapeplan.warm.backends.inductor import InductorBackend
+from shapeplan.warm.grpo import GenerationWarmer
+from shapeplan.warm.model import WarmReport
+from shapeplan.warm.runner import warm
+from tests.conftest import TINY_MODEL
+from tests.warm.placement import DeviceOpRecorder, tracking
+
+REWARD = "tests.oracle.grpo_harness.completion_length_reward"
+BASE = ["--model_name_or_path", str(TINY_MODEL), "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true",
+        "--disable_tqdm", "true", "--cache_implementation", "static", "--reward_funcs", REWARD]
+
+
+def run_argv(data: Path, argv: Sequence[str], output_dir: Path) -> list[str]:
+    return ["--dataset_name", str(data), *BASE, "--output_dir", str(output_dir), *argv]
+
+
+def plan_for(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> Plan:
+    return analyze(method, run_argv(data, argv, output_dir))
+
+
+def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
+    """`trl <method> ARGV` as its main() builds the trainer (the dataset read from a local file, no final save)."""
+    import trl
+    from datasets import load_dataset
+
+    script, config, model_args, _ = importlib.import_module(f"trl.scripts.{method}").make_parser() \
+        .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
+    config.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
+                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    module_path, name = script.reward_funcs[0].rsplit(".", 1)
+    reward = getattr(importlib.import_module(module_path), name)
+    trainer_class = trl.GRPOTrainer if method == "grpo" else trl.RLOOTrainer
+    trainer = trainer_class(model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
+                            train_dataset=load_dataset("json", data_files=str(data), split="train"),
+                            peft_config=trl.get_peft_config(model_args))
+    trainer.train()
+
+
+def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmReport:
+    from shapeplan.adapters.trl_args import parse_training_args
+
+    backend = InductorBackend("cpu")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    backend.prepare(cache_dir)
+    warmer = GenerationWarmer(parse_training_args(plan.method, plan.config["argv"]), device="cpu")
+    return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
+
+
+def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]
+    """The device-op signatures `fn(*args)` dispatches (tests/warm/placement.py tells host from device); with
+    everything=True also the signatures of every op, host ones included."""
+    import trl.trainer.grpo_trainer
+    import trl.trainer.rloo_trainer
+
+    recorder = DeviceOpRecorder()
+    with tracking(recorder, sys.modules["trl.trainer.grpo_trainer"], sys.modules["trl.trainer.rloo_trainer"]):
+        fn(*args)
+    return (recorder.signatures, recorder.everything) if everything else recorder.signatures

@@ -1,0 +1,144 @@
+"""Warming in parallel: the split over workers and ranks, NeuronCore groups, the ranks' lockstep, and real runs:
+`--workers 2` and a 2-rank `accelerate launch` (gloo on CPU) each warm every shape once, into one manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shapeplan.errors import UsageError
+from shapeplan.warm.grpo import Call, GenerateTask, Round, lockstep
+from shapeplan.warm.model import WarmTask
+from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_env
+from shapeplan.warm.runner import MANIFEST
+from tests.conftest import CAPYBARA, ROOT, TLDR
+from tests.warm.grpo_harness import run_argv as grpo_argv
+from tests.warm.harness import run_argv as sft_argv
+
+
+def _generate(seq: int, completions: tuple[int, ...] = ()) -> GenerateTask:
+    return GenerateTask("generate", 2, seq, seq + 7, 8, completions)
+
+
+def test_split_gives_the_costliest_task_to_the_least_loaded_share_and_keeps_plan_order() -> None:
+    a, b, c = _generate(64, (8,)), _generate(128, (8, 16)), _generate(192)  # 13, 14 and 12 minutes
+    sft = [WarmTask("train", 2, 512), WarmTask("train", 2, 128), WarmTask("train", 4, 256)]  # 1 minute each
+    assert split([a, b, c, *sft], 2) == [[b, *sft], [a, c]]
+    assert split([a], 3) == [[a], [], []]
+
+
+def test_part_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SHAPEPLAN_WORKER", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert current_part() is None
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert current_part() == Part(3, 4, ranks=True)
+    monkeypatch.setenv("SHAPEPLAN_WORKER", "1/2")  # a worker's own part wins
+    assert current_part() == Part(1, 2, ranks=False)
+
+
+def test_neuron_core_groups_are_aligned() -> None:
+    assert core_groups(4, 1) == ["0", "1", "2", "3"]
+    assert core_groups(2, 2) == ["0-1", "2-3"]
+    assert worker_env(1, 2, "neuron", 2) == {"SHAPEPLAN_WORKER": "1/2", "NEURON_RT_VISIBLE_CORES": "2-3"}
+    assert worker_env(1, 2, "cpu", 1) == {"SHAPEPLAN_WORKER": "1/2"}
+    with pytest.raises(UsageError):
+        core_groups(2, 3)
+
+
+def test_lockstep_pads_rounds_and_calls_with_warmed_work() -> None:
+    task = _generate(64, (8,))
+    own = Call(2, 64)
+    first = [Round(task, own, (Call(2, 72), Call(2, 64, 1, 2)), last=False), Round(task, Call(2, 64, 8, 0), last=True)]
+    second = [Round(task, own, (Call(2, 64, 3, 2),), last=True)]
+    padded = lockstep([first, second])
+    assert padded[0] == first
+    assert padded[1] == [Round(task, own, (Call(2, 64, 3, 2), Call(2, 64, 1, 2)), last=True),
+                         Round(None, Call(2, 64, 1, 2), ())]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shapeplan", *args], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=900)
+
+
+def _manifest_shapes(cache: Path) -> dict[str, str]:
+    (section,) = json.loads((cache / MANIFEST).read_text())["environments"].values()
+    return {key: entry["status"] for key, entry in section["shapes"].items()}
+
+
+def _reports(stdout: str) -> list[dict]:
+    decoder, reports, at = json.JSONDecoder(), [], 0
+    while at < len(stdout.rstrip()):
+        report, at = decoder.raw_decode(stdout, at)
+        reports.append(report)
+        while at < len(stdout) and stdout[at].isspace():
+            at += 1
+    return reports
+
+
+@pytest.mark.slow
+def test_workers_warm_each_shape_once(tmp_path: Path) -> None:
+    plan, cache = tmp_path / "plan.json", tmp_path / "cache"
+    argv = ["--max_length", "512", "--per_device_train_batch_size", "2", "--max_steps", "8"]
+    analyzed = _shapeplan("analyze", *sft_argv(CAPYBARA, argv, tmp_path / "out"), "--json", "-o", str(plan))
+    assert analyzed.returncode == 0, analyzed.stderr
+    planned = sorted(f"train {s['batch']}x{s['seq']}" for s in json.loads(analyzed.stdout)["shapes"])
+    assert len(planned) == 3
+
+    warmed = _shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--workers", "2",
+                        "--json")
+    assert warmed.returncode == 0, warmed.stderr[-3000:]
+    results = json.loads(warmed.stdout)["results"]
+    assert sorted(r["key"] for r in results) == planned
+    assert {r["status"] for r in results} == {"cached"}  # eager CPU compiles nothing
+    assert _manifest_shapes(cache) == {key: "cached" for key in planned}
+
+    again = _shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r["key"]: r["status"] for r in json.loads(again.stdout)["results"]} == {k: "skipped" for k in planned}
+
+
+@pytest.mark.slow
+def test_two_ranks_under_accelerate_launch_split_the_plan(tmp_path: Path) -> None:
+    data, plan, cache = tmp_path / "train.jsonl", tmp_path / "plan.json", tmp_path / "cache"
+    data.write_text("\n".join(TLDR.read_text(encoding="utf-8").splitlines()[:16]) + "\n", encoding="utf-8")
+    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8",
+            "--pad_to_multiple_of", "8", "--max_steps", "2", "--bf16", "false", "--num_processes", "2"]
+    run = grpo_argv(data, argv, tmp_path / "out")[2:]  # DATASET is positional after --method
+    analyzed = _shapeplan("analyze", "--method", "grpo", str(data), *run, "-o", str(plan))
+    assert analyzed.returncode == 0, analyzed.stderr
+    generate = json.loads(plan.read_text())["shapes"]
+    sizes = sorted((s["batch"], s["seq"]) for s in generate if s["phase"] == "generate")
+    assert len(sizes) == 4
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+              str(port), "-m", "shapeplan", "warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache),
+              "--json"]
+    warmed = subprocess.run(launch, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert warmed.returncode == 0, warmed.stderr[-3000:]
+    reports = _reports(warmed.stdout)
+    assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
+    shares = [sorted((r["batch"], r["seq"]) for r in report["results"]) for report in reports]
+    assert all(shares) and sorted(shares[0] + shares[1]) == sizes  # disjoint, every size once
+    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}
+    assert set(_manifest_shapes(cache).values()) == {"cached"} and len(_manifest_shapes(cache)) == 4
+
+    verified = _shapeplan("verify", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    assert [r["status"] for r in json.loads(verified.stdout)["results"]] == ["cached"] * 4
