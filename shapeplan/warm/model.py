@@ -15,7 +15,8 @@ class WarmTask:
     """One planned shape to run through the trainer's step.
 
     `cu_seq_lens` / `max_length_q` are the padding-free values the plan met with this shape (each gets a batch).
-    `completion_tokens` are DPO's per-batch completion-token counts met with this shape (each needs a batch).
+    `completion_tokens` are DPO's and KTO's per-batch completion-token counts met with this shape, `chosen_rows`
+    KTO's numbers of desirable rows (each value needs a batch).
     `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
     grow with every batch, so a warm eval pass runs as many batches as the real one.
     """
@@ -26,6 +27,7 @@ class WarmTask:
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
     completion_tokens: tuple[int, ...] = ()
+    chosen_rows: tuple[int, ...] = ()
     per_pass: int = 1
 
     @property
@@ -38,6 +40,8 @@ class WarmTask:
             parts.append("maxq=" + ",".join(map(str, self.max_length_q)))
         if self.completion_tokens:
             parts.append("completion=" + ",".join(map(str, self.completion_tokens)))
+        if self.chosen_rows:
+            parts.append("chosen=" + ",".join(map(str, self.chosen_rows)))
         if self.phase != "train":
             parts.append(f"per_pass={self.per_pass}")
         return " ".join(parts)

@@ -36,6 +36,7 @@ WARMED_PHASES = ("train", "eval")
 WARMERS = {
     "sft": ("sft", "SFTWarmer"),
     "dpo": ("preference", "DPOWarmer"),
+    "kto": ("preference", "KTOWarmer"),
     "reward": ("preference", "RewardWarmer"),
     "grpo": ("grpo", "GenerationWarmer"),
     "rloo": ("grpo", "GenerationWarmer"),
@@ -47,7 +48,8 @@ class Warmer(Protocol):
 
     torch_compile: bool
     warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
-    # phase -> the warmed phase whose step also runs it, on the same (batch, seq) (DPO: ref -> train)
+    # phase -> the warmed phase whose step also runs it, on a batch of as many rows (DPO: ref -> train, on the
+    # same shape; KTO: kl -> train, the KL rows of a train batch)
     inner_phases: dict[str, str]
 
     def bind(self, plan: Plan) -> int:
@@ -80,17 +82,17 @@ def make_warmer(method: str, args: Any) -> Warmer:
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
         WarmTask, ...]:
-    """One task per planned train/eval shape, in plan order; a shape of an inner phase is warmed by the task of
-    its host phase with the same (batch, seq), which the plan must hold."""
+    """One task per planned train/eval shape, in plan order; a shape of an inner phase is warmed by a task of its
+    host phase with as many rows, which the plan must hold."""
     inner_phases = inner_phases or {}
-    planned = {(s.phase, s.batch, s.seq) for s in plan.shapes}
+    planned = {(s.phase, s.batch) for s in plan.shapes}
     tasks = []
     for shape in plan.shapes:
         if shape.phase in inner_phases:
-            if (inner_phases[shape.phase], shape.batch, shape.seq) not in planned:
-                raise PlanFileError(f"the plan has a {shape.phase} shape ({shape.batch}, {shape.seq}) without the "
-                                    f"{inner_phases[shape.phase]} shape that runs it; re-create the plan with "
-                                    "`shapeplan analyze`")
+            if (inner_phases[shape.phase], shape.batch) not in planned:
+                raise PlanFileError(f"the plan has a {shape.phase} shape ({shape.batch}, {shape.seq}) without a "
+                                    f"{inner_phases[shape.phase]} shape of {shape.batch} rows to run it; re-create "
+                                    "the plan with `shapeplan analyze`")
             continue
         if shape.phase not in WARMED_PHASES:
             raise PlanFileError(f"the plan has {shape.phase} shapes, which `shapeplan warm` cannot run yet; "
@@ -100,7 +102,7 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
             per_pass = shape.count // eval_passes if eval_passes and shape.count % eval_passes == 0 else shape.count
         tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cu_seq_lens=shape.cu_seq_lens,
                               max_length_q=shape.max_length_q, completion_tokens=shape.completion_tokens,
-                              per_pass=per_pass))
+                              chosen_rows=shape.chosen_rows, per_pass=per_pass))
     return tuple(tasks)
 
 

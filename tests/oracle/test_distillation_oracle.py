@@ -34,15 +34,44 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_plan_equals_real_trainer(name: str, tmp_path: Path) -> None:
-    train_rows, eval_rows, argv = CONFIGS[name]
+# Completions longer than one padding multiple: C depends on sampling, the prompt side stays exact.
+SAMPLED = {
+    "completion-256": (8, None, [
+        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_completion_length", "256",
+        "--max_steps", "2", *STATIC]),
+}
+
+
+def _plan_and_run(configs: dict, name: str, tmp_path: Path):  # type: ignore[no-untyped-def,type-arg]
+    train_rows, eval_rows, argv = configs[name]
     train = _rows(tmp_path / "train.jsonl", train_rows)
     eval_data = _rows(tmp_path / "eval.jsonl", eval_rows) if eval_rows else None
     plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
                                     "--teacher_model_name_or_path", str(TINY_MODEL), *argv],
                    eval_source=str(eval_data) if eval_data else None)
     seen = run_distillation_trainer(train, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data)
+    return plan, seen
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_sampled_completions_are_planned_possibilities(name: str, tmp_path: Path) -> None:
+    plan, seen = _plan_and_run(SAMPLED, name, tmp_path)
+    generate = {"generate", "eval_generate"}
+    seen_map = observed(seen)
+    possible = planned(plan)
+    assert {k: v for k, v in possible.items() if k[0] in generate} == \
+        {k: v for k, v in seen_map.items() if k[0] in generate}
+    for key, (count, first_step) in seen_map.items():
+        if key[0] not in generate:
+            assert key in possible, key
+            assert count <= possible[key][0] and first_step >= possible[key][1], key
+    assert {s.logits_to_keep for s in plan.shapes if s.phase == "train"} == {128, 256}
+    assert not any(s.certain for s in plan.shapes if s.phase in ("train", "teacher"))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_plan_equals_real_trainer(name: str, tmp_path: Path) -> None:
+    plan, seen = _plan_and_run(CONFIGS, name, tmp_path)
     assert all(s.certain for s in plan.shapes)
     assert planned(plan) == observed(seen)
     assert plan.stats.micro_batches == sum(1 for s in seen if s.phase == "train")

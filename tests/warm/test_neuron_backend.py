@@ -67,6 +67,7 @@ class FakeWarmer:
     """Stands in for a method warmer: a shape compiles the first time the fake cache meets it."""
 
     torch_compile = False
+    inner_phases: dict[str, str] = {}
 
     def __init__(self, fake: FakeNeuron, seen: set[str]) -> None:
         self.fake, self.seen = fake, seen

@@ -30,9 +30,8 @@ def test_warm_dispatches_every_op_signature_of_the_real_run(name: str, tmp_path:
     torch.set_num_threads(1)
     argv = CONFIGS[name]
     plan = plan_for("reward", EXPLICIT, argv, tmp_path / "out")
-    real = record(real_run, "reward", EXPLICIT, argv, tmp_path / "out")
-    reports: list = []  # type: ignore[type-arg]
-    warmed = record(lambda: reports.append(warm_plan("reward", plan, tmp_path / "cache")))
-    assert not reports[0].failed, reports[0].failed
+    real, _ = record(real_run, "reward", EXPLICIT, argv, tmp_path / "out")
+    warmed, report = record(warm_plan, "reward", plan, tmp_path / "cache")
+    assert not report.failed, report.failed
     missing = real - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
