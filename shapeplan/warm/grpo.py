@@ -108,12 +108,18 @@ def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
 @dataclass(frozen=True, slots=True)
 class Call:
     """One `trainer._generate` call: B prompts of bucket P; `length` None runs the model's own `generate` (decoded
-    to max_new_tokens), else `generate` returns `length` tokens per row, `eos_rows` of them ending in EOS."""
+    to max_new_tokens), else `generate` returns `length` tokens per row, the first `eos_rows` rows ending in EOS.
+
+    `unpadded`: every prompt is P tokens long (else the batch is padded on the left); `short`: every row but the
+    first ends at its first token (completions of mixed lengths, so the completion mask has padding).
+    """
 
     rows: int
     prompt: int
     length: int | None = None
     eos_rows: int = 0
+    unpadded: bool = False
+    short: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +141,37 @@ def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) ->
     return length
 
 
-def task_rounds(task: GenerateTask, cache_len: int | None, multiple: int | None, pinned: int | None) -> list[Round]:
-    """The rounds of `task` on a model whose static cache is `cache_len` long (None: no generate yet)."""
+def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[bool, ...]:
+    """Whether a generation batch's prompts arrive padded (False) or not (True), as far as the plan can tell.
+
+    A batch whose rows repeat one prompt has no left padding when that prompt's length is a multiple of the padding
+    multiple (always, without one); then a batch of full-length completions has no padding at all and attention
+    skips its mask (other ops). Batches of several prompts are taken to be padded (equal lengths are unlikely).
+    """
+    if rows > generations:
+        return (False,)
+    return (True,) if multiple in (None, 1) else (False, True)
+
+
+def task_rounds(task: GenerateTask, cache_len: int | None, multiple: int | None, pinned: int | None,
+                layouts: tuple[bool, ...] = (False,)) -> list[Round]:
+    """The rounds of `task` on a model whose static cache is `cache_len` long (None: no generate yet), for each
+    prompt layout."""
     b, p, new = task.batch, task.seq, task.max_new_tokens
     before: list[Call] = []
     grown = max(p + new - 1, pinned if pinned is not None else -1, cache_len if cache_len is not None else -1)
     if task.cache_len is not None and grown < task.cache_len:  # reached through a longer prompt in the run
-        before.append(Call(b, task.cache_len - new + 1))
-    before += [Call(b, p, length, b) for length in range(1, new)]
-    before += [Call(b, p, new, k) for k in range(b + 1)]
-    rounds = [Round(task, Call(b, p), tuple(before))]
+        before.append(Call(b, task.cache_len - new + 1, unpadded=layouts[0]))
+    before += [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
+    before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
+    rounds = [Round(task, Call(b, p, unpadded=u), tuple(before) if i == 0 else ()) for i, u in enumerate(layouts)]
     for bucket in task.completions:
         length = completion_length(bucket, new, multiple)
-        rounds.append(Round(task, Call(b, p, length, b if length < new else 0)))
+        eos_rows = b if length < new else 0
+        for unpadded in layouts:
+            rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=unpadded)))
+            if unpadded and length > 1:
+                rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=True, short=True)))
     return [Round(r.task, r.own, r.before, last=i == len(rounds) - 1) for i, r in enumerate(rounds)]
 
 
@@ -257,7 +281,8 @@ class GenerationWarmer:
             rounds: list[Round] = []
             cache: int | None = None
             for task in share:
-                rounds += task_rounds(task, cache, self.multiple, self.pinned)
+                layouts = prompt_layouts(task.batch, self.config.num_generations, self.multiple)
+                rounds += task_rounds(task, cache, self.multiple, self.pinned, layouts)
                 cache = max(task.cache_len or 0, cache or 0) if task.cache_len is not None else None
             out.append(rounds)
         return lockstep(out) if len(out) > 1 else out
@@ -318,7 +343,7 @@ class GenerationWarmer:
         while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
             own = rounds[-1].own
             rounds.append(Round(None, Call(own.rows, own.prompt, own.length or 1, own.rows)))
-        rows = [{"prompt": _placeholder(r.own.prompt, i)} for r in rounds for i in range(r.own.rows)]
+        rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
         trainer = self._build_trainer(rows[: rounds[0].own.rows])
         state = _State(rounds)
         _use_rounds(trainer, rows, rounds, every)
@@ -354,17 +379,17 @@ def _stand_in_rewards(script: Any) -> list[Any]:
     return [make(i) for i in range(len(names))]
 
 
-def _placeholder(prompt: int, row: int) -> str:
-    return f"shapeplan:{prompt}:{row}"
+def _placeholder(call: Call, row: int) -> str:
+    return f"shapeplan:{call.prompt}:{row}:{int(call.unpadded)}"
 
 
 def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
     """Synthetic ids for placeholder prompts: the first row is P tokens long, the others one shorter (a batch
-    padded on the left, as real batches are)."""
+    padded on the left) unless the batch is unpadded."""
     out = []
     for text in prompts:
-        _, p, row = text.split(":")
-        length = int(p) if int(row) == 0 else max(int(p) - 1, 1)
+        _, p, row, unpadded = text.split(":")
+        length = int(p) if int(row) == 0 or unpadded == "1" else max(int(p) - 1, 1)
         out.append([filler] * length)
     return out
 
@@ -411,6 +436,8 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
             completion = [filler] * call.length
             if i < call.eos_rows:
                 completion[-1] = eos
+            if call.short and i > 0:
+                completion[0] = eos
             rows.append([filler] * input_ids.shape[1] + completion)
         return torch.tensor(rows).to(input_ids.device)  # built on the host, moved like TRL's own inputs
 
@@ -421,7 +448,7 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         current = state.rounds[state.index]
         for call in current.before:
             state.call = call
-            original_generate_calls([_placeholder(call.prompt, i) for i in range(call.rows)])
+            original_generate_calls([_placeholder(call, i) for i in range(call.rows)])
         state.call = current.own
         return original_generate_calls(prompts)
 
