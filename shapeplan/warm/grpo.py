@@ -15,8 +15,9 @@ batch trained for `steps_per_generation * num_iterations` micro-steps as in the 
 
 Everything else is the trainer's own code: tokenizing is replaced by synthetic ids (host work), reward functions
 by stand-ins returning 0.0 (host work; the number of reward functions, which sizes the rewards tensor, is kept).
-The static cache only grows on a model, so tasks run in order of cache length, and a task whose cache length was
-reached through a longer prompt first grows it with such a prompt.
+A static cache's length is the running maximum over a model's `generate` calls; each warm `generate` is given its
+planned length the way transformers carries it from call to call (`_previous_max_cache_length`), so sizes can be
+warmed in any order and on any worker.
 
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
@@ -56,7 +57,6 @@ class GenerateTask:
     cache_len: int | None
     max_new_tokens: int
     completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
-    train_batch: int = 1  # rows of the forwards and train step
 
     @property
     def key(self) -> str:
@@ -78,27 +78,23 @@ class GenerateTask:
 
 
 def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
-    """One task per planned train-side generate size, in the order the static cache lets them run (growing)."""
+    """One task per planned train-side generate size, in plan order."""
     unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(ROUND_PHASES))
     if unsupported:
         raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
                             f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
     completions: dict[int, set[int]] = {}
-    train_batch = 1
     for shape in plan.shapes:
         if shape.phase in ROUND_PHASES and shape.logits_to_keep is not None:
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
-            if shape.phase == "train":
-                train_batch = shape.batch
-    generate = sorted((s for s in plan.shapes if s.phase in GENERATE_PHASES),
-                      key=lambda s: (s.cache_len or 0, -s.seq, s.batch))
+    generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
     tasks, trained = [], set()
     for shape in generate:
         assert shape.max_new_tokens is not None
         buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
         trained.add(shape.seq)
         tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
-                                  max_new_tokens=shape.max_new_tokens, completions=buckets, train_batch=train_batch))
+                                  max_new_tokens=shape.max_new_tokens, completions=buckets))
     return tuple(tasks)
 
 
@@ -120,11 +116,12 @@ class Call:
     eos_rows: int = 0
     unpadded: bool = False
     short: bool = False
+    cache_len: int | None = None  # the static cache length the model's own generate must use
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """One generation round: `before` calls (cache growth, post-processing lengths), then the round's own call."""
+    """One generation round: `before` calls (post-processing of every generated length), then the round's own."""
 
     task: GenerateTask | None  # None: a round that repeats warmed work (rank padding)
     own: Call
@@ -153,18 +150,13 @@ def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[b
     return (True,) if multiple in (None, 1) else (False, True)
 
 
-def task_rounds(task: GenerateTask, cache_len: int | None, multiple: int | None, pinned: int | None,
-                layouts: tuple[bool, ...] = (False,)) -> list[Round]:
-    """The rounds of `task` on a model whose static cache is `cache_len` long (None: no generate yet), for each
-    prompt layout."""
+def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,)) -> list[Round]:
+    """The rounds of `task`, for each prompt layout."""
     b, p, new = task.batch, task.seq, task.max_new_tokens
-    before: list[Call] = []
-    grown = max(p + new - 1, pinned if pinned is not None else -1, cache_len if cache_len is not None else -1)
-    if task.cache_len is not None and grown < task.cache_len:  # reached through a longer prompt in the run
-        before.append(Call(b, task.cache_len - new + 1, unpadded=layouts[0]))
-    before += [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
+    before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
     before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
-    rounds = [Round(task, Call(b, p, unpadded=u), tuple(before) if i == 0 else ()) for i, u in enumerate(layouts)]
+    rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
+              for i, u in enumerate(layouts)]
     for bucket in task.completions:
         length = completion_length(bucket, new, multiple)
         eos_rows = b if length < new else 0
@@ -221,7 +213,6 @@ class GenerationWarmer:
         self.torch_compile = bool(self.config.torch_compile)
         self.logs = False
         self.multiple: int | None = None
-        self.pinned: int | None = None
         self.rank, self.world = 0, 1
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
         self._tokenizer: Any = None
@@ -253,7 +244,6 @@ class GenerationWarmer:
                                 " re-create it with `shapeplan analyze ... --model "
                                 f"{self.args.model.model_name_or_path} -o PLAN`")
         self.multiple = plan.pad_to_multiple_of
-        self.pinned = plan.config.get("max_cache_len")  # type: ignore[assignment]
         self.logs = SFTWarmer._run_logs(self, plan.stats.optimizer_steps)  # type: ignore[arg-type]
         return 0
 
@@ -279,11 +269,9 @@ class GenerationWarmer:
         out = []
         for share in shares:
             rounds: list[Round] = []
-            cache: int | None = None
             for task in share:
                 layouts = prompt_layouts(task.batch, self.config.num_generations, self.multiple)
-                rounds += task_rounds(task, cache, self.multiple, self.pinned, layouts)
-                cache = max(task.cache_len or 0, cache or 0) if task.cache_len is not None else None
+                rounds += task_rounds(task, self.multiple, layouts)
             out.append(rounds)
         return lockstep(out) if len(out) > 1 else out
 
@@ -426,6 +414,10 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         assert call is not None
         input_ids = kwargs["input_ids"]
         if call.length is None:
+            if call.cache_len is not None:
+                # transformers sizes a static cache max(P + max_new_tokens - 1, max_cache_len, this attribute) and
+                # keeps the result here: the planned length (the run's running maximum) is the largest of the three
+                model._previous_max_cache_length = call.cache_len
             decode_to.append(input_ids.shape[1] + kwargs["generation_config"].max_new_tokens)
             try:
                 return original_generate(*args, **kwargs)
