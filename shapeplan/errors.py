@@ -6,6 +6,7 @@
     ├── ModelError            the model or tokenizer cannot be loaded or used (exit 1)
     ├── PlanFileError         a plan file is missing, malformed or does not match (exit 1)
     └── CacheError            a compile cache dir cannot be used (exit 1)
+        └── CacheMismatchError    a cache archive was compiled for another environment (exit 3)
 
 Every message names the problem and the fix in one line.
 """
@@ -37,3 +38,9 @@ class PlanFileError(ShapeplanError):
 
 class CacheError(ShapeplanError):
     pass
+
+
+class CacheMismatchError(CacheError):
+    """Its own exit code, so that an image pipeline can fall back to warming instead of failing."""
+
+    exit_code = 3

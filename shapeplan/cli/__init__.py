@@ -9,6 +9,7 @@ import click
 from .. import __version__
 from ..errors import ShapeplanError
 from .analyze import analyze_command
+from .cache import cache_group
 from .verify import verify_command
 from .warm import warm_command
 
@@ -26,6 +27,7 @@ def cli() -> None:
 cli.add_command(analyze_command)
 cli.add_command(warm_command)
 cli.add_command(verify_command)
+cli.add_command(cache_group)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ..errors import PlanFileError
+from ..errors import PlanFileError, UsageError
 from .analyze import run_options, split_run_arguments
 
 DEVICES = ("neuron", "cuda", "cpu")
@@ -146,6 +146,9 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
     count = worker_count(workers, backend.device, worker_memory)
+    if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
+        raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of processes, "
+                         "whose ranks share the shapes; drop --workers")
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:

@@ -15,8 +15,9 @@ batch trained for `steps_per_generation * num_iterations` micro-steps as in the 
 
 Everything else is the trainer's own code: tokenizing is replaced by synthetic ids (host work), reward functions
 by stand-ins returning 0.0 (host work; the number of reward functions, which sizes the rewards tensor, is kept).
-The static cache only grows on a model, so tasks run in order of cache length, and a task whose cache length was
-reached through a longer prompt first grows it with such a prompt.
+A static cache's length is the running maximum over a model's `generate` calls; each warm `generate` is given its
+planned length the way transformers carries it from call to call (`_previous_max_cache_length`), so sizes can be
+warmed in any order and on any worker.
 
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
@@ -56,7 +57,6 @@ class GenerateTask:
     cache_len: int | None
     max_new_tokens: int
     completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
-    train_batch: int = 1  # rows of the forwards and train step
 
     @property
     def key(self) -> str:
@@ -78,27 +78,23 @@ class GenerateTask:
 
 
 def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
-    """One task per planned train-side generate size, in the order the static cache lets them run (growing)."""
+    """One task per planned train-side generate size, in plan order."""
     unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(ROUND_PHASES))
     if unsupported:
         raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
                             f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
     completions: dict[int, set[int]] = {}
-    train_batch = 1
     for shape in plan.shapes:
         if shape.phase in ROUND_PHASES and shape.logits_to_keep is not None:
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
-            if shape.phase == "train":
-                train_batch = shape.batch
-    generate = sorted((s for s in plan.shapes if s.phase in GENERATE_PHASES),
-                      key=lambda s: (s.cache_len or 0, -s.seq, s.batch))
+    generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
     tasks, trained = [], set()
     for shape in generate:
         assert shape.max_new_tokens is not None
         buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
         trained.add(shape.seq)
         tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
-                                  max_new_tokens=shape.max_new_tokens, completions=buckets, train_batch=train_batch))
+                                  max_new_tokens=shape.max_new_tokens, completions=buckets))
     return tuple(tasks)
 
 
@@ -108,17 +104,24 @@ def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
 @dataclass(frozen=True, slots=True)
 class Call:
     """One `trainer._generate` call: B prompts of bucket P; `length` None runs the model's own `generate` (decoded
-    to max_new_tokens), else `generate` returns `length` tokens per row, `eos_rows` of them ending in EOS."""
+    to max_new_tokens), else `generate` returns `length` tokens per row, the first `eos_rows` rows ending in EOS.
+
+    `unpadded`: every prompt is P tokens long (else the batch is padded on the left); `short`: every row but the
+    first ends at its first token (completions of mixed lengths, so the completion mask has padding).
+    """
 
     rows: int
     prompt: int
     length: int | None = None
     eos_rows: int = 0
+    unpadded: bool = False
+    short: bool = False
+    cache_len: int | None = None  # the static cache length the model's own generate must use
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """One generation round: `before` calls (cache growth, post-processing lengths), then the round's own call."""
+    """One generation round: `before` calls (post-processing of every generated length), then the round's own."""
 
     task: GenerateTask | None  # None: a round that repeats warmed work (rank padding)
     own: Call
@@ -135,19 +138,32 @@ def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) ->
     return length
 
 
-def task_rounds(task: GenerateTask, cache_len: int | None, multiple: int | None, pinned: int | None) -> list[Round]:
-    """The rounds of `task` on a model whose static cache is `cache_len` long (None: no generate yet)."""
+def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[bool, ...]:
+    """Whether a generation batch's prompts arrive padded (False) or not (True), as far as the plan can tell.
+
+    A batch whose rows repeat one prompt has no left padding when that prompt's length is a multiple of the padding
+    multiple (always, without one); then a batch of full-length completions has no padding at all and attention
+    skips its mask (other ops). Batches of several prompts are taken to be padded (equal lengths are unlikely).
+    """
+    if rows > generations:
+        return (False,)
+    return (True,) if multiple in (None, 1) else (False, True)
+
+
+def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,)) -> list[Round]:
+    """The rounds of `task`, for each prompt layout."""
     b, p, new = task.batch, task.seq, task.max_new_tokens
-    before: list[Call] = []
-    grown = max(p + new - 1, pinned if pinned is not None else -1, cache_len if cache_len is not None else -1)
-    if task.cache_len is not None and grown < task.cache_len:  # reached through a longer prompt in the run
-        before.append(Call(b, task.cache_len - new + 1))
-    before += [Call(b, p, length, b) for length in range(1, new)]
-    before += [Call(b, p, new, k) for k in range(b + 1)]
-    rounds = [Round(task, Call(b, p), tuple(before))]
+    before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
+    before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
+    rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
+              for i, u in enumerate(layouts)]
     for bucket in task.completions:
         length = completion_length(bucket, new, multiple)
-        rounds.append(Round(task, Call(b, p, length, b if length < new else 0)))
+        eos_rows = b if length < new else 0
+        for unpadded in layouts:
+            rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=unpadded)))
+            if unpadded and length > 1:
+                rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=True, short=True)))
     return [Round(r.task, r.own, r.before, last=i == len(rounds) - 1) for i, r in enumerate(rounds)]
 
 
@@ -196,7 +212,6 @@ class GenerationWarmer:
         self.torch_compile = bool(self.config.torch_compile)
         self.logs = False
         self.multiple: int | None = None
-        self.pinned: int | None = None
         self.rank, self.world = 0, 1
         self.warnings: list[str] = []
         self.inner_phases: dict[str, str] = {}
@@ -230,7 +245,6 @@ class GenerationWarmer:
                                 " re-create it with `shapeplan analyze ... --model "
                                 f"{self.args.model.model_name_or_path} -o PLAN`")
         self.multiple = plan.pad_to_multiple_of
-        self.pinned = plan.config.get("max_cache_len")  # type: ignore[assignment]
         self.logs = SFTWarmer._run_logs(self, plan.stats.optimizer_steps)  # type: ignore[arg-type]
         return 0
 
@@ -256,10 +270,9 @@ class GenerationWarmer:
         out = []
         for share in shares:
             rounds: list[Round] = []
-            cache: int | None = None
             for task in share:
-                rounds += task_rounds(task, cache, self.multiple, self.pinned)
-                cache = max(task.cache_len or 0, cache or 0) if task.cache_len is not None else None
+                layouts = prompt_layouts(task.batch, self.config.num_generations, self.multiple)
+                rounds += task_rounds(task, self.multiple, layouts)
             out.append(rounds)
         return lockstep(out) if len(out) > 1 else out
 
@@ -319,7 +332,7 @@ class GenerationWarmer:
         while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
             own = rounds[-1].own
             rounds.append(Round(None, Call(own.rows, own.prompt, own.length or 1, own.rows)))
-        rows = [{"prompt": _placeholder(r.own.prompt, i)} for r in rounds for i in range(r.own.rows)]
+        rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
         trainer = self._build_trainer(rows[: rounds[0].own.rows])
         state = _State(rounds)
         _use_rounds(trainer, rows, rounds, every)
@@ -355,17 +368,17 @@ def _stand_in_rewards(script: Any) -> list[Any]:
     return [make(i) for i in range(len(names))]
 
 
-def _placeholder(prompt: int, row: int) -> str:
-    return f"shapeplan:{prompt}:{row}"
+def _placeholder(call: Call, row: int) -> str:
+    return f"shapeplan:{call.prompt}:{row}:{int(call.unpadded)}"
 
 
 def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
     """Synthetic ids for placeholder prompts: the first row is P tokens long, the others one shorter (a batch
-    padded on the left, as real batches are)."""
+    padded on the left) unless the batch is unpadded."""
     out = []
     for text in prompts:
-        _, p, row = text.split(":")
-        length = int(p) if int(row) == 0 else max(int(p) - 1, 1)
+        _, p, row, unpadded = text.split(":")
+        length = int(p) if int(row) == 0 or unpadded == "1" else max(int(p) - 1, 1)
         out.append([filler] * length)
     return out
 
@@ -402,6 +415,10 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         assert call is not None
         input_ids = kwargs["input_ids"]
         if call.length is None:
+            if call.cache_len is not None:
+                # transformers sizes a static cache max(P + max_new_tokens - 1, max_cache_len, this attribute) and
+                # keeps the result here: the planned length (the run's running maximum) is the largest of the three
+                model._previous_max_cache_length = call.cache_len
             decode_to.append(input_ids.shape[1] + kwargs["generation_config"].max_new_tokens)
             try:
                 return original_generate(*args, **kwargs)
@@ -412,6 +429,8 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
             completion = [filler] * call.length
             if i < call.eos_rows:
                 completion[-1] = eos
+            if call.short and i > 0:
+                completion[0] = eos
             rows.append([filler] * input_ids.shape[1] + completion)
         return torch.tensor(rows).to(input_ids.device)  # built on the host, moved like TRL's own inputs
 
@@ -422,7 +441,7 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         current = state.rounds[state.index]
         for call in current.before:
             state.call = call
-            original_generate_calls([_placeholder(call.prompt, i) for i in range(call.rows)])
+            original_generate_calls([_placeholder(call, i) for i in range(call.rows)])
         state.call = current.own
         return original_generate_calls(prompts)
 

@@ -24,9 +24,11 @@ CONFIGS = {
         "--per_device_train_batch_size", "2", "--num_generations", "2", "--steps_per_generation", "2",
         "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--beta", "0.1", "--max_steps", "4",
         "--dtype", "bfloat16", "--bf16", "true"]),
-    "rloo": ("rloo", slice(0, 8), [
-        "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "10",
-        "--pad_to_multiple_of", "8", "--max_steps", "2", "--bf16", "false"]),
+    # One prompt per generation batch, unpadded (multiple 1): prompts arrive without padding, and a batch of
+    # full-length completions has none at all, so attention skips its mask.
+    "rloo-one-prompt-unpadded": ("rloo", slice(0, 8), [
+        "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "4",
+        "--pad_to_multiple_of", "1", "--beta", "0", "--max_steps", "3", "--bf16", "false"]),
 }
 
 

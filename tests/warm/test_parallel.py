@@ -142,3 +142,18 @@ def test_two_ranks_under_accelerate_launch_split_the_plan(tmp_path: Path) -> Non
     verified = _shapeplan("verify", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
     assert verified.returncode == 0, verified.stderr[-3000:]
     assert [r["status"] for r in json.loads(verified.stdout)["results"]] == ["cached"] * 4
+
+
+def test_workers_refuse_a_data_parallel_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shapeplan.cli import main
+    from shapeplan.plan.io import write_plan
+    from tests.warm.harness import plan_for
+
+    argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2", "--num_processes", "2"]
+    write_plan(plan_for(CAPYBARA, argv, tmp_path / "out"), tmp_path / "plan.json")
+    capsys.readouterr()
+    assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
+                 "--workers", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "Error: a data-parallel plan is warmed under `accelerate launch` with its number of processes, whose ranks "
+        "share the shapes; drop --workers"]

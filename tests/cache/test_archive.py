@@ -1,0 +1,236 @@
+"""`shapeplan cache export/import`: a round trip restores the cache byte for byte (and, after a real torch.compile
+warm-up, `verify` in the imported dir compiles nothing); damaged, tampered, escaping or mismatched archives are
+refused with one line, leaving nothing behind."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from shapeplan.cache.archive import ARCHIVE_META, machine_environment
+from shapeplan.cli import main
+from shapeplan.warm.model import ManifestEntry
+from shapeplan.warm.runner import MANIFEST, Manifest, environment_key
+from tests.conftest import CAPYBARA, ROOT
+from tests.warm.fake_neuron import FakeNeuron
+from tests.warm.harness import run_argv
+
+FILES = {"fxgraph/ab/graph.bin": b"\x00compiled\x01" * 50, "aotautograd/cd/entry": b"autograd entry"}
+
+
+def _warmed_cache(cache: Path, environment: dict | None = None, shapes: tuple[str, ...] = ("train 2x128",)) -> Path:
+    """A cache dir as a warm-up leaves it: compiled files and a manifest recording `shapes` in `environment`."""
+    environment = environment or {"method": "sft", **machine_environment("cpu")}
+    for name, data in FILES.items():
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(data)
+    manifest = Manifest(cache / MANIFEST)
+    for shape in shapes:
+        manifest.record(ManifestEntry(environment_key(environment), shape, "compiled", 1.0), environment)
+    return cache
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def _export(cache: Path, archive: Path) -> None:
+    assert main(["cache", "export", "--cache-dir", str(cache), "-o", str(archive)]) == 0
+
+
+def test_round_trip_restores_every_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = _warmed_cache(tmp_path / "cache")
+    (cache / f"{MANIFEST}.lock").write_text("")  # the manifest's lock file is not part of the cache
+    archive = tmp_path / "images" / "cache.tar.gz"
+    _export(cache, archive)
+    capsys.readouterr()
+    assert main(["cache", "import", str(archive), "--cache-dir", str(tmp_path / "imported"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"archive": str(archive), "environment": machine_environment("cpu"), "files": 3, "shapes": 1}
+    expected = _tree(cache)
+    del expected[f"{MANIFEST}.lock"]
+    assert _tree(tmp_path / "imported") == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "images", "imported"]  # no staging left
+
+
+def test_import_into_a_non_empty_dir_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    target = tmp_path / "busy"
+    target.mkdir()
+    (target / "keep").write_text("mine")
+    capsys.readouterr()
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 1
+    assert _error(capsys) == [f"Error: {target} is not an empty folder; import into a new or empty --cache-dir"]
+    assert _tree(target) == {"keep": b"mine"}
+
+
+def _rewrite(archive: Path, out: Path, *, change: dict[str, bytes] = {}, add: list[tarfile.TarInfo] = (),
+             meta: dict | None = None) -> Path:
+    """`archive` written again with some members' bytes changed, members added, or another metadata."""
+    with tarfile.open(archive, "r:gz") as source, tarfile.open(out, "w:gz") as target:
+        for member in source:
+            data = source.extractfile(member).read() if member.isfile() else b""
+            if member.name == ARCHIVE_META and meta is not None:
+                data = json.dumps(meta).encode()
+            data = change.get(member.name, data)
+            member.size = len(data)
+            target.addfile(member, io.BytesIO(data))
+        for member in add:
+            target.addfile(member, io.BytesIO(b"x" * member.size) if member.isfile() else None)
+    return out
+
+
+def _refused(archive: Path, target: Path, capsys: pytest.CaptureFixture[str], code: int = 1) -> str:
+    capsys.readouterr()
+    assert main(["cache", "import", str(archive), "--cache-dir", str(target)]) == code
+    (line,) = _error(capsys)
+    assert not target.exists() and not list(target.parent.glob(f".{target.name}.importing-*"))
+    return line
+
+
+def test_tampered_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", change={"cache/aotautograd/cd/entry": b"evil!"})
+    assert _refused(bad, tmp_path / "t", capsys) == \
+        f"Error: {bad} is damaged: aotautograd/cd/entry does not match its checksum; export it again"
+
+
+def test_added_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    extra = tarfile.TarInfo("cache/fxgraph/ab/extra.bin")
+    extra.size = 3
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", add=[extra])
+    assert _refused(bad, tmp_path / "t", capsys) == \
+        f"Error: {bad} is damaged: fxgraph/ab/extra.bin is not in its checksum list; export it again"
+
+
+@pytest.mark.parametrize("name", ["cache/../escaped", "/tmp/escaped", "elsewhere/file"])
+def test_member_outside_the_cache_is_refused(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    escaping = tarfile.TarInfo(name)
+    escaping.size = 3
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", add=[escaping])
+    assert _refused(bad, tmp_path / "t", capsys) == f"Error: {bad} has a member outside the cache ({name}); refusing it"
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_link_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    link = tarfile.TarInfo("cache/fxgraph/link")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", add=[link])
+    assert _refused(bad, tmp_path / "t", capsys) == \
+        f"Error: {bad} has a link or special file (cache/fxgraph/link); refusing it"
+
+
+def test_other_package_versions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    with tarfile.open(tmp_path / "a.tar.gz", "r:gz") as tar:
+        meta = json.loads(tar.extractfile(ARCHIVE_META).read())
+    here = meta["environment"]["versions"]["trl"]
+    meta["environment"]["versions"]["trl"] = "1.15.0"
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "old.tar.gz", meta=meta)
+    assert _refused(bad, tmp_path / "t", capsys, code=3) == \
+        (f"Error: {bad} was compiled for another environment: trl=1.15.0 (this machine: {here}); warm this "
+         "machine's own cache with `shapeplan warm` instead")
+
+
+def test_other_neuron_compiler_flags_or_core_config_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    FakeNeuron().install(monkeypatch)
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O1")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    cache = _warmed_cache(tmp_path / "cache", {"method": "grpo", **machine_environment("neuron")})
+    _export(cache, tmp_path / "neuron.tar.gz")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O2")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert _refused(tmp_path / "neuron.tar.gz", tmp_path / "t", capsys, code=3) == (
+        f"Error: {tmp_path / 'neuron.tar.gz'} was compiled for another environment: NEURON_CC_FLAGS="
+        "--model-type=transformer -O1 (this machine: --model-type=transformer -O2); NEURON_LOGICAL_NC_CONFIG=2 "
+        "(this machine: 1); warm this machine's own cache with `shapeplan warm` instead")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O1")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    assert main(["cache", "import", str(tmp_path / "neuron.tar.gz"), "--cache-dir", str(tmp_path / "t")]) == 0
+
+
+def test_neuron_archive_on_a_machine_without_torch_neuronx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with monkeypatch.context() as patched:
+        FakeNeuron().install(patched)
+        cache = _warmed_cache(tmp_path / "cache", {"method": "grpo", **machine_environment("neuron")})
+        _export(cache, tmp_path / "neuron.tar.gz")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "torch_neuronx" else object())
+    line = _refused(tmp_path / "neuron.tar.gz", tmp_path / "t", capsys, code=3)
+    assert line.startswith("Error: this machine cannot use a neuron cache: --device neuron needs torch-neuronx")
+
+
+def test_not_an_archive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "import", str(tmp_path / "missing.tar.gz"), "--cache-dir", str(tmp_path / "t")]) == 1
+    assert _error(capsys) == [f"Error: archive {tmp_path / 'missing.tar.gz'} does not exist; pass a file written by "
+                              "`shapeplan cache export`"]
+    plain = tmp_path / "plain.tar.gz"
+    with tarfile.open(plain, "w:gz") as tar:
+        tar.add(CAPYBARA, arcname="data.jsonl")
+    assert main(["cache", "import", str(plain), "--cache-dir", str(tmp_path / "t")]) == 1
+    assert _error(capsys) == [f"Error: {plain} is not a shapeplan cache archive (no readable {ARCHIVE_META}); pass a "
+                              "file written by `shapeplan cache export`"]
+
+
+def test_export_needs_a_warmed_cache_of_one_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["cache", "export", "--cache-dir", str(empty), "-o", str(tmp_path / "a.tar.gz")]) == 1
+    assert _error(capsys) == [f"Error: {empty.resolve()} has no {MANIFEST}; warm it with `shapeplan warm --cache-dir "
+                              f"{empty.resolve()}` first"]
+    cache = _warmed_cache(tmp_path / "cache")
+    other = {"method": "sft", **machine_environment("cpu")}
+    other["versions"] = {**other["versions"], "torch": "2.12.0"}
+    _warmed_cache(cache, other)
+    assert main(["cache", "export", "--cache-dir", str(cache), "-o", str(tmp_path / "a.tar.gz")]) == 1
+    assert _error(capsys) == [f"Error: {cache.resolve()} holds shapes warmed with 2 different package versions or "
+                              "compiler settings; export a cache dir warmed in one environment"]
+    assert not (tmp_path / "a.tar.gz").exists()
+
+
+@pytest.mark.slow
+def test_imported_torch_compile_cache_compiles_nothing(tmp_path: Path) -> None:
+    """A real warm-up (torch.compile, Inductor's FX-graph and AOTAutograd caches), exported and imported into an
+    empty dir: `verify` there hits every graph and misses none."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shapeplan", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=1200)
+
+    plan, warmed_dir, imported_dir = tmp_path / "plan.json", tmp_path / "warmed", tmp_path / "imported"
+    argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]
+    assert shapeplan("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", str(plan)).returncode == 0
+    warmed = shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(warmed_dir), "--json")
+    assert warmed.returncode == 0, warmed.stderr[-3000:]
+    (result,) = json.loads(warmed.stdout)["results"]
+    assert result["status"] == "compiled" and result["counters"]["fxgraph_cache_miss"] > 0
+
+    archive = tmp_path / "cache.tar.gz"
+    exported = shapeplan("cache", "export", "--cache-dir", str(warmed_dir), "-o", str(archive))
+    assert exported.returncode == 0, exported.stderr
+    imported = shapeplan("cache", "import", str(archive), "--cache-dir", str(imported_dir))
+    assert imported.returncode == 0, imported.stderr
+
+    verified = shapeplan("verify", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(imported_dir), "--json")
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    (check,) = json.loads(verified.stdout)["results"]
+    assert check["status"] == "cached"
+    assert check["counters"]["fxgraph_cache_hit"] == result["counters"]["fxgraph_cache_miss"]
+    assert check["counters"]["autograd_cache_hit"] == result["counters"]["autograd_cache_miss"]
+    assert "fxgraph_cache_miss" not in check["counters"] and "autograd_cache_miss" not in check["counters"]
