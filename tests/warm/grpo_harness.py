@@ -53,7 +53,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     backend = InductorBackend("cpu")
     cache_dir.mkdir(parents=True, exist_ok=True)
     backend.prepare(cache_dir)
-    warmer = GenerationWarmer(parse_training_args(plan.method, plan.config["argv"]), device="cpu")
+    warmer = GenerationWarmer(parse_training_args(plan.method, plan.config["argv"]))
     return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
 
 
