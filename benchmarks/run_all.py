@@ -1,4 +1,5 @@
-"""Run every benchmark in this folder (`make bench`). Extra arguments go to each, e.g. `--rows 2000` for a quick run.
+"""Run every benchmark in this folder with its defaults (`make bench`), or one with its own arguments:
+`python benchmarks/run_all.py analyze_speed --rows 2000`.
 
 A benchmark is a module here with `main(argv: list[str] | None) -> int`; add its name to BENCHMARKS.
 """
@@ -9,16 +10,20 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed",)
+BENCHMARKS = ("analyze_speed", "warm_speedup")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if argv and argv[0] not in BENCHMARKS:
+        print(f"unknown benchmark {argv[0]!r}; choose one of {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    chosen = [(argv[0], argv[1:])] if argv else [(name, []) for name in BENCHMARKS]
     failed = 0
-    for name in BENCHMARKS:
+    for name, args in chosen:
         print(f"== {name}", flush=True)
-        failed += bool(importlib.import_module(name).main(list(argv)))
+        failed += bool(importlib.import_module(name).main(args))
     return 1 if failed else 0
 
 

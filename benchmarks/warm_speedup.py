@@ -40,11 +40,11 @@ def real_run(cache: Path, script_lines: list[str], argv: list[str], out: Path, e
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     argv = ["--max_length", str(opts.max_length), "--per_device_train_batch_size", "2", "--max_steps",
             str(opts.steps), "--torch_compile", "true"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -73,7 +73,8 @@ def main() -> None:
         print(f"{name} run: " + " ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(counters.items())
                                          if k.split(".")[-1] in ("fxgraph_cache_miss", "fxgraph_cache_hit",
                                                                  "autograd_cache_miss", "autograd_cache_hit")))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
