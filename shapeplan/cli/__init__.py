@@ -19,8 +19,15 @@ from .warm import warm_command
 def cli() -> None:
     """Plan and pre-compile every input shape a TRL run feeds the model on AWS Trainium.
 
+    Take the arguments you give `trl sft` (or grpo, rloo, dpo, kto, reward, distillation), plan the run's
+    shapes, compile them before training, and check that training will compile nothing:
+
     \b
-    shapeplan analyze trl-lib/Capybara --model Qwen/Qwen3-0.6B -o plan.json
+      shapeplan analyze trl-lib/Capybara --model Qwen/Qwen3-0.6B -o plan.json
+      shapeplan warm --plan plan.json
+      shapeplan verify --plan plan.json
+
+    Run `shapeplan COMMAND --help` for each command's options.
     """
 
 
