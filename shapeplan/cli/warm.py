@@ -138,6 +138,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     Examples:
       shapeplan warm --plan plan.json
       shapeplan warm data.jsonl --model ./my-model --max_length 2048 --cache-dir /var/cache/shapeplan
+      shapeplan warm --plan grpo-plan.json --workers 4
+      accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
     from ..warm.runner import make_warmer, warm
 

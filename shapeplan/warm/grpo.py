@@ -32,7 +32,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -199,7 +199,6 @@ class _State:
     rounds: list[Round]
     index: int = -1  # round in progress
     call: Call | None = None  # the `_generate` call in progress
-    finished: list[GenerateTask] = field(default_factory=list)
 
 
 class GenerationWarmer:
@@ -212,7 +211,6 @@ class GenerationWarmer:
         self.torch_compile = bool(self.config.torch_compile)
         self.logs = False
         self.multiple: int | None = None
-        self.rank, self.world = 0, 1
         self.warnings: list[str] = []
         self.inner_phases: dict[str, str] = {}
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
@@ -304,7 +302,7 @@ class GenerationWarmer:
             args=cfg,
             train_dataset=datasets.Dataset.from_list(rows),
             peft_config=trl.get_peft_config(model_args),
-            **({"quantization_config": trl.get_quantization_config(model_args)} if self.method == "grpo" else {}),
+            quantization_config=trl.get_quantization_config(model_args),
         )
         trainer.remove_callback(PrinterCallback)
         return trainer
@@ -312,10 +310,8 @@ class GenerationWarmer:
     def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:
         from accelerate import PartialState
 
-        state = PartialState()
-        self.rank, self.world = state.process_index, state.num_processes
         all_rounds = self._rounds(tasks)
-        rounds = all_rounds[self.rank if len(all_rounds) > 1 else 0]
+        rounds = all_rounds[PartialState().process_index if len(all_rounds) > 1 else 0]
         with contextlib.redirect_stdout(sys.stderr):
             try:
                 self._train(rounds, tracker)

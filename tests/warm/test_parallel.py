@@ -157,3 +157,38 @@ def test_workers_refuse_a_data_parallel_plan(tmp_path: Path, capsys: pytest.Capt
     assert capsys.readouterr().err.strip().splitlines() == [
         "Error: a data-parallel plan is warmed under `accelerate launch` with its number of processes, whose ranks "
         "share the shapes; drop --workers"]
+
+
+@pytest.mark.slow
+def test_kill_9_of_warm_with_workers_then_resume(tmp_path: Path) -> None:
+    """kill -9 of `shapeplan warm --workers 2` takes its workers down too; the manifest they shared is valid and
+    holds only finished shapes; the next run warms exactly the rest."""
+    import signal
+    import time
+
+    plan, cache = tmp_path / "plan.json", tmp_path / "cache"
+    argv = ["--max_length", "512", "--per_device_train_batch_size", "2", "--max_steps", "8"]
+    analyzed = _shapeplan("analyze", *sft_argv(CAPYBARA, argv, tmp_path / "out"), "--json", "-o", str(plan))
+    assert analyzed.returncode == 0, analyzed.stderr
+    planned = {f"train {s['batch']}x{s['seq']}" for s in json.loads(analyzed.stdout)["shapes"]}
+    command = [sys.executable, "-m", "shapeplan", "warm", "--plan", str(plan), "--device", "cpu", "--cache-dir",
+               str(cache), "--json"]
+    proc = subprocess.Popen([*command, "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not (cache / MANIFEST).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "warm finished before it could be killed"
+    time.sleep(2)  # the workers get SIGKILL when their parent dies
+
+    done = _manifest_shapes(cache)  # valid JSON: every record is written atomically, under the lock
+    assert 1 <= len(done) < len(planned) and set(done) <= planned and set(done.values()) == {"cached"}
+    after = _manifest_shapes(cache)
+    assert after == done  # nothing is still writing
+
+    resumed = _shapeplan(*command[3:])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    statuses = {r["key"]: r["status"] for r in json.loads(resumed.stdout)["results"]}
+    assert statuses == {key: "skipped" if key in done else "cached" for key in planned}
