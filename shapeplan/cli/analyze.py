@@ -55,7 +55,7 @@ def run_options(command):  # type: ignore[no-untyped-def]
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,
-              help="Compute row lengths afresh, neither reading nor writing the length cache "
+              help="Plan afresh, neither reading nor writing the plan and row-length caches "
                    "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
@@ -77,9 +77,18 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
       shapeplan analyze data.jsonl --model ./my-model --max_length 2048 --packing -o plan.json
       shapeplan analyze --config sft.yaml --num_processes 4 --json
     """
-    from ..analyze import analyze
+    from ..adapters import plan_cache
 
-    progress_bars_on_terminals_only()
-    argv = split_run_arguments(method, trl_args, model, split)
-    plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
+    words = [*trl_args, *(["--model", model] if model else []), *(["--split", split] if split else []),
+             *(["--eval-dataset", eval_dataset] if eval_dataset else [])]
+    key = None if no_cache else plan_cache.plan_key(method, words)
+    plan = plan_cache.load(key) if key is not None else None
+    if plan is None:
+        from ..analyze import analyze
+
+        progress_bars_on_terminals_only()
+        argv = split_run_arguments(method, trl_args, model, split)
+        plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
+        if key is not None:
+            plan_cache.store(key, plan)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)

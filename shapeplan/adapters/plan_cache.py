@@ -1,0 +1,143 @@
+"""Whole plans cached by the command line that made them, so an unchanged re-run answers before any heavy import.
+
+Importing TRL, transformers and datasets alone takes several seconds; the length cache cannot help with that. The
+key here is everything a plan is made from that can be read without those imports: the command line, the working
+directory, the size and modification time of every local file or folder it names (also inside a `--config` YAML
+file), the accelerate default config, the HF/TRL/accelerate/shapeplan environment variables, and the installed
+versions. A run that names a Hub id (`org/name`) or leaves the model to its Hub default is not cached: only the
+Hub knows whether those changed. Files are written whole (temp name, then rename); anything unreadable is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..plan.io import dumps, plan_from_dict, write_atomic
+from ..plan.model import Plan
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = 1
+_VERSIONED = ("shapeplan", "trl", "transformers", "accelerate", "datasets", "tokenizers", "torch", "jinja2")
+_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TRL_", "ACCELERATE_", "SHAPEPLAN_")
+_MAX_FILES = 10_000  # a folder with more files than this is not worth stat-ing on every run
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SHAPEPLAN_CACHE_DIR") or str(Path.home() / ".cache" / "shapeplan")
+    return Path(root) / "plans"
+
+
+def plan_key(method: str, words: Sequence[str]) -> str | None:
+    """The key of the plan `shapeplan analyze --method METHOD WORDS...` makes, or None when it depends on something
+    only the Hub can tell."""
+    paths: dict[str, Any] = {}
+    for word in _path_candidates(words):
+        signature = _signature(word)
+        if signature is not None:
+            paths[word] = signature
+    if not _names_only_local(words, paths):
+        return None
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    accelerate_default = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "accelerate"
+    material = {
+        "schema": SCHEMA,
+        "method": method,
+        "words": list(words),
+        "cwd": os.getcwd(),
+        "paths": paths,
+        "accelerate_default": _signature(str(accelerate_default / "default_config.yaml")),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+        "versions": versions,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _path_candidates(words: Sequence[str]) -> Iterator[str]:
+    for i, word in enumerate(words):
+        value = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
+        yield value
+        if words[i - 1:i] == ["--config"] and i > 0 and Path(value).is_file():
+            yield from _yaml_strings(value)
+
+
+def _yaml_strings(path: str) -> Iterator[str]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _signature(path: str) -> Any:
+    """(size, mtime) of a file, or of every file below a folder; None if `path` is no local path."""
+    p = Path(path)
+    try:
+        if p.is_file():
+            st = p.stat()
+            return [st.st_size, st.st_mtime_ns]
+        if p.is_dir():
+            out = []
+            for n, file in enumerate(sorted(f for f in p.rglob("*") if f.is_file())):
+                if n >= _MAX_FILES:
+                    return "too-many-files"
+                st = file.stat()
+                out.append([str(file.relative_to(p)), st.st_size, st.st_mtime_ns])
+            return out
+    except OSError:
+        return None
+    return None
+
+
+def _names_only_local(words: Sequence[str], paths: dict[str, Any]) -> bool:
+    """Whether the model is named and local, and no word names a Hub id (`org/name` that is no local path)."""
+    model_options = ("--model", "--model_name_or_path", "--model-name-or-path")
+    model_named = False
+    for i, word in enumerate(words):
+        name, _, inline = word.partition("=")
+        if name in model_options:
+            value = inline or (words[i + 1] if i + 1 < len(words) else "")
+            model_named = value in paths
+        value = inline if word.startswith("-") else word
+        if "/" in value and value not in paths:
+            return False
+    return model_named and all(v != "too-many-files" for v in paths.values())
+
+
+def load(key: str) -> Plan | None:
+    try:
+        return plan_from_dict(json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8")))
+    except Exception:  # a missing, torn or foreign file is a miss; the plan is recomputed and rewritten
+        return None
+
+
+def store(key: str, plan: Plan) -> None:
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / f"{key}.json", dumps(plan))
+    except OSError as exc:  # an unwritable cache only costs speed
+        logger.warning("cannot write the plan cache in %s: %s", directory, exc.strerror)
