@@ -107,3 +107,18 @@ def _only_split(data: Any, preferred: str, source: str) -> Any:
     if len(data) == 1:
         return next(iter(data.values()))
     return select_split(data, preferred, source)
+
+
+def apply_chat_template_path(tokenizer: Any, path: str | None) -> None:
+    """Load the run's --chat_template_path into the tokenizer, as TRL's trainers do for a .jinja file."""
+    if path is None:
+        return
+    if path.endswith((".jinja", ".j2")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                tokenizer.chat_template = f.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read chat template {path}: {exc.strerror}") from exc
+        return
+    raise UsageError(f"chat_template_path={path!r} clones another model's template and adds tokens, which "
+                     "planning does not follow; pass a .jinja file instead")

@@ -98,12 +98,12 @@ class SFTWarmer:
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from ..adapters.data import load_tokenizer
-            from ..adapters.sft import _apply_chat_template_path
+            from ..adapters.common import apply_chat_template_path
 
             self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
                                              revision=self.args.model.model_revision,
                                              trust_remote_code=bool(self.config.trust_remote_code))
-            _apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
+            apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
             if self.config.eos_token is not None:
                 self._tokenizer.eos_token = self.config.eos_token
         return self._tokenizer
