@@ -7,7 +7,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import DatasetError, UsageError
-from .data import check_rows, load_dataset_source, load_tokenizer, select_split
+from .data import check_rows, load_dataset_source, load_tokenizer, select_split, tokenizer_fingerprint
 from .trl_args import TrainingArgs
 
 # The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).
@@ -50,6 +50,14 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
             value = getattr(args.training, name)
             config[name] = value if isinstance(value, (int, float, str, bool, type(None), dict, list)) else str(value)
     return config
+
+
+def run_fingerprint(data: RunData) -> dict[str, str]:
+    """What identifies the plan's inputs: the tokenizer and the datasets' own fingerprints."""
+    out = {"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint}
+    if data.eval is not None:
+        out["eval_dataset"] = data.eval._fingerprint
+    return out
 
 
 def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:

@@ -10,8 +10,7 @@ from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths
-from .common import apply_chat_template_path, load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
+from .common import apply_chat_template_path, load_run_data, recorded_config, run_fingerprint, versions
 from .loop import check_strategy, eval_schedule, train_schedule
 from .trl_args import TrainingArgs
 
@@ -152,8 +151,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     info = RunInfo(
         rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped, exact=exact,
         config=recorded_config(args, argv), versions=versions(),
-        fingerprint={"tokenizer": tokenizer_fingerprint(tokenizer), "train_dataset": data.train._fingerprint,
-                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+        fingerprint=run_fingerprint(data),
         warnings=warnings,
     )
     if data.eval is None:
