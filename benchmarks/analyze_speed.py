@@ -9,7 +9,7 @@ fresh process on the same rows and tokenizer (examples/tiny-qwen3, a small byte-
   trl        `SFTTrainer._prepare_dataset` on a bare trainer, as `shapeplan.adapters.sft` used to plan with
   analyze    `shapeplan.analyze.analyze("sft", ...)` with an empty length cache (loading, lengths, batch order, plan)
   cached     the same call again on the same cache
-  cli-cached `python -m shapeplan analyze ... --json` again, wall clock with interpreter start and imports
+  cli-cached `python -m shapeplan analyze ... --json` run twice; the second, wall clock with interpreter start
 
 Each part reads a dataset datasets has already converted to Arrow (conversion is not timed) and reports the time of
 its work and the peak RSS of its largest process (`os.wait4`). Usage:
@@ -165,9 +165,11 @@ def run_part(part: str, data: Path, max_length: int, env: dict[str, str]) -> dic
 
 
 def cli_wall_seconds(data: Path, max_length: int, env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "shapeplan", "analyze", "--json", *analyze_argv(data, max_length)],
-                   cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """The second of two identical command lines, timed whole: what a user waits for on an unchanged re-run."""
+    command = [sys.executable, "-m", "shapeplan", "analyze", "--json", *analyze_argv(data, max_length)]
+    for _ in range(2):
+        start = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 

@@ -3,6 +3,7 @@ plan file (round trip, atomic write)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -21,6 +22,7 @@ PADDING_FREE_CASES = {
     "rows-padded": ([[5], [4]], 8),
     "packed-documents-padded": ([[3, 2, 4], [7], [1, 1]], 16),
     "packed-documents-unpadded": ([[3, 2, 4], [7]], None),
+    "one-document-unpadded": ([[16]], 8),
     "one-pad-token": ([[6, 1]], 8),
     "pad-longer-than-documents": ([[2], [1]], 128),
 }
@@ -29,6 +31,7 @@ PADDING_FREE_CASES = {
 @pytest.mark.parametrize("name", sorted(PADDING_FREE_CASES))
 def test_padding_free_batch_equals_trl_collator(name: str) -> None:
     """(1, seq), len(cu_seq_lens_q) and max_length_q as `DataCollatorForLanguageModeling(padding_free=True)` gives."""
+    from transformers.masking_utils import find_packed_sequence_indices
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     documents, multiple = PADDING_FREE_CASES[name]
@@ -39,6 +42,8 @@ def test_padding_free_batch_equals_trl_collator(name: str) -> None:
     assert (shape.batch, shape.seq, shape.cu_seq_lens, shape.max_length_q) == (
         *out["input_ids"].shape, out["cu_seq_lens_q"].numel(), out["max_length_q"])
     assert shape.tokens == sum(map(sum, documents))
+    # transformers builds no mask when the position ids run as one sequence (and so takes SDPA's is_causal path)
+    assert shape.unpadded == (find_packed_sequence_indices(out["position_ids"]) is None)
 
 
 def test_padded_batch_equals_trl_collator() -> None:
@@ -49,6 +54,17 @@ def test_padded_batch_equals_trl_collator() -> None:
         [{"input_ids": list(range(1, n + 1))} for n in lengths])
     shape = padded_batch(Rows(lengths=lengths), [0, 1, 2], 8)
     assert (shape.batch, shape.seq, shape.tokens) == (*out["input_ids"].shape, int(out["attention_mask"].sum()))
+    assert not shape.unpadded
+
+
+def test_unpadded_batch_equals_trl_collator() -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    lengths = (8, 16, 16)
+    for batch in ([0], [1, 2], [0, 1]):
+        out = DataCollatorForLanguageModeling(pad_token_id=0, pad_to_multiple_of=8)(
+            [{"input_ids": list(range(1, lengths[i] + 1))} for i in batch])
+        assert padded_batch(Rows(lengths=lengths), batch, 8).unpadded == bool(out["attention_mask"].all())
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 6])
@@ -79,10 +95,12 @@ def test_reachable_seqs_batch_larger_than_dataset_repeats_rows() -> None:
 def _plan() -> Plan:
     return Plan(
         method="sft", exact=False, pad_to_multiple_of=128,
-        shapes=(Shape("train", 1, 256, count=3, first_step=1, cu_seq_lens=(4, 9), max_length_q=(97, 128)),
+        shapes=(Shape("train", 1, 256, count=3, first_step=1, cu_seq_lens=(4, 9), max_length_q=(97, 128),
+                      varlen_pairs=((4, 97), (9, 97), (9, 128))),
                 Shape("train", 4, 128, count=2, first_step=2, certain=False),
-                Shape("eval", 8, 384, count=5, first_step=0)),
-        stats=PlanStats(rows=10, dropped_rows=2, micro_batches=5, optimizer_steps=3, tokens=700, padded_tokens=1280),
+                Shape("eval", 8, 384, count=5, first_step=0, unpadded=2)),
+        stats=PlanStats(rows=10, dropped_rows=2, micro_batches=5, optimizer_steps=3, tokens=700, padded_tokens=1280,
+                        evaluations=5, eval_rows=40),
         config={"argv": ["--packing"], "num_processes": 2, "max_length": 256, "num_train_epochs": 1.5},
         versions={"trl": "1.16.0"}, fingerprint={"tokenizer": "abc"}, warnings=("a bound",),
     )
@@ -99,6 +117,21 @@ def test_plan_json_leaves_unset_optional_fields_out() -> None:
     shapes = json.loads(io.dumps(_plan()))["shapes"]
     assert shapes[1] == {"phase": "train", "batch": 4, "seq": 128, "count": 2, "first_step": 2, "certain": False}
     assert shapes[0]["cu_seq_lens"] == [4, 9] and shapes[0]["max_length_q"] == [97, 128]
+    assert shapes[0]["varlen_pairs"] == [[4, 97], [9, 97], [9, 128]] and "unpadded" not in shapes[0]
+    assert shapes[2]["unpadded"] == 2
+
+
+def test_plan_json_without_later_fields_reads_with_their_defaults() -> None:
+    """A plan written before `varlen_pairs`, `unpadded` and the eval stats existed still loads."""
+    data = json.loads(io.dumps(_plan()))
+    for shape in data["shapes"]:
+        shape.pop("varlen_pairs", None)
+        shape.pop("unpadded", None)
+    del data["stats"]["evaluations"], data["stats"]["eval_rows"]
+    plan = _plan()
+    assert io.plan_from_dict(data) == dataclasses.replace(
+        plan, shapes=tuple(dataclasses.replace(s, varlen_pairs=(), unpadded=0) for s in plan.shapes),
+        stats=dataclasses.replace(plan.stats, evaluations=0, eval_rows=0))
 
 
 def test_failed_atomic_write_keeps_the_old_file_and_leaves_no_partial_one(tmp_path: Path,

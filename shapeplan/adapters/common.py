@@ -7,7 +7,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import DatasetError, UsageError
-from .data import check_rows, load_dataset_source, load_tokenizer, select_split
+from .data import check_rows, load_dataset_source, load_tokenizer, select_split, tokenizer_fingerprint
 from .trl_args import TrainingArgs
 
 # The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).
@@ -50,6 +50,14 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
             value = getattr(args.training, name)
             config[name] = value if isinstance(value, (int, float, str, bool, type(None), dict, list)) else str(value)
     return config
+
+
+def run_fingerprint(data: RunData) -> dict[str, str]:
+    """What identifies the plan's inputs: the tokenizer and the datasets' own fingerprints."""
+    out = {"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint}
+    if data.eval is not None:
+        out["eval_dataset"] = data.eval._fingerprint
+    return out
 
 
 def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
@@ -107,3 +115,18 @@ def _only_split(data: Any, preferred: str, source: str) -> Any:
     if len(data) == 1:
         return next(iter(data.values()))
     return select_split(data, preferred, source)
+
+
+def apply_chat_template_path(tokenizer: Any, path: str | None) -> None:
+    """Load the run's --chat_template_path into the tokenizer, as TRL's trainers do for a .jinja file."""
+    if path is None:
+        return
+    if path.endswith((".jinja", ".j2")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                tokenizer.chat_template = f.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read chat template {path}: {exc.strerror}") from exc
+        return
+    raise UsageError(f"chat_template_path={path!r} clones another model's template and adds tokens, which "
+                     "planning does not follow; pass a .jinja file instead")

@@ -11,10 +11,9 @@ from ..errors import DatasetError, UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.grpo import plan_generation
 from ..plan.model import Plan
-from ..plan.schedule import TrainLoop, evaluation_steps
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
+from .common import load_run_data, recorded_config, run_fingerprint, versions
 from .grpo import _generation_settings, _static_caches, prompt_lengths
+from .loop import eval_steps_of, sampled_epochs, train_loop
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs
 
@@ -54,17 +53,7 @@ def _train_batches(args: TrainingArgs, num_rows: int) -> Callable[[int], RankBat
     sampler = RepeatSampler(range(num_rows), mini_repeat_count=1,
                             batch_size=config.per_device_train_batch_size * args.num_processes * accumulation,
                             repeat_count=accumulation, shuffle=config.shuffle_dataset, seed=config.seed)
-    drawn: list[RankBatches] = []  # the latest epoch's batches; the planner asks for epochs in order
-
-    def epoch_batches(epoch: int) -> RankBatches:
-        while len(drawn) <= epoch:
-            drawn.append(ordered_batches(list(sampler), batch_size=config.per_device_train_batch_size * accumulation,
-                                         num_processes=args.num_processes, drop_last=config.dataloader_drop_last))
-            if len(drawn) > 1:
-                drawn[-2] = []  # free the previous epoch
-        return drawn[epoch]
-
-    return epoch_batches
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation)
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -76,12 +65,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     trainer = _bare_trainer(tokenizer, config)
     train_lengths = prompt_lengths(data.train, trainer, "train")
     epoch_batches = _train_batches(args, len(train_lengths))
-    loop = TrainLoop(
-        steps_in_epoch=len(epoch_batches(0)[0]),
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-    )
+    loop = train_loop(args, epoch_batches)
     round_size = config.per_device_train_batch_size * args.num_processes * config.gradient_accumulation_steps
     if loop.steps_in_epoch == 0:
         raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
@@ -107,9 +91,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         order = list(RepeatSampler(range(len(eval_lengths)), mini_repeat_count=1, seed=config.seed))
         eval_order = ordered_batches(order, batch_size=config.per_device_eval_batch_size,
                                      num_processes=args.num_processes, drop_last=config.dataloader_drop_last)
-        strategy = config.eval_strategy.value if hasattr(config.eval_strategy, "value") else config.eval_strategy
-        eval_at = evaluation_steps(loop, eval_strategy=str(strategy), eval_steps=config.eval_steps,
-                                   eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
+        eval_at = eval_steps_of(args, loop)
 
     recorded = recorded_config(args, argv)
     recorded.update(teacher_model_name_or_path=config.teacher_model_name_or_path, generation_batch_size=round_size,
@@ -127,6 +109,5 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         generation_kwargs=config.generation_kwargs or {},
         config=recorded,
         versions=versions(),
-        fingerprint={"tokenizer": tokenizer_fingerprint(tokenizer), "train_dataset": data.train._fingerprint,
-                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+        fingerprint=run_fingerprint(data),
     )

@@ -9,9 +9,8 @@ from typing import Any
 from ..errors import DatasetError, UsageError
 from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
-from ..plan.schedule import TrainLoop, evaluation_steps
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
+from .common import load_run_data, recorded_config, run_fingerprint, versions
+from .loop import eval_steps_of, sampled_epochs, train_loop
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs, make_parser, parse_training_args
 
@@ -124,17 +123,7 @@ def _train_batches(args: TrainingArgs, num_rows: int, steps: int, size: int) -> 
                             batch_size=size // config.num_generations,
                             repeat_count=config.num_iterations * steps, shuffle=config.shuffle_dataset,
                             seed=config.seed)
-    drawn: list[RankBatches] = []  # the latest epoch's batches; the planner asks for epochs in order
-
-    def epoch_batches(epoch: int) -> RankBatches:
-        while len(drawn) <= epoch:
-            drawn.append(ordered_batches(list(sampler), batch_size=config.per_device_train_batch_size * steps,
-                                         num_processes=args.num_processes, drop_last=config.dataloader_drop_last))
-            if len(drawn) > 1:
-                drawn[-2] = []  # free the previous epoch
-        return drawn[epoch]
-
-    return epoch_batches
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps)
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -151,12 +140,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     trainer = _bare_trainer(method, tokenizer, config)
     train_lengths = prompt_lengths(data.train, trainer, "train")
     epoch_batches = _train_batches(args, len(train_lengths), steps, size)
-    loop = TrainLoop(
-        steps_in_epoch=len(epoch_batches(0)[0]),
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-    )
+    loop = train_loop(args, epoch_batches)
     if loop.steps_in_epoch == 0:
         raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
                            f"holds ({size // config.num_generations} unique prompts); add prompts or lower the batch")
@@ -191,9 +175,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         order = list(RepeatSampler(range(len(eval_lengths)), mini_repeat_count=generations, seed=config.seed))
         eval_order = ordered_batches(order, batch_size=config.per_device_eval_batch_size, num_processes=n,
                                      drop_last=config.dataloader_drop_last)
-        strategy = config.eval_strategy.value if hasattr(config.eval_strategy, "value") else config.eval_strategy
-        eval_at = evaluation_steps(loop, eval_strategy=str(strategy), eval_steps=config.eval_steps,
-                                   eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
+        eval_at = eval_steps_of(args, loop)
 
     recorded = recorded_config(args, argv)
     recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
@@ -210,8 +192,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         generation_kwargs=config.generation_kwargs or {},
         config=recorded,
         versions=versions(),
-        fingerprint={"tokenizer": tokenizer_fingerprint(tokenizer), "train_dataset": data.train._fingerprint,
-                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+        fingerprint=run_fingerprint(data),
         warnings=warnings,
     )
 

@@ -333,7 +333,6 @@ def _shuffled_and_packed(lengths: np.ndarray, config: Any, *, packing: bool) -> 
         return Rows(lengths=tuple(int(x) for x in lengths))
     import datasets
     import pyarrow as pa
-    import pyarrow.compute as pc
     from trl.data_utils import pack_dataset
 
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -347,11 +346,19 @@ def _shuffled_and_packed(lengths: np.ndarray, config: Any, *, packing: bool) -> 
         dataset = pack_dataset(dataset, config.max_length, config.packing_strategy, map_kwargs)
     if config.shuffle_dataset:
         dataset = dataset.shuffle(seed=config.seed)
+    return dataset_rows(dataset)
+
+
+def dataset_rows(dataset: Any) -> Rows:
+    """The token lengths of a prepared dataset's rows (and, for packed rows, of their documents)."""
+    import pyarrow.compute as pc
+
+    # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.
     columns = ["input_ids", "seq_lengths"] if "seq_lengths" in dataset.column_names else ["input_ids"]
     table = dataset.select_columns(columns).with_format("arrow")[:]
-    packed = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
+    lengths = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
     documents = None
     if "seq_lengths" in columns:
         documents = tuple(tuple(d) for d in table.column("seq_lengths").to_pylist())
-    return Rows(lengths=packed, documents=documents)
+    return Rows(lengths=lengths, documents=documents)
 

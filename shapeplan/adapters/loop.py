@@ -3,42 +3,84 @@ sequential passes trainers make over their data before training (reference preco
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import UsageError
 from ..plan.schedule import TrainLoop, evaluation_steps
-from .sampling import RankBatches, eval_batches, train_batches
+from .sampling import TRAIN_STRATEGIES, RankBatches, eval_batches, ordered_batches, train_batches
 from .trl_args import TrainingArgs
 
 
-def train_schedule(args: TrainingArgs, num_rows: int) -> tuple[Callable[[int], RankBatches], TrainLoop]:
+def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
+    """Refuse a train_sampling_strategy the planner cannot replay: the length-aware ones need the rows' lengths
+    (`length_aware`, SFT's planner passes them)."""
+    strategy = args.training.train_sampling_strategy
+    planned = TRAIN_STRATEGIES if length_aware else ("random", "sequential")
+    if strategy not in planned:
+        raise UsageError(f"train_sampling_strategy={strategy!r} is not one shapeplan plans; use one of "
+                         f"{', '.join(planned)}")
+
+
+def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
+        Callable[[int], RankBatches], TrainLoop]:
+    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies."""
     config = args.training
-    strategy = config.train_sampling_strategy
-    if strategy not in ("random", "sequential"):
-        raise UsageError(f"train_sampling_strategy={strategy!r} draws its order from the global RNG and is not "
-                         "planned yet; use 'random' or 'sequential'")
+    check_strategy(args, length_aware=lengths is not None)
     epoch_batches = train_batches(
         num_rows, batch_size=config.per_device_train_batch_size, num_processes=args.num_processes,
-        strategy=strategy, seed=config.seed, data_seed=config.data_seed, drop_last=config.dataloader_drop_last,
+        strategy=config.train_sampling_strategy, seed=config.seed, data_seed=config.data_seed,
+        drop_last=config.dataloader_drop_last, lengths=lengths or (),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
     )
-    loop = TrainLoop(
+    return epoch_batches, train_loop(args, epoch_batches)
+
+
+def train_loop(args: TrainingArgs, epoch_batches: Callable[[int], RankBatches]) -> TrainLoop:
+    """The Trainer's loop over `epoch_batches` (its first epoch's length is the dataloader's)."""
+    config = args.training
+    return TrainLoop(
         steps_in_epoch=len(epoch_batches(0)[0]),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         num_train_epochs=config.num_train_epochs,
         max_steps=config.max_steps,
     )
-    return epoch_batches, loop
 
 
-def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int) -> tuple[RankBatches, list[int]]:
-    """The eval loop's batches and the global steps after which it runs."""
+def sampled_epochs(args: TrainingArgs, sampler: Iterable[int], batch_size: int) -> Callable[[int], RankBatches]:
+    """epoch -> per-rank batches of a custom sampler (TRL's `RepeatSampler`) that draws a new order at each pass,
+    as the prepared DataLoader gives them."""
+    drawn: list[RankBatches] = []  # the latest epoch's batches; the planner asks for epochs in order
+
+    def epoch_batches(epoch: int) -> RankBatches:
+        while len(drawn) <= epoch:
+            drawn.append(ordered_batches(list(sampler), batch_size=batch_size, num_processes=args.num_processes,
+                                         drop_last=args.training.dataloader_drop_last))
+            if len(drawn) > 1:
+                drawn[-2] = []  # free the previous epoch
+        return drawn[epoch]
+
+    return epoch_batches
+
+
+def eval_steps_of(args: TrainingArgs, loop: TrainLoop) -> list[int]:
+    """The global steps after which the eval loop runs."""
     config = args.training
     strategy = config.eval_strategy
-    at = evaluation_steps(loop, eval_strategy=str(getattr(strategy, "value", strategy)),
-                          eval_steps=config.eval_steps, eval_delay=config.eval_delay or 0,
-                          eval_on_start=config.eval_on_start)
+    return evaluation_steps(loop, eval_strategy=str(getattr(strategy, "value", strategy)),
+                            eval_steps=config.eval_steps, eval_delay=config.eval_delay or 0,
+                            eval_on_start=config.eval_on_start)
+
+
+def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
+        RankBatches, list[int]]:
+    """The eval loop's batches and the global steps after which it runs; `lengths` (the rows' token lengths) for
+    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`)."""
+    config = args.training
+    at = eval_steps_of(args, loop)
+    grouped = lengths if config.train_sampling_strategy == "group_by_length" else None
     batches = eval_batches(num_rows, batch_size=config.per_device_eval_batch_size, num_processes=args.num_processes,
-                           drop_last=config.dataloader_drop_last)
+                           drop_last=config.dataloader_drop_last, grouped_lengths=grouped,
+                           seed=config.data_seed if config.data_seed is not None else config.seed)
     return batches, at
 
 

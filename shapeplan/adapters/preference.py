@@ -10,8 +10,7 @@ from typing import Any, Generic, TypeVar
 from ..errors import DatasetError, UsageError
 from ..plan.batches import RankBatches, RunInfo
 from ..plan.schedule import TrainLoop
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
+from .common import load_run_data, recorded_config, run_fingerprint, versions
 from .loop import eval_schedule, sequential_pass, train_schedule
 from .trl_args import TrainingArgs
 
@@ -89,8 +88,7 @@ def prepare_run(
         dropped_rows=dropped,
         config=recorded_config(args, argv),
         versions=versions(),
-        fingerprint={"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint,
-                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+        fingerprint=run_fingerprint(data),
     )
     if data.eval is None:
         return PreparedRun(train_rows=train_rows, epoch_batches=epoch_batches, loop=loop, info=info)

@@ -8,8 +8,8 @@ from ..errors import UsageError
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from ..plan.reward import plan_reward
+from .common import apply_chat_template_path
 from .preference import check_columns, check_not_empty, list_lengths, prepare, prepare_run
-from .sft import _apply_chat_template_path
 from .trl_args import TrainingArgs
 
 # Text (or messages) to tokenize, or rows tokenized already.
@@ -23,7 +23,7 @@ def _set_tokens(tokenizer: Any, config: Any) -> None:
             raise UsageError(f"eos_token {config.eos_token!r} is not in the tokenizer's vocabulary; "
                              "pass a token the tokenizer has with --eos_token")
         tokenizer.eos_token = config.eos_token
-    _apply_chat_template_path(tokenizer, config.chat_template_path)
+    apply_chat_template_path(tokenizer, config.chat_template_path)
 
 
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[PairedRows, int]:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError
+from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
-from ..plan.schedule import TrainLoop, evaluation_steps
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths
-from .common import load_run_data, recorded_config, versions
-from .data import tokenizer_fingerprint
-from .sampling import TRAIN_STRATEGIES, eval_batches, train_batches
+from .common import apply_chat_template_path, load_run_data, recorded_config, run_fingerprint, versions
+from .loop import check_strategy, eval_schedule, train_schedule
 from .trl_args import TrainingArgs
 
-logger = logging.getLogger(__name__)
 
 
 def _row_format(example: dict[str, Any], text_field: str) -> str:
@@ -66,20 +63,6 @@ def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) ->
     return trainer
 
 
-def _apply_chat_template_path(tokenizer: Any, path: str | None) -> None:
-    if path is None:
-        return
-    if path.endswith((".jinja", ".j2")):
-        try:
-            with open(path, encoding="utf-8") as f:
-                tokenizer.chat_template = f.read()
-        except OSError as exc:
-            raise UsageError(f"cannot read chat template {path}: {exc.strerror}") from exc
-        return
-    raise UsageError(f"chat_template_path={path!r} clones another model's template and adds tokens, which "
-                     "planning does not follow; pass a .jinja file instead")
-
-
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str,
                  use_cache: bool = True) -> tuple[Rows, int]:
     """The rows `SFTTrainer` trains on, as lengths; and how many input rows preparation dropped."""
@@ -125,25 +108,13 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
     if "input_ids" not in prepared.column_names:
         raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
                            "skip_prepare_dataset the dataset must be tokenized already")
-    import pyarrow.compute as pc
-
-    # Through the arrow formatter, so the indices mapping that `filter` and `shuffle` leave is honoured.
-    columns = ["input_ids", "seq_lengths"] if "seq_lengths" in prepared.column_names else ["input_ids"]
-    table = prepared.select_columns(columns).with_format("arrow")[:]
-    row_lengths = tuple(pc.list_value_length(table.column("input_ids")).to_pylist())
-    documents = None
-    if "seq_lengths" in columns:
-        documents = tuple(tuple(d) for d in table.column("seq_lengths").to_pylist())
     dropped = 0 if packing else len(dataset) - len(prepared)
-    return Rows(lengths=row_lengths, documents=documents), dropped
+    return lengths.dataset_rows(prepared), dropped
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
-    strategy = config.train_sampling_strategy
-    if strategy not in TRAIN_STRATEGIES:
-        raise UsageError(f"train_sampling_strategy={strategy!r} is not one shapeplan plans; use one of "
-                         f"{', '.join(TRAIN_STRATEGIES)}")
+    check_strategy(args, length_aware=True)
     accelerator = config.accelerator_config
     if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
                                    or accelerator.dispatch_batches):
@@ -155,12 +126,13 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                          "--max_length none")
     data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
-    _apply_chat_template_path(tokenizer, config.chat_template_path)
+    apply_chat_template_path(tokenizer, config.chat_template_path)
     train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
                                        use_cache=use_cache)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
 
+    strategy = config.train_sampling_strategy
     warnings: list[str] = []
     # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
     exact = strategy in ("sequential", "batch_rebalance") or (
@@ -175,54 +147,17 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     if config.label_smoothing_factor > 0:
         warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
                         "grad, then the fused head without), so each train shape compiles two graphs")
-    n = args.num_processes
-    epoch_batches = train_batches(
-        len(train_rows), batch_size=config.per_device_train_batch_size, num_processes=n, strategy=strategy,
-        seed=config.seed, data_seed=config.data_seed, drop_last=config.dataloader_drop_last,
-        lengths=train_rows.lengths, gradient_accumulation_steps=config.gradient_accumulation_steps,
-    )
-    loop = TrainLoop(
-        steps_in_epoch=len(epoch_batches(0)[0]),
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-    )
-
-    eval_rows = None
-    eval_order: list[list[list[int]]] = []
-    eval_at: list[int] = []
-    if data.eval is not None:
-        eval_packing = config.packing if config.eval_packing is None else config.eval_packing
-        eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval",
-                                  use_cache=use_cache)
-        eval_order = eval_batches(
-            len(eval_rows), batch_size=config.per_device_eval_batch_size, num_processes=n,
-            drop_last=config.dataloader_drop_last,
-            grouped_lengths=eval_rows.lengths if strategy == "group_by_length" else None,
-            seed=config.data_seed if config.data_seed is not None else config.seed,
-        )
-        eval_at = evaluation_steps(loop, eval_strategy=_value(config.eval_strategy), eval_steps=config.eval_steps,
-                                   eval_delay=config.eval_delay or 0, eval_on_start=config.eval_on_start)
-
-    return plan_sft(
-        train_rows=train_rows,
-        train_layout=layout,
-        loop=loop,
-        epoch_batches=epoch_batches,
-        eval_rows=eval_rows,
-        eval_layout=layout,
-        eval_batches=eval_order,
-        eval_steps=eval_at,
-        dropped_rows=dropped,
-        exact=exact,
-        config=recorded_config(args, argv),
-        versions=versions(),
-        fingerprint={"tokenizer": tokenizer_fingerprint(tokenizer), "train_dataset": data.train._fingerprint,
-                     **({"eval_dataset": data.eval._fingerprint} if data.eval is not None else {})},
+    epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
+    info = RunInfo(
+        rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped, exact=exact,
+        config=recorded_config(args, argv), versions=versions(),
+        fingerprint=run_fingerprint(data),
         warnings=warnings,
     )
-
-
-def _value(option: Any) -> str:
-    """An enum option (eval_strategy) as the string TRL's parser accepts."""
-    return str(getattr(option, "value", option))
+    if data.eval is None:
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
+    eval_packing = config.packing if config.eval_packing is None else config.eval_packing
+    eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval", use_cache=use_cache)
+    eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths)
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
+                    eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)

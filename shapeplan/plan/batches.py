@@ -51,7 +51,8 @@ def plan_batches(
     passes: Sequence[Pass],
     info: RunInfo,
 ) -> Plan:
-    """Every forward of every micro-batch of every rank, then of every pass; token stats count the `train` phase."""
+    """Every forward of every micro-batch of every rank, then of every pass; token stats count the `train` phase,
+    the eval stats the pass that runs `eval` forwards (the eval loop)."""
     counter = ShapeCounter()
     current_epoch, batches = -1, None
     micro = tokens = padded = last_step = 0
@@ -69,20 +70,28 @@ def plan_batches(
                     tokens += shape.tokens
                     padded += shape.batch * shape.seq
         last_step = mb.step
+    evaluations = eval_rows = 0
     for p in passes:
         if not p.steps:
             continue
+        rows: set[int] = set()
+        evaluates = False
         for rank_batches in p.batches:
             for batch in rank_batches:
+                rows.update(batch)
                 for phase, shape in p.forwards(batch):
                     _add(counter, phase, shape, p.steps[0], len(p.steps))
+                    evaluates = evaluates or phase == "eval"
+        if evaluates:
+            evaluations, eval_rows = len(p.steps), len(rows)
     return Plan(
         method=method,
         exact=info.exact,
         pad_to_multiple_of=info.pad_to_multiple_of,
         shapes=counter.shapes(),
         stats=PlanStats(rows=info.rows, dropped_rows=info.dropped_rows, micro_batches=micro,
-                        optimizer_steps=last_step, tokens=tokens, padded_tokens=padded),
+                        optimizer_steps=last_step, tokens=tokens, padded_tokens=padded,
+                        evaluations=evaluations, eval_rows=eval_rows),
         config=dict(info.config),
         versions=dict(info.versions),
         fingerprint=dict(info.fingerprint),
@@ -93,4 +102,4 @@ def plan_batches(
 def _add(counter: ShapeCounter, phase: str, shape: BatchShape, step: int, count: int) -> None:
     counter.add(phase, shape.batch, shape.seq, step, count=count,
                 cu_seq_lens=shape.cu_seq_lens, max_length_q=shape.max_length_q,
-                completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows)
+                completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows, unpadded=shape.unpadded)

@@ -14,6 +14,8 @@ class _Entry:
     certain: bool
     cu_seq_lens: set[int] = field(default_factory=set)
     max_length_q: set[int] = field(default_factory=set)
+    varlen_pairs: set[tuple[int, int]] = field(default_factory=set)
+    unpadded: int = 0
     completion_tokens: set[int] = field(default_factory=set)
     chosen_rows: set[int] = field(default_factory=set)
 
@@ -40,6 +42,7 @@ class ShapeCounter:
         max_length_q: int | None = None,
         completion_tokens: tuple[int, ...] = (),
         chosen_rows: int | None = None,
+        unpadded: bool = False,
     ) -> None:
         key = (phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
         entry = self._entries.get(key)
@@ -52,6 +55,10 @@ class ShapeCounter:
             entry.cu_seq_lens.add(cu_seq_lens)
         if max_length_q is not None:
             entry.max_length_q.add(max_length_q)
+        if cu_seq_lens is not None and max_length_q is not None:
+            entry.varlen_pairs.add((cu_seq_lens, max_length_q))
+        if unpadded:
+            entry.unpadded += count
         entry.completion_tokens.update(completion_tokens)
         if chosen_rows is not None:
             entry.chosen_rows.add(chosen_rows)
@@ -70,6 +77,8 @@ class ShapeCounter:
                 logits_to_keep=key[5],  # type: ignore[arg-type]
                 cu_seq_lens=tuple(sorted(e.cu_seq_lens)),
                 max_length_q=tuple(sorted(e.max_length_q)),
+                varlen_pairs=tuple(sorted(e.varlen_pairs)),
+                unpadded=e.unpadded,
                 completion_tokens=tuple(sorted(e.completion_tokens)),
                 chosen_rows=tuple(sorted(e.chosen_rows)),
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from .model import Plan, PlanStats, Shape
 
 PLAN_SCHEMA = 1
 
-# Optional shape fields, written only when set.
-_OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
-             "completion_tokens", "chosen_rows")
+# Optional shape fields, written only when not their default.
+_OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q", "varlen_pairs",
+             "unpadded", "completion_tokens", "chosen_rows")
+_DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
 def shape_to_dict(shape: Shape) -> dict[str, Any]:
@@ -30,8 +32,8 @@ def shape_to_dict(shape: Shape) -> dict[str, Any]:
         out["certain"] = False
     for name in _OPTIONAL:
         value = getattr(shape, name)
-        if value is not None and value != ():
-            out[name] = list(value) if isinstance(value, tuple) else value
+        if value != _DEFAULTS[name]:
+            out[name] = [list(v) if isinstance(v, tuple) else v for v in value] if isinstance(value, tuple) else value
     return out
 
 
@@ -52,6 +54,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "optimizer_steps": stats.optimizer_steps,
             "tokens": stats.tokens,
             "padded_tokens": stats.padded_tokens,
+            "evaluations": stats.evaluations,
+            "eval_rows": stats.eval_rows,
             "padding_waste": round(stats.padding_waste, 6),
         },
         "shapes": [shape_to_dict(s) for s in plan.shapes],
@@ -78,6 +82,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
                 logits_to_keep=s.get("logits_to_keep"),
                 cu_seq_lens=tuple(s.get("cu_seq_lens", ())),
                 max_length_q=tuple(s.get("max_length_q", ())),
+                varlen_pairs=tuple((int(c), int(q)) for c, q in s.get("varlen_pairs", ())),
+                unpadded=int(s.get("unpadded", 0)),
                 completion_tokens=tuple(s.get("completion_tokens", ())),
                 chosen_rows=tuple(s.get("chosen_rows", ())),
             )
@@ -86,7 +92,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         st = data["stats"]
         stats = PlanStats(rows=st["rows"], dropped_rows=st["dropped_rows"], micro_batches=st["micro_batches"],
                           optimizer_steps=st["optimizer_steps"], tokens=st["tokens"],
-                          padded_tokens=st["padded_tokens"])
+                          padded_tokens=st["padded_tokens"], evaluations=int(st.get("evaluations", 0)),
+                          eval_rows=int(st.get("eval_rows", 0)))
         return Plan(
             method=data["method"],
             exact=bool(data["exact"]),

@@ -29,7 +29,11 @@ class Shape:
     met, or after which an eval-side shape is first met; 0 means before the first step (`eval_on_start`).
     `certain` is False for shapes that only sampling can produce (GRPO completion buckets).
     Padding-free batches also carry the per-batch values that can trigger a compile under `torch.compile`:
-    the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape.
+    the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape, and `varlen_pairs`: the
+    (len(cu_seq_lens), max_length_q) pairs met together (each pair is a graph of its own under `torch.compile`).
+    `unpadded` counts the micro-batches of this shape that hold no padding: every row `seq` real tokens (padded
+    batches) or one document without pad (padding-free). Attention skips the mask for them (SDPA's is_causal), so
+    they dispatch other ops than the padded batches of the same shape.
     DPO's policy forwards carry `completion_tokens`: the completion-token counts of the chosen and of the rejected
     half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
     is an op input of its own size (a compile each on an eager device). KTO's carry them too (desirable and
@@ -47,6 +51,8 @@ class Shape:
     logits_to_keep: int | None = None
     cu_seq_lens: tuple[int, ...] = ()
     max_length_q: tuple[int, ...] = ()
+    varlen_pairs: tuple[tuple[int, int], ...] = ()
+    unpadded: int = 0
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
 
@@ -58,7 +64,8 @@ class Shape:
 
 @dataclass(frozen=True, slots=True)
 class PlanStats:
-    """Token accounting of the train phase: `tokens` real tokens, `padded_tokens` what the batches hold."""
+    """Token accounting of the train phase: `tokens` real tokens, `padded_tokens` what the batches hold; and the
+    eval loop: `evaluations` passes over `eval_rows` rows (0 and 0 without one)."""
 
     rows: int
     dropped_rows: int
@@ -66,6 +73,8 @@ class PlanStats:
     optimizer_steps: int
     tokens: int
     padded_tokens: int
+    evaluations: int = 0
+    eval_rows: int = 0
 
     @property
     def padding_waste(self) -> float:

@@ -30,7 +30,8 @@ def clipped(length: int, max_length: int | None) -> int:
 def padded_rows(lengths: Sequence[int], multiple: int | None, max_length: int | None = None) -> BatchShape:
     """Right-padded rows: (rows, longest clipped row rounded up to the multiple)."""
     kept = [clipped(n, max_length) for n in lengths]
-    return BatchShape(batch=len(kept), seq=round_up(max(kept), multiple), tokens=sum(kept))
+    seq = round_up(max(kept), multiple)
+    return BatchShape(batch=len(kept), seq=seq, tokens=sum(kept), unpadded=sum(kept) == len(kept) * seq)
 
 
 def stacked_batch(rows: PairedRows, batch: Sequence[int], multiple: int | None,

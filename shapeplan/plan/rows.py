@@ -35,18 +35,21 @@ class BatchShape:
     max_length_q: int | None = None  # padding-free only: longest document, pads count as 1-token documents
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: chosen and rejected completion-token counts
     chosen_rows: int | None = None  # KTO policy forwards: desirable rows in the batch
+    unpadded: bool = False  # no pad token: attention runs without a mask
 
 
 def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
     """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
     lengths = [rows.lengths[i] for i in batch]
-    return BatchShape(batch=len(batch), seq=round_up(max(lengths), multiple), tokens=sum(lengths))
+    seq = round_up(max(lengths), multiple)
+    return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq)
 
 
 def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
     """`DataCollatorForLanguageModeling` padding-free: every row concatenated into one row of (1, R(total)).
 
-    Pad positions get position id 0, so each pad token starts a one-token document of its own.
+    Pad positions get position id 0, so each pad token starts a one-token document of its own. Only one document
+    without pad has position ids that are one run, which attention takes as an unpadded batch.
     """
     documents = [d for i in batch for d in rows.documents_of(i)]
     tokens = sum(documents)
@@ -58,6 +61,7 @@ def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -
         tokens=tokens,
         cu_seq_lens=len(documents) + pads + 1,
         max_length_q=max(max(documents), 1 if pads else 0),
+        unpadded=len(documents) == 1 and not pads,
     )
 
 

@@ -14,7 +14,9 @@ STATUSES: tuple[str, ...] = ("compiled", "cached", "failed", "skipped")
 class WarmTask:
     """One planned shape to run through the trainer's step.
 
-    `cu_seq_lens` / `max_length_q` are the padding-free values the plan met with this shape (each gets a batch).
+    `varlen_pairs` are the padding-free (len(cu_seq_lens), max_length_q) pairs the plan met with this shape (each
+    gets a batch). `padded` / `unpadded`: whether some of
+    the shape's batches hold padding / hold none (attention then skips the mask): each gets a batch.
     `completion_tokens` are DPO's and KTO's per-batch completion-token counts met with this shape, `chosen_rows`
     KTO's numbers of desirable rows (each value needs a batch).
     `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
@@ -24,8 +26,9 @@ class WarmTask:
     phase: str
     batch: int
     seq: int
-    cu_seq_lens: tuple[int, ...] = ()
-    max_length_q: tuple[int, ...] = ()
+    varlen_pairs: tuple[tuple[int, int], ...] = ()
+    padded: bool = True
+    unpadded: bool = False
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
     per_pass: int = 1
@@ -34,10 +37,10 @@ class WarmTask:
     def key(self) -> str:
         """Stable id of the task in the manifest."""
         parts = [self.phase, f"{self.batch}x{self.seq}"]
-        if self.cu_seq_lens:
-            parts.append("cu=" + ",".join(map(str, self.cu_seq_lens)))
-        if self.max_length_q:
-            parts.append("maxq=" + ",".join(map(str, self.max_length_q)))
+        if self.varlen_pairs:
+            parts.append("pairs=" + ",".join(f"{c}:{q}" for c, q in self.varlen_pairs))
+        if self.unpadded:
+            parts.append("unpadded" if self.padded else "unpadded-only")
         if self.completion_tokens:
             parts.append("completion=" + ",".join(map(str, self.completion_tokens)))
         if self.chosen_rows:

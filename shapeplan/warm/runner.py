@@ -100,15 +100,16 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
         per_pass = 1
         if shape.phase != "train":
             per_pass = shape.count // eval_passes if eval_passes and shape.count % eval_passes == 0 else shape.count
-        tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cu_seq_lens=shape.cu_seq_lens,
-                              max_length_q=shape.max_length_q, completion_tokens=shape.completion_tokens,
-                              chosen_rows=shape.chosen_rows, per_pass=per_pass))
+        tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, varlen_pairs=shape.varlen_pairs,
+                              padded=shape.unpadded < shape.count, unpadded=shape.unpadded > 0,
+                              completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows,
+                              per_pass=per_pass))
     return tuple(tasks)
 
 
 def graph_bound(tasks: Sequence[WarmTask]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
-    return sum(max(2, len(getattr(t, "cu_seq_lens", ())), len(getattr(t, "max_length_q", ()))) for t in tasks)
+    return sum(max(2, len(getattr(t, "varlen_pairs", ()))) for t in tasks)
 
 
 def environment_key(environment: dict[str, Any]) -> str:

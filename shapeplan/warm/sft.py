@@ -26,10 +26,9 @@ from typing import Any
 
 from ..errors import PlanFileError
 from ..plan.model import Plan
-from ..plan.schedule import TrainLoop, evaluation_steps
 from .model import WarmTask
 from .runner import Tracker
-from .synthetic import SyntheticBatch, dataset_rows, padded_batches, padding_free_batches
+from .synthetic import SyntheticBatch, dataset_rows, padded_layouts, padding_free_batches
 
 # SFTConfig fields that never change what is compiled (paths, logging, schedule lengths, data choice, batch
 # sizes, which the shapes carry). Everything else enters the config hash: a change there means re-warming.
@@ -98,12 +97,12 @@ class SFTWarmer:
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from ..adapters.data import load_tokenizer
-            from ..adapters.sft import _apply_chat_template_path
+            from ..adapters.common import apply_chat_template_path
 
             self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
                                              revision=self.args.model.model_revision,
                                              trust_remote_code=bool(self.config.trust_remote_code))
-            _apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
+            apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
             if self.config.eos_token is not None:
                 self._tokenizer.eos_token = self.config.eos_token
         return self._tokenizer
@@ -111,12 +110,16 @@ class SFTWarmer:
     def bind(self, plan: Plan) -> int:
         """Check the plan is for this method and tokenizer; note whether the run logs; return its eval passes."""
         self.check_plan(plan)
+        if (plan.by_phase("eval") and not plan.stats.evaluations) or any(
+                s.cu_seq_lens and not s.varlen_pairs for s in plan.shapes):
+            raise PlanFileError("the plan was made by an older shapeplan (it lacks its evaluations or its padding-free "
+                                "pairs); re-create it with `shapeplan analyze`")
         if self.args.num_processes > 1:
             self.warnings.append(f"the run has {self.args.num_processes} processes and the warm-up one: every "
                                  "rank's shapes are warmed, the collectives between ranks are not")
         self.logs = self._run_logs(plan.stats.optimizer_steps)
         self._remainders(plan)
-        return self._eval_passes(plan)
+        return plan.stats.evaluations
 
     def _steps_in_epoch(self, rows: int) -> int:
         from ..adapters.sampling import train_batches
@@ -130,15 +133,17 @@ class SFTWarmer:
         """The rows of the last, short batch of an epoch / eval pass, where the run meets one (0: none).
 
         At the end of a dataloader accelerate's `gather_for_metrics` cuts gathered metrics to that many rows,
-        so the warm-up's dataloaders report the same remainder.
+        so the warm-up's dataloaders report the same remainder. Several ranks fill their last eval batches with
+        rows from the start (even batches): none is short.
         """
         cfg = self.config
-        self.train_remainder = 0
-        if not cfg.dataloader_drop_last and plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
+        self.train_remainder = self.eval_remainder = 0
+        if cfg.dataloader_drop_last:
+            return
+        if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
             self.train_remainder = plan.stats.rows % cfg.per_device_train_batch_size
-        rows = [s.batch // self.rows_per_example for s in plan.by_phase("eval")]
-        short = [n for n in rows if n < cfg.per_device_eval_batch_size]
-        self.eval_remainder = 0 if self.padding_free or cfg.dataloader_drop_last or not short else short[0]
+        if self.args.num_processes == 1:
+            self.eval_remainder = plan.stats.eval_rows % cfg.per_device_eval_batch_size
 
     def _run_logs(self, total_steps: int) -> bool:
         """Whether the planned run logs at least once (`DefaultFlowCallback.on_step_end` / `on_epoch_end`): a log
@@ -179,26 +184,16 @@ class SFTWarmer:
             "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16],
         }
 
-    def _eval_passes(self, plan: Plan) -> int:
-        if not plan.by_phase("eval"):
-            return 0
-        cfg = self.config
-        loop = TrainLoop(steps_in_epoch=self._steps_in_epoch(plan.stats.rows), gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                         num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps)
-        strategy = getattr(cfg.eval_strategy, "value", cfg.eval_strategy)
-        return len(evaluation_steps(loop, eval_strategy=str(strategy), eval_steps=cfg.eval_steps,
-                                    eval_delay=cfg.eval_delay or 0, eval_on_start=cfg.eval_on_start))
-
     # -- synthetic batches ----------------------------------------------------------------------------------
 
     def layouts(self, task: WarmTask) -> list[SyntheticBatch]:
-        """The synthetic batches that reproduce `task` (several when its shape arrives in several layouts)."""
+        """The synthetic batches that reproduce `task`: one per planned layout (padding-free pair; padded, unpadded)."""
         multiple = self.config.pad_to_multiple_of
         if self.padding_free:
-            batches, problems = padding_free_batches(task.seq, task.cu_seq_lens, task.max_length_q, multiple)
+            batches, problems = padding_free_batches(task.seq, task.varlen_pairs, multiple)
             self.warnings += [f"{task.label}: {p}" for p in problems]
-            return batches or padding_free_batches(task.seq, (), (), multiple)[0]
-        return padded_batches(task.batch, task.seq, multiple, self.config.max_length)
+            return batches
+        return padded_layouts(task.batch, task.seq, multiple, padded=task.padded, unpadded=task.unpadded)
 
     def rows(self, batches: Sequence[SyntheticBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
         """Prepared dataset rows for `batches`, and the row indices of each batch."""
@@ -218,11 +213,13 @@ class SFTWarmer:
         return steps
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
+        """One eval pass shaped as the real one: `per_pass` batches of each shape, its layouts in turn, the short
+        last batch at the end (its rows are the remainder the loop cuts the gathered metrics to)."""
+        short = [t for t in tasks if not self.padding_free and t.batch == self.eval_remainder]
         out = []
-        for task in tasks:
+        for task in [t for t in tasks if t not in short] + short:
             layouts = self.layouts(task)
-            count = max(task.per_pass, len(layouts))
-            out += [(task, layouts[i % len(layouts)]) for i in range(count)]
+            out += [(task, layouts[i % len(layouts)]) for i in range(max(task.per_pass, len(layouts)))]
         return out
 
     # -- the run --------------------------------------------------------------------------------------------

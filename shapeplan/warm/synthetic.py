@@ -2,7 +2,8 @@
 
 The content is arbitrary token ids; what matters is what the compiled code depends on: the batch shape, and for
 eager attention whether the batch has padding (SDPA skips the mask on a batch without any), and for padding-free
-batches the length of `cu_seq_lens` and the value of `max_length_q` (both guarded under `torch.compile`).
+batches the length of `cu_seq_lens` and the value of `max_length_q` (both guarded under `torch.compile`): the
+plan says which of these its batches have.
 """
 
 from __future__ import annotations
@@ -21,20 +22,29 @@ class SyntheticBatch:
     documents: tuple[int, ...]
 
 
+def padded_layouts(batch: int, seq: int, multiple: int | None, *, padded: bool, unpadded: bool) -> list[
+        SyntheticBatch]:
+    """A (batch, seq) batch with padding (`padded`) and one without (`unpadded`: every row `seq` tokens)."""
+    unit = None if multiple in (None, 1) else multiple
+    out = []
+    if padded:
+        longest = seq - 1 if unit is not None else seq
+        out.append(SyntheticBatch((longest, *[max(longest - 1, 1)] * (batch - 1))))
+    if unpadded:
+        out.append(SyntheticBatch((seq,) * batch))
+    return out
+
+
 def padded_batches(batch: int, seq: int, multiple: int | None, max_length: int | None) -> list[SyntheticBatch]:
-    """The padded layouts (batch, seq) can arrive in: with padding, and without where rows can all be `seq` long.
+    """The padded layouts (batch, seq) can arrive in, for a plan that does not count its unpadded batches: with
+    padding, and without where rows can all be `seq` long.
 
     A batch has no padding when every row is exactly `seq` tokens; that is certain for one row without a padding
     multiple, and reachable when rows are cut at `max_length == seq` or when one row's length is a multiple.
     """
     unit = None if multiple in (None, 1) else multiple
-    out = []
-    if not (unit is None and batch == 1):
-        longest = seq - 1 if unit is not None else seq
-        out.append(SyntheticBatch((longest, *[max(longest - 1, 1)] * (batch - 1))))
-    if unit is None or batch == 1 or seq == max_length:
-        out.append(SyntheticBatch((seq,) * batch))
-    return out
+    return padded_layouts(batch, seq, multiple, padded=not (unit is None and batch == 1),
+                          unpadded=unit is None or batch == 1 or seq == max_length)
 
 
 def padding_free_documents(seq: int, cu_len: int, max_q: int, multiple: int | None) -> tuple[int, ...] | None:
@@ -65,44 +75,21 @@ def padding_free_documents(seq: int, cu_len: int, max_q: int, multiple: int | No
     return None
 
 
-def padding_free_batches(seq: int, cu_seq_lens: Sequence[int], max_length_q: Sequence[int],
-                         multiple: int | None) -> tuple[list[SyntheticBatch], list[str]]:
-    """Batches that together meet every planned value of len(cu_seq_lens) and of max_length_q; and, as
-    warnings, the values no batch can meet.
-
-    The plan lists the two sets apart, not which values came together, so each value is paired with a
-    partner from the other set that a real batch can have.
-    """
-    cu = list(cu_seq_lens) or [2]
-    mq = list(max_length_q) or [seq - (0 if multiple in (None, 1) else 1)]
-    found: dict[tuple[int, int], tuple[int, ...]] = {}
-
-    def documents(c: int, q: int) -> tuple[int, ...] | None:
-        if (c, q) not in found:
-            docs = padding_free_documents(seq, c, q, multiple)
-            if docs is None:
-                return None
-            found[(c, q)] = docs
-        return found[(c, q)]
-
-    pairs: list[tuple[int, int]] = []
-    problems: list[str] = []
-    uncovered = list(mq)
-    for c in cu:
-        q = next((q for q in [*uncovered, *mq] if documents(c, q) is not None), None)
-        if q is None:
-            problems.append(f"no padding-free batch of length {seq} has len(cu_seq_lens)={c}")
-            continue
-        pairs.append((c, q))
-        if q in uncovered:
-            uncovered.remove(q)
-    for q in uncovered:
-        c = next((c for c in cu if documents(c, q) is not None), None)
-        if c is None:
-            problems.append(f"no padding-free batch of length {seq} has max_length_q={q}")
-            continue
-        pairs.append((c, q))
-    return [SyntheticBatch(found[p]) for p in pairs], problems
+def padding_free_batches(seq: int, varlen_pairs: Sequence[tuple[int, int]], multiple: int | None) -> tuple[
+        list[SyntheticBatch], list[str]]:
+    """One batch per planned (len(cu_seq_lens), max_length_q) pair; and, as warnings, the pairs no batch can meet.
+    No pairs (a bound's entry): one document filling the batch up to the last multiple."""
+    if not varlen_pairs:
+        padded = multiple not in (None, 1) and seq > 1
+        varlen_pairs = [(3, seq - 1) if padded else (2, seq)]
+    batches, problems = [], []
+    for cu, max_q in varlen_pairs:
+        documents = padding_free_documents(seq, cu, max_q, multiple)
+        if documents is None:
+            problems.append(f"no padding-free batch of length {seq} has len(cu_seq_lens)={cu} and max_length_q={max_q}")
+        else:
+            batches.append(SyntheticBatch(documents))
+    return batches, problems
 
 
 def token_ids(length: int, vocab_size: int, offset: int = 0) -> list[int]:

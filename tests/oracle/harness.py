@@ -31,6 +31,19 @@ class Seen:
     cu_seq_lens: int | None = None  # padding-free: len(cu_seq_lens_q) the model received
     max_length_q: int | None = None  # padding-free: the max_length_q kwarg the model received
     rank: int = 0
+    unpadded: bool = False  # attention takes the batch as unpadded (SDPA then skips the mask)
+
+
+def unpadded(kwargs: dict) -> bool:  # type: ignore[type-arg]
+    """Whether transformers' mask building sees no padding in a forward's kwargs (`_preprocess_mask_arguments`):
+    an attention mask of all ones, or without one, position ids that run as one sequence per row."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        return bool(mask.all())
+    position_ids = kwargs.get("position_ids")
+    return position_ids is None or find_packed_sequence_indices(position_ids) is None
 
 
 def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
@@ -68,7 +81,7 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
         max_q = kwargs.get("max_length_q")
         seen.append(Seen(phase, int(ids.shape[0]), int(ids.shape[1]), step,
                          cu_seq_lens=None if cu is None else int(cu.numel()),
-                         max_length_q=None if max_q is None else int(max_q), rank=rank))
+                         max_length_q=None if max_q is None else int(max_q), rank=rank, unpadded=unpadded(kwargs)))
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     trainer.train()
@@ -112,30 +125,44 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
     return seen
 
 
-def observed(seen: Sequence[Seen], *, varlen: bool = False) -> dict[tuple[str, int, int], tuple]:
-    """(phase, batch, seq) -> (count, first step), plus the sorted cu_seq_lens lengths and max_length_q values
-    met with that shape when `varlen`."""
+def observed(seen: Sequence[Seen], *, varlen: bool = False, unpadded: bool = False) -> dict[
+        tuple[str, int, int], tuple]:
+    """(phase, batch, seq) -> (count, first step), plus the sorted cu_seq_lens lengths, max_length_q values and
+    (cu_seq_lens length, max_length_q) pairs met with that shape when `varlen`, plus how many of its batches were
+    unpadded when `unpadded`."""
     counts = Counter((s.phase, s.batch, s.seq) for s in seen)
+    unpadded_counts = Counter((s.phase, s.batch, s.seq) for s in seen if s.unpadded)
     first: dict[tuple[str, int, int], int] = {}
-    cu: dict[tuple[str, int, int], set[int]] = {}
-    max_q: dict[tuple[str, int, int], set[int]] = {}
+    pairs: dict[tuple[str, int, int], set[tuple[int, int]]] = {}
     for s in seen:
         key = (s.phase, s.batch, s.seq)
         first[key] = min(first.get(key, s.step), s.step)
-        cu.setdefault(key, set())
-        max_q.setdefault(key, set())
+        pairs.setdefault(key, set())
         if s.cu_seq_lens is not None:
-            cu[key].add(s.cu_seq_lens)
-            max_q[key].add(s.max_length_q)  # type: ignore[arg-type]
-    if not varlen:
-        return {k: (counts[k], first[k]) for k in counts}
-    return {k: (counts[k], first[k], tuple(sorted(cu[k])), tuple(sorted(max_q[k]))) for k in counts}
+            pairs[key].add((s.cu_seq_lens, s.max_length_q))  # type: ignore[arg-type]
+    out = {}
+    for k in counts:
+        value: tuple = (counts[k], first[k])
+        if varlen:
+            value += (tuple(sorted({c for c, _ in pairs[k]})), tuple(sorted({q for _, q in pairs[k]})),
+                      tuple(sorted(pairs[k])))
+        if unpadded:
+            value += (unpadded_counts[k],)
+        out[k] = value
+    return out
 
 
-def planned(plan, *, varlen: bool = False) -> dict[tuple[str, int, int], tuple]:  # type: ignore[no-untyped-def]
-    if not varlen:
-        return {(s.phase, s.batch, s.seq): (s.count, s.first_step) for s in plan.shapes}
-    return {(s.phase, s.batch, s.seq): (s.count, s.first_step, s.cu_seq_lens, s.max_length_q) for s in plan.shapes}
+def planned(plan, *, varlen: bool = False, unpadded: bool = False) -> dict[  # type: ignore[no-untyped-def]
+        tuple[str, int, int], tuple]:
+    out = {}
+    for s in plan.shapes:
+        value: tuple = (s.count, s.first_step)
+        if varlen:
+            value += (s.cu_seq_lens, s.max_length_q, s.varlen_pairs)
+        if unpadded:
+            value += (s.unpadded,)
+        out[(s.phase, s.batch, s.seq)] = value
+    return out
 
 
 def _rank_main(spec_json: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tests.conftest import TINY_MODEL
-from tests.oracle.harness import Seen
+from tests.oracle.harness import Seen, unpadded
 
 TRAINERS = {"dpo": "DPOTrainer", "kto": "KTOTrainer", "reward": "RewardTrainer"}
 
@@ -62,13 +62,13 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
     seen: list[Seen] = []
     state: dict[str, Any] = {"trainer": None, "kl": False}
 
-    def record(phase: str, ids: torch.Tensor) -> None:
+    def record(phase: str, ids: torch.Tensor, kwargs: dict[str, Any]) -> None:
         trainer = state["trainer"]
         if trainer is None:
             phase, step = "ref_precompute", 0
         else:
             step = trainer.state.global_step + (0 if phase.startswith("eval") else 1)
-        seen.append(Seen(phase, int(ids.shape[0]), int(ids.shape[1]), step))
+        seen.append(Seen(phase, int(ids.shape[0]), int(ids.shape[1]), step, unpadded=unpadded(kwargs)))
 
     def input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         return kwargs.get("input_ids", args[0] if args else None)
@@ -78,11 +78,11 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
             phase = "train" if torch.is_grad_enabled() else "kl"
         else:
             phase = "eval_kl" if state["kl"] else "eval"
-        record(phase, input_ids(args, kwargs))
+        record(phase, input_ids(args, kwargs), kwargs)
 
     def ref_hook(module, args, kwargs):  # type: ignore[no-untyped-def]
         phase = "ref_kl" if state["kl"] else "ref"
-        record(phase if state["trainer"].model.training else f"eval_{phase}", input_ids(args, kwargs))
+        record(phase if state["trainer"].model.training else f"eval_{phase}", input_ids(args, kwargs), kwargs)
 
     model.register_forward_pre_hook(policy_hook, with_kwargs=True)
     trainer_cls = getattr(trl, TRAINERS[method])

@@ -1,5 +1,6 @@
 """DPO, KTO and Reward plans equal what the real trainers feed their models: shapes, counts and first steps of every
-phase, and the rows, micro-batches and optimizer steps of the run."""
+phase, how many of each shape's batches hold no padding, and the rows, micro-batches and optimizer steps of the
+run."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ CONFIGS = {
         "--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2", "--num_train_epochs", "1",
         "--precompute_ref_log_probs", "true", "--eval_strategy", "epoch", "--per_device_eval_batch_size", "5"],
         EXPLICIT),
+    # sequences cut at max_length 64, a multiple of 32: batches whose every sequence was cut hold no padding
+    "dpo-cut-unpadded": ("dpo", EXPLICIT, [
+        "--per_device_train_batch_size", "2", "--max_length", "64", "--pad_to_multiple_of", "32", "--max_steps", "4"],
+        None),
+    "kto-cut-unpadded": ("kto", UNPAIRED, [
+        "--per_device_train_batch_size", "2", "--max_length", "64", "--pad_to_multiple_of", "32", "--max_steps", "4"],
+        None),
     "kto-unpaired-truncate-eval": ("kto", UNPAIRED, [
         "--per_device_train_batch_size", "4", "--max_length", "256", "--max_steps", "5", "--eval_strategy", "steps",
         "--eval_steps", "2", "--per_device_eval_batch_size", "4"], UNPAIRED),
@@ -56,6 +64,6 @@ def test_plan_equals_real_trainer(name: str) -> None:
     plan = analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), *argv],
                    eval_source=str(eval_data) if eval_data else None)
     run = run_preference(method, data, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data)
-    assert planned(plan) == observed(run.seen)
+    assert planned(plan, unpadded=True) == observed(run.seen, unpadded=True)
     assert (plan.stats.rows, plan.stats.micro_batches, plan.stats.optimizer_steps) == (
         run.train_rows, sum(s.phase == "train" for s in run.seen), run.optimizer_steps)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from shapeplan.warm.synthetic import SyntheticBatch, dataset_rows, padded_batches, padding_free_batches, \
-    padding_free_documents
+from shapeplan.warm.synthetic import SyntheticBatch, dataset_rows, padded_batches, padded_layouts, \
+    padding_free_batches, padding_free_documents
 from tests.conftest import CAPYBARA
 from tests.warm.harness import plan_for
 
@@ -39,9 +39,9 @@ def test_padding_free_batch_has_the_planned_values(seq: int, cu: int, q: int, mu
 
 def test_impossible_padding_free_values_are_reported() -> None:
     assert padding_free_documents(256, 600, 1, 128) is None  # more documents than tokens
-    batches, problems = padding_free_batches(256, (600,), (1,), 128)
-    assert batches == [] and problems == ["no padding-free batch of length 256 has len(cu_seq_lens)=600",
-                                          "no padding-free batch of length 256 has max_length_q=1"]
+    batches, problems = padding_free_batches(256, [(600, 1)], 128)
+    assert batches == [] and problems == ["no padding-free batch of length 256 has len(cu_seq_lens)=600 and "
+                                          "max_length_q=1"]
 
 
 def test_every_planned_packing_shape_is_reproduced(tmp_path: Path) -> None:
@@ -49,15 +49,14 @@ def test_every_planned_packing_shape_is_reproduced(tmp_path: Path) -> None:
                                "--num_train_epochs", "1"], tmp_path)
     assert plan.shapes
     for shape in plan.shapes:
-        batches, problems = padding_free_batches(shape.seq, shape.cu_seq_lens, shape.max_length_q, 128)
+        batches, problems = padding_free_batches(shape.seq, shape.varlen_pairs, 128)
         assert problems == []
-        seen = set()
+        seen = []
         for b in batches:
             out = _collate(b, padding_free=True, multiple=128, packed=True)
             assert tuple(out["input_ids"].shape) == (1, shape.seq)
-            seen.add((out["cu_seq_lens_q"].numel(), out["max_length_q"]))
-        assert {c for c, _ in seen} == set(shape.cu_seq_lens)
-        assert {q for _, q in seen} == set(shape.max_length_q)
+            seen.append((out["cu_seq_lens_q"].numel(), out["max_length_q"]))
+        assert seen == list(shape.varlen_pairs)
 
 
 @pytest.mark.parametrize("batch,seq,multiple,max_length,layouts", [
@@ -74,3 +73,15 @@ def test_padded_layouts(batch: int, seq: int, multiple: int | None, max_length: 
         assert tuple(out["input_ids"].shape) == (batch, seq)
         found.append("unpadded" if bool(out["attention_mask"].all()) else "padded")
     assert found == layouts
+
+
+@pytest.mark.parametrize("padded,unpadded", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch,seq,multiple", [(2, 256, 128), (3, 77, None)])
+def test_planned_padded_layouts(batch: int, seq: int, multiple: int | None, padded: bool, unpadded: bool) -> None:
+    """One batch per layout the plan lists, in that order: with padding, then without."""
+    found = []
+    for b in padded_layouts(batch, seq, multiple, padded=padded, unpadded=unpadded):
+        out = _collate(b, padding_free=False, multiple=multiple)
+        assert tuple(out["input_ids"].shape) == (batch, seq)
+        found.append(bool(out["attention_mask"].all()))
+    assert found == [False] * padded + [True] * unpadded
