@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from .errors import UsageError
 from .plan.model import METHODS, Plan
 
-# method -> module in shapeplan.adapters with `plan(args, argv, *, eval_source, use_cache) -> Plan`
+# method -> module in shapeplan.adapters with `plan(args, argv, *, eval_source, use_cache) -> Plan`.
+# Only SFT keeps a row-length cache so far (its datasets are the large ones); the others take `use_cache` so that
+# every adapter has the same signature.
 PLANNED = {"sft": "sft", "grpo": "grpo", "rloo": "grpo", "dpo": "dpo", "kto": "kto", "reward": "reward",
            "distillation": "distillation"}
 

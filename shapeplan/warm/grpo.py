@@ -39,6 +39,7 @@ from typing import Any
 from ..errors import PlanFileError, UsageError
 from ..plan.buckets import round_up
 from ..plan.model import Plan
+from .identity import check_plan_identity, load_run_tokenizer
 from .runner import Tracker
 
 GENERATE_PHASES = ("generate",)
@@ -221,27 +222,16 @@ class GenerationWarmer:
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from ..adapters.data import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
-                                             revision=self.args.model.model_revision,
-                                             trust_remote_code=bool(self.config.trust_remote_code))
+            self._tokenizer = load_run_tokenizer(self.args)
         return self._tokenizer
 
     def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
         return generation_tasks(plan)
 
     def bind(self, plan: Plan) -> int:
-        from ..adapters.data import tokenizer_fingerprint
         from .sft import SFTWarmer
 
-        if plan.method != self.method:
-            raise PlanFileError(f"the plan is for `{plan.method}`, not {self.method}; pass --method {plan.method}")
-        planned = plan.fingerprint.get("tokenizer")
-        if planned is not None and planned != tokenizer_fingerprint(self.tokenizer):
-            raise PlanFileError(f"the plan was made with another tokenizer than {self.args.model.model_name_or_path}'s;"
-                                " re-create it with `shapeplan analyze ... --model "
-                                f"{self.args.model.model_name_or_path} -o PLAN`")
+        check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
         self.multiple = plan.pad_to_multiple_of
         self.logs = SFTWarmer._run_logs(self, plan.stats.optimizer_steps)  # type: ignore[arg-type]
         return 0

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .identity import load_run_tokenizer
 from .model import WarmTask
 from .sft import SFTWarmer, script_config
 from .synthetic import SyntheticBatch, padded_batches, token_ids
@@ -69,11 +70,7 @@ class _PreferenceWarmer(SFTWarmer):
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from ..adapters.data import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
-                                             revision=self.args.model.model_revision,
-                                             trust_remote_code=bool(self.config.trust_remote_code))
+            self._tokenizer = load_run_tokenizer(self.args)
         return self._tokenizer
 
     def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]

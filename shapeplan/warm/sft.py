@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import PlanFileError
 from ..plan.model import Plan
+from .identity import check_plan_identity, load_run_tokenizer
 from .model import WarmTask
 from .runner import Tracker
 from .synthetic import SyntheticBatch, dataset_rows, padded_layouts, padding_free_batches
@@ -96,12 +97,9 @@ class SFTWarmer:
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from ..adapters.data import load_tokenizer
             from ..adapters.common import apply_chat_template_path
 
-            self._tokenizer = load_tokenizer(self.args.model.model_name_or_path,
-                                             revision=self.args.model.model_revision,
-                                             trust_remote_code=bool(self.config.trust_remote_code))
+            self._tokenizer = load_run_tokenizer(self.args)
             apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
             if self.config.eos_token is not None:
                 self._tokenizer.eos_token = self.config.eos_token
@@ -159,15 +157,7 @@ class SFTWarmer:
 
     def check_plan(self, plan: Plan) -> None:
         """The plan must have been made for this method, model and tokenizer."""
-        from ..adapters.data import tokenizer_fingerprint
-
-        if plan.method != self.method:
-            raise PlanFileError(f"the plan is for `{plan.method}`, not {self.method}; pass --method {plan.method}")
-        planned = plan.fingerprint.get("tokenizer")
-        if planned is not None and planned != tokenizer_fingerprint(self.tokenizer):
-            raise PlanFileError(f"the plan was made with another tokenizer than {self.args.model.model_name_or_path}'s;"
-                                " re-create it with `shapeplan analyze ... --model "
-                                f"{self.args.model.model_name_or_path} -o PLAN`")
+        check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
 
     def environment(self) -> dict[str, Any]:
         versions = {}
