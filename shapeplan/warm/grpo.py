@@ -78,15 +78,15 @@ class GenerateTask:
         return GENERATE_SHAPE_MINUTES + TRAIN_SHAPE_MINUTES * len(self.completions)
 
 
-def generation_tasks(plan: Plan) -> tuple[GenerateTask, ...]:
-    """One task per planned train-side generate size, in plan order."""
-    unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(ROUND_PHASES))
+def generation_tasks(plan: Plan, round_phases: tuple[str, ...] = ROUND_PHASES) -> tuple[GenerateTask, ...]:
+    """One task per planned train-side generate size, in plan order; `round_phases`: the forwards of a round."""
+    unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(round_phases))
     if unsupported:
         raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
                             f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
     completions: dict[int, set[int]] = {}
     for shape in plan.shapes:
-        if shape.phase in ROUND_PHASES and shape.logits_to_keep is not None:
+        if shape.phase in round_phases and shape.logits_to_keep is not None:
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
     generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
     tasks, trained = [], set()
@@ -205,6 +205,8 @@ class _State:
 class GenerationWarmer:
     """Warms GRPO / RLOO shapes with the method's own trainer (see the module docstring)."""
 
+    round_phases = ROUND_PHASES
+
     def __init__(self, args: Any) -> None:
         self.args = args
         self.method = args.method
@@ -226,7 +228,7 @@ class GenerationWarmer:
         return self._tokenizer
 
     def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
-        return generation_tasks(plan)
+        return generation_tasks(plan, self.round_phases)
 
     def bind(self, plan: Plan) -> int:
         from .sft import SFTWarmer
@@ -259,17 +261,23 @@ class GenerationWarmer:
         for share in shares:
             rounds: list[Round] = []
             for task in share:
-                layouts = prompt_layouts(task.batch, self.config.num_generations, self.multiple)
+                layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
                 rounds += task_rounds(task, self.multiple, layouts)
             out.append(rounds)
         return lockstep(out) if len(out) > 1 else out
 
+    def _generations_per_prompt(self) -> int:
+        return self.config.num_generations
+
+    def _micro_steps_per_round(self) -> int:
+        """How many micro-steps train on one generation batch."""
+        return self.config.steps_per_generation * self.config.num_iterations
+
     # -- the run ----------------------------------------------------------------------------------------------
 
     def _build_trainer(self, rows: list[dict[str, Any]]) -> Any:
-        """The trainer as `trl grpo` / `trl rloo` main() builds it, on synthetic prompt rows."""
+        """The trainer as the method's `trl` main() builds it, on synthetic prompt rows."""
         import datasets
-        import trl
         from transformers import PrinterCallback
         from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -286,16 +294,22 @@ class GenerationWarmer:
         cfg.push_to_hub = False
         cfg.disable_tqdm = True
         cfg.log_completions = False
-        trainer = getattr(trl, _TRAINERS[self.method])(
+        trainer = self._new_trainer(datasets.Dataset.from_list(rows))
+        trainer.remove_callback(PrinterCallback)
+        return trainer
+
+    def _new_trainer(self, dataset: Any) -> Any:
+        import trl
+
+        model_args = self.args.model
+        return getattr(trl, _TRAINERS[self.method])(
             model=model_args.model_name_or_path,
             reward_funcs=_stand_in_rewards(self.args.script),
-            args=cfg,
-            train_dataset=datasets.Dataset.from_list(rows),
+            args=self.config,
+            train_dataset=dataset,
             peft_config=trl.get_peft_config(model_args),
             quantization_config=trl.get_quantization_config(model_args),
         )
-        trainer.remove_callback(PrinterCallback)
-        return trainer
 
     def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:
         from accelerate import PartialState
@@ -314,7 +328,7 @@ class GenerationWarmer:
 
     def _train(self, rounds: list[Round], tracker: Tracker) -> None:
         ga = self.config.gradient_accumulation_steps
-        every = self.config.steps_per_generation * self.config.num_iterations
+        every = self._micro_steps_per_round()
         while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
             own = rounds[-1].own
             rounds.append(Round(None, Call(own.rows, own.prompt, own.length or 1, own.rows)))
@@ -359,12 +373,12 @@ def _placeholder(call: Call, row: int) -> str:
 
 
 def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
-    """Synthetic ids for placeholder prompts: the first row is P tokens long, the others one shorter (a batch
-    padded on the left) unless the batch is unpadded."""
+    """Synthetic ids for placeholder prompts: P tokens per row, but one fewer in the first row of a batch padded on
+    the left (a single prompt too: a padded layout needs a padding multiple, which pads P - 1 to P)."""
     out = []
     for text in prompts:
         _, p, row, unpadded = text.split(":")
-        length = int(p) if int(row) == 0 or unpadded == "1" else max(int(p) - 1, 1)
+        length = max(int(p) - 1, 1) if int(row) == 0 and unpadded == "0" else int(p)
         out.append([filler] * length)
     return out
 

@@ -40,6 +40,7 @@ WARMERS = {
     "reward": ("preference", "RewardWarmer"),
     "grpo": ("grpo", "GenerationWarmer"),
     "rloo": ("grpo", "GenerationWarmer"),
+    "distillation": ("distillation", "DistillationWarmer"),
 }
 
 
