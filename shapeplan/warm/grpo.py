@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import json
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -279,21 +278,11 @@ class GenerationWarmer:
         """The trainer as the method's `trl` main() builds it, on synthetic prompt rows."""
         import datasets
         from transformers import PrinterCallback
-        from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-        cfg, model_args = self.config, self.args.model
-        model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=cfg.trust_remote_code,
-                                 attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-        model_init_kwargs.update(cfg.model_init_kwargs or {})
-        cfg.model_init_kwargs = model_init_kwargs
-        cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
-        cfg.report_to = []
-        cfg.save_strategy = SaveStrategy.NO
-        cfg.eval_strategy = IntervalStrategy.NO
-        cfg.load_best_model_at_end = False
-        cfg.push_to_hub = False
-        cfg.disable_tqdm = True
-        cfg.log_completions = False
+        from .sft import script_config
+
+        script_config(self.config, self.args.model)
+        self.config.log_completions = False
         trainer = self._new_trainer(datasets.Dataset.from_list(rows))
         trainer.remove_callback(PrinterCallback)
         return trainer
