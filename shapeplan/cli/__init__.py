@@ -40,7 +40,8 @@ cli.add_command(cache_group)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every `ShapeplanError` becomes one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="shapeplan", standalone_mode=False)
+        # without standalone mode click *returns* the code of a `ctx.exit(n)` / `Exit(n)` instead of raising it
+        code = cli.main(args=argv, prog_name="shapeplan", standalone_mode=False)
     except ShapeplanError as exc:
         click.echo(f"Error: {exc}", err=True)
         return exc.exit_code
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
