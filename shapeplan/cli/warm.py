@@ -28,20 +28,32 @@ def device_option(command):  # type: ignore[no-untyped-def]
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir, set up before torch is imported (backends read env vars at import)."""
+    """The backend and cache dir (created if needed, proven writable), set up before torch is imported (backends
+    read env vars at import)."""
+    from ..warm.runner import check_cache_dir
+
+    backend, path = choose_backend(device, cache_dir)
+    cache = check_cache_dir(path)
+    backend.prepare(cache)
+    quiet_libraries()
+    return backend, cache
+
+
+def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
+    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from ..warm.backends import default_device, make_backend
-    from ..warm.runner import check_cache_dir, default_cache_dir
+    from ..warm.runner import default_cache_dir
 
     device = device or default_device()
-    backend = make_backend(device)
-    cache = check_cache_dir(Path(cache_dir) if cache_dir else default_cache_dir(device))
-    backend.prepare(cache)
-    # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
+    return make_backend(device), Path(cache_dir) if cache_dir else default_cache_dir(device)
+
+
+def quiet_libraries() -> None:
+    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    return backend, cache
 
 
 def device_argv(argv: list[str], device: str) -> list[str]:
