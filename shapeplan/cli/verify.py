@@ -18,14 +18,13 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     per shape whether anything compiled (cache misses). The cache dir is only read (it may be read-only): the run
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
-    from ..warm.runner import existing_cache_dir, make_warmer, scratch_view, warm
+    from ..warm.runner import existing_cache_dir, scratch_view, warm
 
     backend, path = choose_backend(device, cache_dir)
     cache = existing_cache_dir(path)
     with scratch_view(cache) as scratch:
         backend.prepare(scratch / "cache", scratch=scratch)
         quiet_libraries()
-        plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
-        warmer = make_warmer(plan.method, args)
+        plan, warmer = load_run(plan_path, "sft", None, None, None, (), backend.device)
         report = warm(plan, warmer, backend, cache, verify=True, progress=True)
     emit(report, as_json=as_json, verify=True)
