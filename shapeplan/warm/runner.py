@@ -307,7 +307,8 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
          progress: bool = True) -> WarmReport:
     """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d).
 
-    verify=True runs every shape regardless of the manifest and writes nothing: it reports what compiled.
+    verify=True runs every shape regardless of the manifest and writes none: it reports what compiled (the
+    caller points the backend at a `scratch_view` of `cache_dir`, so compiles do not land there either).
     """
     eval_passes = warmer.bind(plan)
     tasks = (warmer.tasks(plan) if hasattr(warmer, "tasks")
