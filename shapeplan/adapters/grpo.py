@@ -14,13 +14,18 @@ from .loop import eval_steps_of, sampled_epochs, train_loop
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs, make_parser, parse_training_args
 
-# TRL's Trainium guide GRPO example, planned when the user gives no training option at all.
+# TRL's Trainium guide GRPO example, planned (and warmed) when the user gives no training option at all.
 GUIDE_EXAMPLES = {
     "grpo": ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "128",
              "--cache_implementation", "static", "--bf16", "true"],
 }
-# Options the analyze command sets from DATASET, --model and --split: they choose data, not training.
-_RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split"}
+# The example's reward functions: one Python function of the example script (TRL's trl-lib/tldr example rewards
+# completions close to 20 characters), not a TRL registry name, so it is no `--reward_funcs` value. Rewards run
+# on the host; the warm-up keeps only their number, which sizes the rewards tensor.
+GUIDE_REWARD_FUNCS = {"grpo": ["reward_len"]}
+# Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
+# `shapeplan warm` sets for the device it warms on.
+_RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split", "use_cpu"}
 _TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 _TOKENIZE_CHUNK = 1000
 
@@ -34,8 +39,9 @@ def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArg
     if (args.given & trl_options) - _RUN_OPTIONS:
         return args, []
     example_args = parse_training_args(args.method, [*example, *argv])
+    example_args.script.reward_funcs = list(GUIDE_REWARD_FUNCS[args.method])
     note = (f"no training option given: planned TRL's Trainium guide {args.method.upper()} example "
-            f"({' '.join(example)}); pass TRL options to plan your own run")
+            f"({' '.join(example)}, one reward function); pass TRL options to plan your own run")
     return example_args, [note]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .warm import device_option, emit, load_run, prepare
+from .warm import choose_backend, device_option, emit, load_run, quiet_libraries
 
 
 @click.command("verify")
@@ -14,14 +14,17 @@ from .warm import device_option, emit, load_run, prepare
 def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Check that a warmed cache covers a plan: nothing may compile.
 
-    Runs each planned shape once, as `shapeplan warm` does, in this new process, ignoring the manifest and
-    writing nothing, and reports per shape whether anything compiled (cache misses). Exit code 1 if anything
-    compiled or failed.
+    Runs each planned shape once, as `shapeplan warm` does, in this new process, ignoring the manifest, and reports
+    per shape whether anything compiled (cache misses). The cache dir is only read (it may be read-only): the run
+    compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
-    from ..warm.runner import make_warmer, warm
+    from ..warm.runner import existing_cache_dir, scratch_view, warm
 
-    backend, cache = prepare(device, cache_dir)
-    plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
-    warmer = make_warmer(plan.method, args)
-    report = warm(plan, warmer, backend, cache, verify=True, progress=True)
+    backend, path = choose_backend(device, cache_dir)
+    cache = existing_cache_dir(path)
+    with scratch_view(cache) as scratch:
+        backend.prepare(scratch / "cache", scratch=scratch)
+        quiet_libraries()
+        plan, warmer = load_run(plan_path, "sft", None, None, None, (), backend.device)
+        report = warm(plan, warmer, backend, cache, verify=True, progress=True)
     emit(report, as_json=as_json, verify=True)

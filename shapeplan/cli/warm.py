@@ -28,20 +28,32 @@ def device_option(command):  # type: ignore[no-untyped-def]
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir, set up before torch is imported (backends read env vars at import)."""
+    """The backend and cache dir (created if needed, proven writable), set up before torch is imported (backends
+    read env vars at import)."""
+    from ..warm.runner import check_cache_dir
+
+    backend, path = choose_backend(device, cache_dir)
+    cache = check_cache_dir(path)
+    backend.prepare(cache)
+    quiet_libraries()
+    return backend, cache
+
+
+def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
+    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from ..warm.backends import default_device, make_backend
-    from ..warm.runner import check_cache_dir, default_cache_dir
+    from ..warm.runner import default_cache_dir
 
     device = device or default_device()
-    backend = make_backend(device)
-    cache = check_cache_dir(Path(cache_dir) if cache_dir else default_cache_dir(device))
-    backend.prepare(cache)
-    # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
+    return make_backend(device), Path(cache_dir) if cache_dir else default_cache_dir(device)
+
+
+def quiet_libraries() -> None:
+    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    return backend, cache
 
 
 def device_argv(argv: list[str], device: str) -> list[str]:
@@ -69,23 +81,32 @@ def check_config(plan: Any, args: Any, argv: list[str]) -> None:
 
 def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
              trl_args: tuple[str, ...], device: str) -> tuple[Any, Any]:
-    """The plan (read, or made from the run's arguments) and the run's parsed arguments."""
+    """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
+    training option, the guide's example). The warmer comes first: a run it cannot warm is refused before
+    planning, and before any model loads."""
+    from ..adapters.grpo import with_guide_example
     from ..adapters.trl_args import parse_training_args
     from ..analyze import analyze
     from ..plan.io import load_plan
+    from ..warm.runner import make_warmer
 
     described = bool(trl_args or model or split or eval_dataset)
+    plan = None
     if plan_path is not None:
         plan = load_plan(plan_path)
-        argv = split_run_arguments(plan.method, trl_args, model, split) if described else \
+        method = plan.method
+        argv = split_run_arguments(method, trl_args, model, split) if described else \
             list(plan.config.get("argv", []))
     else:
         argv = split_run_arguments(method, trl_args, model, split)
+    run_argv = device_argv(argv, device)
+    args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
+    warmer = make_warmer(method, args)
+    if plan is None:
         plan = analyze(method, argv, eval_source=eval_dataset)
-    args = parse_training_args(plan.method, device_argv(argv, device))
-    if plan_path is not None and described:
+    elif described:
         check_config(plan, args, argv)
-    return plan, args
+    return plan, warmer
 
 
 def render(report: Any, *, verify: bool) -> str:
@@ -141,12 +162,11 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
-    from ..warm.runner import make_warmer, warm
-
     from ..warm.parallel import worker_count
+    from ..warm.runner import warm
 
     backend, cache = prepare(device, cache_dir)
-    plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
+    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
     count = worker_count(workers, backend.device, worker_memory)
     if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
         raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of processes, "
@@ -154,7 +174,6 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
-        warmer = make_warmer(plan.method, args)
         report = warm(plan, warmer, backend, cache, progress=True)
     emit(report, as_json=as_json, verify=False)
 

@@ -217,6 +217,8 @@ class GenerationWarmer:
         self.inner_phases: dict[str, str] = {}
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
         self._tokenizer: Any = None
+        # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
+        self.reward_funcs = _stand_in_rewards(args.script) if self.method in _TRAINERS else []
 
     # -- identity ---------------------------------------------------------------------------------------------
 
@@ -293,7 +295,7 @@ class GenerationWarmer:
         model_args = self.args.model
         return getattr(trl, _TRAINERS[self.method])(
             model=model_args.model_name_or_path,
-            reward_funcs=_stand_in_rewards(self.args.script),
+            reward_funcs=self.reward_funcs,
             args=self.config,
             train_dataset=dataset,
             peft_config=trl.get_peft_config(model_args),
@@ -345,7 +347,7 @@ def _stand_in_rewards(script: Any) -> list[Any]:
         raise UsageError("warming a run with a reward model is not supported: its inputs are re-tokenized text "
                          "(see the plan's warning); drop --reward_model_name_or_path or wrap it in a reward function")
     if not names:
-        raise UsageError("the run has no reward function; pass --reward_funcs as for `trl grpo`")
+        raise UsageError("the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`")
 
     def make(index: int) -> Any:
         def reward(completions: list[Any], **kwargs: Any) -> list[float]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import stat
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -136,6 +139,63 @@ def check_cache_dir(path: Path) -> Path:
     return path.resolve()
 
 
+def existing_cache_dir(path: Path) -> Path:
+    """`path`, which must be a folder already: `verify` checks a warmed cache and never creates or writes one."""
+    if not path.exists():
+        raise CacheError(f"cache dir {path} does not exist; warm it with `shapeplan warm --cache-dir {path}` first, "
+                         "or pass the warmed folder with --cache-dir")
+    if not path.is_dir():
+        raise CacheError(f"cache dir {path} is not a folder; pass the folder `shapeplan warm --cache-dir` wrote")
+    return path.resolve()
+
+
+@contextmanager
+def scratch_view(cache_dir: Path) -> Iterator[Path]:
+    """A private, writable folder holding `cache/`, a view of `cache_dir`, deleted on exit.
+
+    Compiles land in the view and are thrown away, so `cache_dir` is only read (it may be read-only). Files are
+    hard links where the file system allows (compilers replace a cache file by renaming a new one into place,
+    which leaves the linked original alone), else copies; lock files are per-process state, not cache content,
+    and are left out (opening one truncates it).
+    """
+    root = _scratch_root(cache_dir)
+    try:
+        try:
+            view = root / "cache"
+            shutil.copytree(cache_dir, view, symlinks=True, copy_function=_link_or_copy,
+                            ignore=shutil.ignore_patterns("*.lock"))
+            for folder, _, _ in os.walk(view):  # copytree copies the folders' modes, a read-only cache's too
+                os.chmod(folder, os.stat(folder).st_mode | stat.S_IRWXU)
+        except OSError as exc:
+            reason = exc.strerror or "some files cannot be read"  # shutil.Error lists its failures instead
+            raise CacheError(f"cannot make a scratch view of cache dir {cache_dir} in {root} ({reason}); verify "
+                             "must read every file of the cache dir and have space for the view (set TMPDIR to "
+                             "use another folder)") from exc
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _scratch_root(cache_dir: Path) -> Path:
+    """A new folder next to `cache_dir` (the same file system, so hard links work), else in the temp dir."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=".shapeplan-verify-", dir=cache_dir.parent))
+    except OSError:  # a read-only parent: the temp dir, where files are copied if they cannot be linked
+        pass
+    try:
+        return Path(tempfile.mkdtemp(prefix="shapeplan-verify-"))
+    except OSError as exc:
+        raise CacheError(f"cannot create a scratch folder for verify in {tempfile.gettempdir()} ({exc.strerror}); "
+                         "set TMPDIR to a writable folder") from exc
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, a read-only mount, a file system without hard links
+        shutil.copy2(source, target)
+
+
 class Manifest:
     """The cache dir's record of warmed shapes, per environment."""
 
@@ -247,7 +307,8 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
          progress: bool = True) -> WarmReport:
     """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d).
 
-    verify=True runs every shape regardless of the manifest and writes nothing: it reports what compiled.
+    verify=True runs every shape regardless of the manifest and writes none: it reports what compiled (the
+    caller points the backend at a `scratch_view` of `cache_dir`, so compiles do not land there either).
     """
     eval_passes = warmer.bind(plan)
     tasks = (warmer.tasks(plan) if hasattr(warmer, "tasks")

@@ -18,7 +18,10 @@ class Backend(Protocol):
     name: str
     device: str  # the torch device training runs on: "neuron", "cuda" or "cpu"
 
-    def prepare(self, cache_dir: Path) -> None: ...
+    def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
+        """Point the stack at `cache_dir`. `scratch`: a private writable folder for the stack's other state (lock
+        files), given when `cache_dir` is a throwaway view (verify); None keeps the stack's own default."""
+        ...
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None: ...
 

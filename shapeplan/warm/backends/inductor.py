@@ -46,7 +46,8 @@ class InductorBackend:
     def __init__(self, device: str) -> None:
         self.device = device
 
-    def prepare(self, cache_dir: Path) -> None:
+    def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
+        # Inductor keeps its locks and build files under its cache dir: `scratch` adds nothing
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None:

@@ -40,8 +40,10 @@ class NeuronBackend:
     def __init__(self) -> None:
         require_torch_neuronx()
 
-    def prepare(self, cache_dir: Path) -> None:
+    def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
         os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
+        if scratch is not None:  # compile locks go to a local dir that must be writable (neuron.md 2.1)
+            os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = str(scratch / "locks")
         os.environ["TORCH_NEURONX_METRICS_ENABLED"] = "1"
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None:

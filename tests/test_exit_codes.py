@@ -1,0 +1,260 @@
+"""Every row of the README's exit-code table, through the installed `shapeplan` console script in a subprocess (the
+entry point a pipeline runs): the code, and for an error its one line on stderr, nothing on stdout, no traceback.
+
+Also what `verify` promises a baked image: it leaves the cache dir exactly as it found it (file list, checksums,
+modes and the folders' modification times, which any file created in them, even one deleted again, changes), works
+on a read-only cache dir, and a second `verify` of an unwarmed cache still fails. And the guide's GRPO example, which
+`analyze` plans with no TRL option, warms with its one reward function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shapeplan.cache.archive import ARCHIVE_META
+from shapeplan.plan.io import write_plan
+from tests.cache.test_archive import _rewrite, _warmed_cache
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
+from tests.warm.harness import plan_for, run_argv
+
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+EAGER = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1"]
+
+
+def shapeplan(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=1200, check=False)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Error" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stdout
+
+
+def refused(result: subprocess.CompletedProcess[str], code: int, message: str) -> None:
+    assert (result.returncode, result.stdout) == (code, ""), result.stderr[-3000:]
+    assert result.stderr.splitlines() == [f"Error: {message}"]
+
+
+@pytest.fixture
+def eager_plan(tmp_path: Path) -> Path:
+    """An SFT plan of one eager train shape: warming it builds the real trainer and runs one step."""
+    path = tmp_path / "plan.json"
+    write_plan(plan_for(CAPYBARA, EAGER, tmp_path / "out"), path)
+    return path
+
+
+# -- analyze ---------------------------------------------------------------------------------------------------
+
+
+def test_analyze(tmp_path: Path) -> None:
+    assert "SFT plan" in ok(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "-o", tmp_path / "plan.json"))
+    assert (tmp_path / "plan.json").is_file()
+    missing = tmp_path / "missing.jsonl"
+    refused(shapeplan("analyze", missing, "--model", TINY_MODEL), 1,
+            f"dataset {missing} not found: no such file or folder; pass an existing path or a Hub dataset id")
+    refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--max_lenght", "5"), 2,
+            "unknown option '--max_lenght': it is neither a TRL `sft` option nor an `accelerate launch` option; "
+            "see `trl sft --help`")
+
+
+# -- warm ------------------------------------------------------------------------------------------------------
+
+
+def test_warm(tmp_path: Path, eager_plan: Path) -> None:
+    cache = tmp_path / "cache"
+    assert "1 cached" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
+    # again: every shape is in the manifest
+    assert "1 skipped" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    refused(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", blocker / "cache"), 1,
+            f"cache dir {blocker / 'cache'} is not writable (Not a directory); pass a writable folder with "
+            "--cache-dir")
+    missing = tmp_path / "missing.json"
+    refused(shapeplan("warm", "--plan", missing, "--device", "cpu", "--cache-dir", cache), 1,
+            f"cannot read plan {missing}: No such file or directory; pass a file written by `shapeplan analyze -o`")
+    refused(shapeplan("warm", "--plan", eager_plan, "--device", "tpu"), 2,
+            "Invalid value for '--device': 'tpu' is not one of 'neuron', 'cuda', 'cpu'; see `shapeplan warm --help`")
+
+
+def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
+    """A model whose weights cannot be loaded: every shape fails (one row each), and the exit code says so."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in TINY_MODEL.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for(CAPYBARA, [*EAGER, "--model_name_or_path", str(model)], tmp_path / "out"), plan)
+    result = shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", tmp_path / "cache", "--json")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["status"] == "failed" and row["error"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`"),
+    (["--reward_funcs", "accuracy_reward", "--reward_model_name_or_path", str(TINY_MODEL)],
+     ("warming a run with a reward model is not supported: its inputs are re-tokenized text (see the plan's "
+      "warning); drop --reward_model_name_or_path or wrap it in a reward function")),
+])
+def test_warm_refuses_a_run_without_a_usable_reward_up_front(argv: list[str], message: str, tmp_path: Path) -> None:
+    """Refused once, before planning (RLOO's defaults need more prompts than one: planning would fail first) and
+    before any model loads."""
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(TLDR.read_text().splitlines()[0] + "\n")
+    refused(shapeplan("warm", "--method", "rloo", prompts, "--model", TINY_MODEL, *argv, "--device", "cpu",
+                      "--cache-dir", tmp_path / "cache"), 2, message)
+
+
+@pytest.mark.slow
+def test_warm_plans_and_warms_the_guide_grpo_example(tmp_path: Path) -> None:
+    """No TRL option: `warm` warms what `analyze` plans, the guide's example with its one reward function."""
+    prompts = tmp_path / "prompts.jsonl"
+    shortest = min(TLDR.read_text().splitlines(), key=lambda row: len(json.loads(row)["prompt"]))
+    prompts.write_text(shortest + "\n")  # one prompt: one generate size
+    planned = json.loads(ok(shapeplan("analyze", "--method", "grpo", prompts, "--model", TINY_MODEL, "--json")))
+    assert "Trainium guide GRPO example" in planned["warnings"][0]
+    result = shapeplan("warm", "--method", "grpo", prompts, "--model", TINY_MODEL, "--device", "cpu",
+                       "--cache-dir", tmp_path / "cache", "--json")
+    report = json.loads(ok(result))
+    generate = [s for s in planned["shapes"] if s["phase"] == "generate"]
+    assert [(r["phase"], r["batch"], r["seq"]) for r in report["results"]] == [
+        ("generate", s["batch"], s["seq"]) for s in generate]
+    assert {r["status"] for r in report["results"]} == {"cached"}  # eager on CPU: run, nothing to compile
+    assert report["environment"]["dtype"]["bf16"] is True  # the guide's bf16, not TRL's default
+
+
+# -- verify ----------------------------------------------------------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, tuple[object, ...]]:
+    """Every entry under `folder` (itself included): kind, mode, modification time, and a file's sha256."""
+    out: dict[str, tuple[object, ...]] = {}
+    for path in sorted([folder, *folder.rglob("*")]):
+        info = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        out[path.relative_to(folder).as_posix()] = (stat.S_IFMT(info.st_mode), info.st_mode, info.st_mtime_ns, digest)
+    return out
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[list[Path]]:
+    """Folders made read-only (chmod -R a-w) for a test; writable again afterwards so they can be deleted."""
+    folders: list[Path] = []
+    yield folders
+    for folder in folders:
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def make_read_only(folder: Path, registry: list[Path]) -> None:
+    registry.append(folder)
+    for path in sorted([folder, *folder.rglob("*")], reverse=True):  # children first
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def test_verify(tmp_path: Path, eager_plan: Path, read_only: list[Path]) -> None:
+    # A warmed-looking cache, read-only. Tests may run as root, whom modes do not stop: the snapshot's folder
+    # modification times show any file created (even deleted again) inside.
+    cache = _warmed_cache(tmp_path / "cache")
+    (cache / "locks").mkdir()
+    (cache / "locks" / "graph.lock").write_text("")
+    make_read_only(cache, read_only)
+    before = snapshot(cache)
+    assert "verify: nothing compiled" in ok(shapeplan("verify", "--plan", eager_plan, "--device", "cpu",
+                                                      "--cache-dir", cache))
+    assert snapshot(cache) == before
+    assert not list(tmp_path.glob(".shapeplan-verify-*"))  # the scratch view is gone
+
+    missing = tmp_path / "missing"
+    refused(shapeplan("verify", "--plan", eager_plan, "--device", "cpu", "--cache-dir", missing), 1,
+            f"cache dir {missing} does not exist; warm it with `shapeplan warm --cache-dir {missing}` first, or "
+            "pass the warmed folder with --cache-dir")
+    assert not missing.exists()
+    refused(shapeplan("verify", "--device", "cpu"), 2, "Missing option '--plan'; see `shapeplan verify --help`")
+
+
+@pytest.mark.slow
+def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list[Path]) -> None:
+    """torch.compile on Inductor: verify on an unwarmed cache fails twice in a row (the first run's compiles did
+    not land in the cache), leaving it unchanged; once warmed and made read-only, verify passes and changes
+    nothing."""
+    plan = tmp_path / "plan.json"
+    argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1", "--torch_compile", "true"]
+    ok(shapeplan("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", plan))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "unrelated.txt").write_text("kept as it is")
+    before = snapshot(cache)
+    for _ in range(2):
+        result = shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json")
+        assert result.returncode == 1, result.stderr[-3000:]
+        (row,) = json.loads(result.stdout)["results"]
+        assert row["status"] == "compiled" and row["counters"]["fxgraph_cache_miss"] > 0
+        assert snapshot(cache) == before
+
+    warmed = json.loads(ok(shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json")))
+    assert [r["status"] for r in warmed["results"]] == ["compiled"]
+    make_read_only(cache, read_only)
+    before = snapshot(cache)
+    (row,) = json.loads(ok(shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache,
+                                     "--json")))["results"]
+    assert row["status"] == "cached" and row["counters"]["fxgraph_cache_hit"] > 0
+    assert snapshot(cache) == before
+
+
+# -- cache export / import / inspect ---------------------------------------------------------------------------
+
+
+def test_cache_export(tmp_path: Path) -> None:
+    archive = tmp_path / "cache.tar.gz"
+    assert "exported 1 warmed shape(s)" in ok(shapeplan("cache", "export", "--cache-dir",
+                                                        _warmed_cache(tmp_path / "cache"), "-o", archive))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(shapeplan("cache", "export", "--cache-dir", empty, "-o", tmp_path / "b.tar.gz"), 1,
+            f"{empty} has no shapeplan-manifest.json; warm it with `shapeplan warm --cache-dir {empty}` first")
+    refused(shapeplan("cache", "export", "--cache-dir", empty), 2,
+            "Missing option '-o' / '--output'; see `shapeplan cache export --help`")
+
+
+def test_cache_import_and_inspect(tmp_path: Path) -> None:
+    archive = tmp_path / "cache.tar.gz"
+    ok(shapeplan("cache", "export", "--cache-dir", _warmed_cache(tmp_path / "cache"), "-o", archive))
+    assert "imported 1 warmed shape(s)" in ok(shapeplan("cache", "import", archive, "--cache-dir",
+                                                        tmp_path / "imported"))
+    missing = tmp_path / "missing.tar.gz"
+    refused(shapeplan("cache", "import", missing, "--cache-dir", tmp_path / "t"), 1,
+            f"archive {missing} does not exist; pass a file written by `shapeplan cache export`")
+    refused(shapeplan("cache", "import", "--bogus", archive), 2,
+            "No such option '--bogus'; see `shapeplan cache import --help`")
+    with tarfile.open(archive, "r:gz") as tar:
+        meta = json.loads(tar.extractfile(ARCHIVE_META).read())  # type: ignore[union-attr]  # a file member
+    here = meta["environment"]["versions"]["trl"]
+    meta["environment"]["versions"]["trl"] = "1.15.0"
+    other = _rewrite(archive, tmp_path / "other.tar.gz", meta=meta)
+    refused(shapeplan("cache", "import", other, "--cache-dir", tmp_path / "t"), 3,
+            f"{other} was compiled for another environment: trl=1.15.0 (this machine: {here}); warm this machine's "
+            "own cache with `shapeplan warm` instead")
+    assert not (tmp_path / "t").exists()
+
+    assert f"{archive}: 3 file(s)" in ok(shapeplan("cache", "inspect", archive))
+    refused(shapeplan("cache", "inspect", CAPYBARA), 1,
+            f"{CAPYBARA} is not a shapeplan cache archive (not a gzip file); pass a file written by "
+            "`shapeplan cache export`")
+    refused(shapeplan("cache", "inspect"), 2, "Missing argument 'ARCHIVE'; see `shapeplan cache inspect --help`")
