@@ -15,16 +15,19 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .errors import ShapeplanError
 from .warm.backends.base import Backend, counter_delta
+from .warm.backends.neuron import DEFAULT_CACHE_DIR
 
 PACKAGES = ("torch", "torch-neuronx", "neuronx-cc", "trl", "transformers", "accelerate", "datasets")
 FILE_COUNTERS = ("neff_files",)  # counters that count files rather than compiles (the neuron backend's)
+# Where a stack writes when it ignores the cache dir it was given: seen there, the variable was not read.
+DEFAULT_DIRS = {"neuron": DEFAULT_CACHE_DIR}
 SHAPE = (3, 37)  # the self-test's shape: new to a fresh cache dir
 CHILD_TIMEOUT_S = 1800  # one small op and one tiny graph; a first Neuron compile takes minutes
 
@@ -141,6 +144,8 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
 def self_test(backend: Backend) -> tuple[list[Check], list[Check], str]:
     """Checks of the first and the second run, and TRL's `pad_to_multiple_of="auto"` as the first run resolved it."""
     fixes = FIXES[backend.name]
+    fallback = DEFAULT_DIRS.get(backend.name)
+    strays = _files(fallback) if fallback else set()
     with tempfile.TemporaryDirectory(prefix="shapeplan-doctor-") as folder:
         cache = Path(folder)
         runs = []
@@ -152,30 +157,33 @@ def self_test(backend: Backend) -> tuple[list[Check], list[Check], str]:
     if "error" in result:
         return [Check(label, False, result["error"], "fix the error above; `warm` would fail the same way")], [], \
             "unknown"
-    first = _first_checks(backend, result, new_files, cache, fixes)
+    first = _first_checks(backend, result, new_files, fixes)
+    if fallback and not new_files and _files(fallback) - strays:
+        first[-1] = replace(first[-1], detail=f"{first[-1].detail}; {len(_files(fallback) - strays)} new file(s) "
+                            f"went to {fallback}, the default: the cache dir variable was not read")
     if "error" in result2:
         return first, [Check(label2, False, result2["error"], "fix the error above")], result["pad_to_multiple_of"]
     delta = result2["delta"]
     second = [
-        Check("second run: cache hit", backend.hit(delta), _shown(delta, "counters moved: "),
+        Check("second run hits the cache", backend.hit(delta), _shown(delta, "counters moved: "),
               "" if backend.hit(delta) else fixes["hit"]),
-        Check("second run: nothing compiled", not backend.compiled(delta) and new_files2 == 0,
+        Check("second run compiles nothing", not backend.compiled(delta) and new_files2 == 0,
               f"{_shown(delta, 'counters moved: ')}; {new_files2} new file(s)",
               "" if not backend.compiled(delta) and new_files2 == 0 else fixes["again"]),
     ]
     return first, second, result["pad_to_multiple_of"]
 
 
-def _first_checks(backend: Backend, result: Mapping[str, Any], new_files: int, cache: Path,
+def _first_checks(backend: Backend, result: Mapping[str, Any], new_files: int,
                   fixes: Mapping[str, str]) -> list[Check]:
     delta = result["delta"]
     counted = backend.compiled({k: v for k, v in delta.items() if k not in FILE_COUNTERS})
     sources = result.get("sources")
     read = f"read from {', '.join(k for k, v in sources.items() if v)}; " if sources else ""
     return [
-        Check("first run: compile counted", counted, f"{read}{_shown(delta, 'counters moved: ')}",
+        Check("first run counts a compile", counted, f"{read}{_shown(delta, 'counters moved: ')}",
               "" if counted else fixes["counters"]),
-        Check("first run: cache files written", new_files > 0, f"{new_files} new file(s) in the cache dir",
+        Check("first run writes cache files", new_files > 0, f"{new_files} new file(s) in the cache dir",
               "" if new_files else fixes["files"]),
     ]
 
@@ -185,7 +193,7 @@ def _shown(delta: Mapping[str, int], prefix: str) -> str:
 
 
 def _files(folder: Path) -> set[Path]:
-    return {p for p in folder.rglob("*") if p.is_file()}
+    return {p for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()
 
 
 def _child(device: str, cache: Path, *, resolve_padding: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import tempfile
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +42,8 @@ DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
 # Physical NeuronCores per Neuron device (/dev/neuronN).
 CORES_PER_DEVICE = {"trn2": 8, "trn3": 8}
 # Where EC2 (Nitro) exposes the instance type.
+# Where TorchNeuron writes NEFFs when it finds no cache dir setting of its own (/tmp/neff_cache unless TMPDIR is set).
+DEFAULT_CACHE_DIR = Path(tempfile.gettempdir()) / "neff_cache"
 INSTANCE_TYPE_FILE = Path("/sys/devices/virtual/dmi/id/product_name")
 DEVICE_DIR = Path("/dev")
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"

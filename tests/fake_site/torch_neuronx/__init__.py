@@ -9,6 +9,7 @@ tests/warm/fake_neuron.py; subprocesses: PYTHONPATH) and choose its behaviour wi
                         looked up or written and no persistent miss is counted; compiles still happen
     no_metrics          there is no torch_neuronx.metrics module
     no_stats            there is no _C._get_compilation_cache_stats
+    metrics_off         the metrics stay off although TORCH_NEURONX_METRICS_ENABLED=1 (a release reading another name)
     xla                 an XLA-era package: no torch.neuron and no stats call
     renamed_cache_var   the cache dir is read from TORCH_NEURONX_NEFF_CACHE_PATH, not TORCH_NEURONX_NEFF_CACHE_DIR
 
@@ -32,7 +33,7 @@ MODES = frozenset(m for m in os.environ.get("FAKE_NEURON", "").split(",") if m)
 __version__ = metadata.version("torch-neuronx")
 ENV_AT_IMPORT = {name: os.environ.get(name) for name in ("TORCH_NEURONX_NEFF_CACHE_DIR",
                                                          "TORCH_NEURONX_METRICS_ENABLED")}
-METRICS_ENABLED = os.environ.get("TORCH_NEURONX_METRICS_ENABLED") == "1"
+METRICS_ENABLED = os.environ.get("TORCH_NEURONX_METRICS_ENABLED") == "1" and "metrics_off" not in MODES
 CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_PATH" if "renamed_cache_var" in MODES else "TORCH_NEURONX_NEFF_CACHE_DIR"
 CACHE_DIR = Path(os.environ.get(CACHE_VAR) or Path(tempfile.gettempdir()) / "neff_cache")
 PERSISTENT = "cache_failed" not in MODES
