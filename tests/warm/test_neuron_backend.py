@@ -156,12 +156,12 @@ def test_xla_era_refusal_through_the_console_script(tmp_path: Path) -> None:
     env = fake_env(site=xla_site(tmp_path / "site"))
     done = subprocess.run([str(Path(sys.executable).parent / "shapeplan"), "warm", "--plan", str(plan), "--device",
                            "neuron", "--cache-dir", str(tmp_path / "c")], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "Error: torch-neuronx 2.9.0 is the PyTorch/XLA stack, which shapeplan does not warm; use TorchNeuron: "
-        "torch-neuronx >= 2.13 on a Trn2/Trn3 host, Python >= 3.12, installed from the Neuron pip index; or pass "
-        "--device cpu"]
+        ("Error: torch-neuronx 2.9.0 is the PyTorch/XLA stack, which shapeplan does not warm; use TorchNeuron: "
+         "torch-neuronx >= 2.13 on a Trn2/Trn3 host, Python >= 3.12, installed from the Neuron pip index; or pass "
+         "--device cpu")]
 
 
 def test_settings_hold_the_target_and_code_changing_settings_normalized(monkeypatch: pytest.MonkeyPatch) -> None:

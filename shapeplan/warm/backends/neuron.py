@@ -175,7 +175,7 @@ class NeuronBackend:
         import torch
 
         sources = self.sources()
-        torch.neuron.synchronize()
+        torch.neuron.synchronize()  # type: ignore[attr-defined]  # registered by torch-neuronx
         module = self._module()
         out: dict[str, int] = {}
         if sources["_C._get_compilation_cache_stats"]:
