@@ -47,8 +47,9 @@ class FakeNeuron:
         test."""
         monkeypatch.syspath_prepend(str(SITE))
         monkeypatch.setenv("FAKE_NEURON", ",".join(self.modes))
-        for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED"):
-            monkeypatch.delenv(name, raising=False)
+        for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED"):  # the backend sets them
+            monkeypatch.setenv(name, "")  # undone last: restores them as they were before the test
+            monkeypatch.delenv(name)
         for name in ("torch_neuronx", "torch_neuronx.metrics"):
             monkeypatch.setitem(sys.modules, name, None)  # undone last: restores "not imported"
             monkeypatch.delitem(sys.modules, name)
