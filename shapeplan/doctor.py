@@ -136,42 +136,41 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
                          tuple(checks))
     checks.insert(0, Check("compiler stack", True, f"{backend.name} on device {device}"))
     settings = backend.settings()
-    first, second, pad = self_test(backend)
+    tested, pad = self_test(backend)
     return Diagnosis(versions(), device, cores(device), str(cache), free_gib(cache), writable, settings, pad,
-                     (*checks, *first, *second))
+                     (*checks, *tested))
 
 
-def self_test(backend: Backend) -> tuple[list[Check], list[Check], str]:
-    """Checks of the first and the second run, and TRL's `pad_to_multiple_of="auto"` as the first run resolved it."""
+def self_test(backend: Backend) -> tuple[list[Check], str]:
+    """The self-test's checks, and TRL's `pad_to_multiple_of="auto"` as the first run resolved it."""
     fixes = FIXES[backend.name]
     fallback = DEFAULT_DIRS.get(backend.name)
     strays = _files(fallback) if fallback else set()
     with tempfile.TemporaryDirectory(prefix="shapeplan-doctor-") as folder:
         cache = Path(folder)
-        runs = []
-        for label in ("first run", "second run"):
-            before = _files(cache)
-            result = _child(backend.device, cache, resolve_padding=label == "first run")
-            runs.append((label, result, len(_files(cache) - before)))
-    (label, result, new_files), (label2, result2, new_files2) = runs
-    if "error" in result:
-        return [Check(label, False, result["error"], "fix the error above; `warm` would fail the same way")], [], \
-            "unknown"
-    first = _first_checks(backend, result, new_files, fixes)
+        first = _child(backend.device, cache, resolve_padding=True)
+        if "error" in first:
+            return [Check("first run", False, first["error"], "fix the error above; `warm` would fail the same way")], \
+                "unknown"
+        new_files = len(_files(cache))
+        second = _child(backend.device, cache, resolve_padding=False)
+        new_files2 = len(_files(cache)) - new_files
+    checks = _first_checks(backend, first, new_files, fixes)
     if fallback and not new_files and _files(fallback) - strays:
-        first[-1] = replace(first[-1], detail=f"{first[-1].detail}; {len(_files(fallback) - strays)} new file(s) "
-                            f"went to {fallback}, the default: the cache dir variable was not read")
-    if "error" in result2:
-        return first, [Check(label2, False, result2["error"], "fix the error above")], result["pad_to_multiple_of"]
-    delta = result2["delta"]
-    second = [
+        checks[-1] = replace(checks[-1], detail=f"{checks[-1].detail}; {len(_files(fallback) - strays)} new file(s) "
+                             f"went to {fallback}, the default: the cache dir variable was not read")
+    if "error" in second:
+        return [*checks, Check("second run", False, second["error"], "fix the error above")], \
+            first["pad_to_multiple_of"]
+    delta = second["delta"]
+    again = backend.compiled(delta) or new_files2 > 0
+    checks += [
         Check("second run hits the cache", backend.hit(delta), _shown(delta, "counters moved: "),
               "" if backend.hit(delta) else fixes["hit"]),
-        Check("second run compiles nothing", not backend.compiled(delta) and new_files2 == 0,
-              f"{_shown(delta, 'counters moved: ')}; {new_files2} new file(s)",
-              "" if not backend.compiled(delta) and new_files2 == 0 else fixes["again"]),
+        Check("second run compiles nothing", not again, f"{_shown(delta, 'counters moved: ')}; {new_files2} new file(s)",
+              fixes["again"] if again else ""),
     ]
-    return first, second, result["pad_to_multiple_of"]
+    return checks, first["pad_to_multiple_of"]
 
 
 def _first_checks(backend: Backend, result: Mapping[str, Any], new_files: int,

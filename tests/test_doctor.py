@@ -100,3 +100,19 @@ def test_doctor_usage_error(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         ("Error: Invalid value for '--device': 'tpu' is not one of 'neuron', 'cuda', 'cpu'; see `shapeplan doctor "
          "--help`")]
+
+
+def test_doctor_reports_a_self_test_that_cannot_run(tmp_path: Path) -> None:
+    """This machine has no GPU: the first run fails, and its error is the line's detail."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    done = _doctor("--device", "cuda", "--cache-dir", str(tmp_path / "cache"),
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert line.startswith("FAIL  first run: the self-test process exited with code 1: ")
+    assert "fix: fix the error above; `warm` would fail the same way" in done.stdout
