@@ -21,8 +21,8 @@ def render(diagnosis: Any) -> str:
     lines += [
         "",
         f"device: {diagnosis.device}",
-        f"cores: {count} visible {'logical NeuronCores' if diagnosis.device == 'neuron' else 'cores'}{visible}, "
-        f"from {found['from']}",
+        (f"cores: {count} visible {'logical NeuronCores' if diagnosis.device == 'neuron' else 'cores'}{visible}, "
+         f"from {found['from']}"),
         f"cache dir: {diagnosis.cache_dir} ({free}, {'writable' if diagnosis.writable else 'NOT writable'})",
         f'pad_to_multiple_of="auto" resolves to: {diagnosis.pad_to_multiple_of} (TRL, on this device)',
         "compile-key settings (warm-up and training must match):",
