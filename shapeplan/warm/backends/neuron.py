@@ -20,8 +20,8 @@ from typing import Any
 
 from ...errors import CacheError, UsageError
 
-# `torch_neuronx.metrics` counters (totals of this process) and the keys of the private
-# `_C._get_compilation_cache_stats()` dict; the metrics module is the fallback when the private call is gone.
+# The `torch_neuronx.metrics` counters read (totals of this process); with the private
+# `_C._get_compilation_cache_stats()` dict's keys, the names that mean a compile or a persistent-cache hit.
 METRIC_COUNTERS = (
     "CompilationCache.PersistentHits",
     "CompilationCache.PersistentMisses",
