@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -30,6 +31,13 @@ ARCHIVE_SCHEMA = 1
 PREFIX = "cache"
 PACKAGES = ("torch", "trl", "transformers", "accelerate")
 _CHUNK = 1 << 20
+# In-flight writes: TorchNeuron's `<name>.tmp.XXXXXX` (renamed into place when done), `*.tmp` of its Python compile
+# path and of shapeplan's own atomic writes.
+_TEMPORARY = re.compile(r"(\.tmp\.[A-Za-z0-9_]{6}|\.tmp)$")
+
+
+def is_temporary(name: str) -> bool:
+    return bool(_TEMPORARY.search(name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +67,7 @@ def _cache_files(cache_dir: Path) -> Iterator[Path]:
             raise CacheError(f"{path} is a symbolic link; a cache to export must hold only files and folders")
         name = path.name
         if path.is_file() and not (name.endswith(".lock") or name.startswith(".shapeplan-probe-")
-                                   or (name.startswith(".") and name.endswith(".tmp"))):
+                                   or is_temporary(name)):
             yield path
 
 
@@ -189,7 +197,7 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None) -
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.importing-", dir=target.parent))
     try:
         seen = _extract(archive, info, staging)
-        missing = sorted(set(info.files) - seen)
+        missing = sorted(name for name in set(info.files) - seen if not is_temporary(name))
         if missing:
             raise CacheError(f"{archive} is damaged: {missing[0]} is listed but missing; export it again")
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is read by whoever trains
@@ -208,7 +216,7 @@ def _extract(archive: Path, info: ArchiveInfo, staging: Path) -> set[str]:
         try:
             for member in tar:
                 relative = _member_path(member, archive)
-                if relative is None:
+                if relative is None or is_temporary(relative):  # an older export may hold temporaries
                     continue
                 expected = info.files.get(relative)
                 if expected is None or relative in seen:

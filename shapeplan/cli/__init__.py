@@ -10,6 +10,7 @@ from .. import __version__
 from ..errors import ShapeplanError
 from .analyze import analyze_command
 from .cache import cache_group
+from .doctor import doctor_command
 from .verify import verify_command
 from .warm import warm_command
 
@@ -27,6 +28,8 @@ def cli() -> None:
       shapeplan warm --plan plan.json
       shapeplan verify --plan plan.json
 
+    On a new host, run `shapeplan doctor` first.
+
     Run `shapeplan COMMAND --help` for each command's options.
     """
 
@@ -35,6 +38,7 @@ cli.add_command(analyze_command)
 cli.add_command(warm_command)
 cli.add_command(verify_command)
 cli.add_command(cache_group)
+cli.add_command(doctor_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,8 +142,8 @@ def emit(report: Any, *, as_json: bool, verify: bool) -> None:
               help="Warm this plan (from `shapeplan analyze -o`) instead of planning the run first.")
 @device_option
 @click.option("--workers", type=int, default=1, show_default=True, metavar="N",
-              help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore), "
-              "capped by host memory.")
+              help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore, "
+              "within NEURON_RT_VISIBLE_CORES when set), capped by host memory and the visible NeuronCores.")
 @click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
               help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,

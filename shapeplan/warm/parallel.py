@@ -84,24 +84,47 @@ def available_memory_gib() -> float:
 
 
 def worker_count(requested: int, device: str, memory_gib: float | None) -> int:
-    """`requested` workers, capped by host memory (`memory_gib` each, default per device)."""
+    """`requested` workers, capped by host memory (`memory_gib` each, default per device) and, on neuron, by the
+    visible logical NeuronCores (a core belongs to one process; a worker takes one)."""
     if requested < 1:
         raise UsageError(f"--workers must be at least 1, not {requested}")
     each = memory_gib if memory_gib is not None else WORKER_MEMORY_GIB[device]
-    return max(1, min(requested, int(available_memory_gib() // each)))
+    count = max(1, min(requested, int(available_memory_gib() // each)))
+    if device == "neuron":
+        from .backends.neuron import visible_cores
+
+        cores = visible_cores()
+        if cores is not None:
+            count = max(1, min(count, len(cores)))
+    return count
 
 
-def core_groups(workers: int, cores_per_worker: int) -> list[str]:
-    """NEURON_RT_VISIBLE_CORES for each worker: aligned groups of `cores_per_worker` (a power of two), the only
-    groups whose cores can run collectives together (0,1 / 2,3 / 0-3, never 1,2)."""
-    if cores_per_worker & (cores_per_worker - 1):
-        raise UsageError(f"a worker's NeuronCores must be a power of two, not {cores_per_worker}")
+def aligned_groups(cores: Sequence[int], size: int) -> list[str]:
+    """Every group of `size` (a power of two) cores among `cores` that starts at a multiple of `size`: the only
+    groups whose cores can run collectives together (0,1 / 2,3 / 0-3, never 1,2); as NEURON_RT_VISIBLE_CORES."""
+    if size < 1 or size & (size - 1):
+        raise UsageError(f"a worker's NeuronCores must be a power of two, not {size}")
+    present = set(cores)
     groups = []
-    for i in range(workers):
-        first = i * cores_per_worker
-        last = first + cores_per_worker - 1
-        groups.append(str(first) if first == last else f"{first}-{last}")
+    for first in sorted(present):
+        if first % size == 0 and all(core in present for core in range(first, first + size)):
+            groups.append(str(first) if size == 1 else f"{first}-{first + size - 1}")
     return groups
+
+
+def core_groups(workers: int, cores_per_worker: int, cores: Sequence[int] | None = None) -> list[str]:
+    """NEURON_RT_VISIBLE_CORES for each worker: aligned groups of `cores_per_worker` among `cores` (default: the
+    visible cores, $NEURON_RT_VISIBLE_CORES when set, else 0, 1, ...)."""
+    if cores is None:
+        from .backends.neuron import visible_cores
+
+        cores = visible_cores() or range(workers * cores_per_worker)
+    groups = aligned_groups(cores, cores_per_worker)
+    if len(groups) < workers:
+        raise UsageError(f"the visible NeuronCores ({','.join(map(str, cores))}) hold {len(groups)} aligned group(s) "
+                         f"of {cores_per_worker}, too few for {workers} workers; pass --workers {len(groups)} or widen "
+                         "NEURON_RT_VISIBLE_CORES")
+    return groups[:workers]
 
 
 def worker_env(index: int, count: int, device: str, cores_per_worker: int) -> dict[str, str]:

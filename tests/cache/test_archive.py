@@ -99,6 +99,28 @@ def _refused(archive: Path, target: Path, capsys: pytest.CaptureFixture[str], co
     return line
 
 
+def test_torchneuron_temporaries_are_neither_exported_nor_imported(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cache = _warmed_cache(tmp_path / "cache")
+    (cache / "ab" / "cd").mkdir(parents=True)
+    (cache / "ab" / "cd" / "abcd01.neff").write_bytes(b"neff")
+    (cache / "ab" / "cd" / "abcd02.neff.tmp.Xy3_9q").write_bytes(b"half a neff")  # a compile in flight
+    _export(cache, tmp_path / "a.tar.gz")
+    with tarfile.open(tmp_path / "a.tar.gz", "r:gz") as tar:
+        names = tar.getnames()
+        meta = json.loads(tar.extractfile(ARCHIVE_META).read())
+    assert "cache/ab/cd/abcd01.neff" in names and not any(".tmp." in name for name in names)
+    assert not any(".tmp." in name for name in meta["files"])
+
+    # an archive written before temporaries were left out: listed and packed, skipped on import
+    stray = tarfile.TarInfo("cache/ab/cd/abcd03.neff.tmp.AbC123")
+    stray.size = 4
+    meta["files"]["ab/cd/abcd03.neff.tmp.AbC123"] = "0" * 64
+    old = _rewrite(tmp_path / "a.tar.gz", tmp_path / "old.tar.gz", add=[stray], meta=meta)
+    assert main(["cache", "import", str(old), "--cache-dir", str(tmp_path / "t")]) == 0
+    assert sorted(p.name for p in (tmp_path / "t" / "ab" / "cd").iterdir()) == ["abcd01.neff"]
+
+
 def test_tampered_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
     bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", change={"cache/aotautograd/cd/entry": b"evil!"})

@@ -1,81 +1,68 @@
-"""FakeNeuron: a test double of the `torch_neuronx` module, as much of it as shapeplan reads (neuron.md section 4).
+"""FakeNeuron: puts the fake torch_neuronx of tests/fake_site on this process's path (subprocesses get it from
+`fake_env`), in the modes its docstring lists.
 
-    fake = FakeNeuron().install(monkeypatch)   # sys.modules["torch_neuronx"], found by importlib.util.find_spec
-    fake.compile(2); fake.hit(3)               # what a compile / a persistent-cache hit does to the counters
-
-It mimics `torch_neuronx._C._get_compilation_cache_stats()` (a dict with persistent_hits/persistent_misses/...),
-`torch_neuronx.metrics.get_counter_value(name)` (None for a counter never bumped, as upstream returns), and
-reads the environment variables the real backend reads at import (`env_at_import`).
+    fake = FakeNeuron("async").install(monkeypatch)   # found by importlib.util.find_spec, imported lazily
+    fake.kernel("matmul 2x128")                        # an op meets the compile cache (after the backend imported it)
+    fake.restart()                                     # a fresh process: the in-process tier is empty again
 """
 
 from __future__ import annotations
 
-import importlib.machinery
+import importlib
 import os
-import types
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
+import torch
 
-ENV = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED")
+SITE = Path(__file__).resolve().parent.parent / "fake_site"
+VERSION = "2.13.3.0"
+
+
+def fake_env(*modes: str, site: Path = SITE, **extra: str) -> dict[str, str]:
+    """The environment of a subprocess that imports the fake (with the repo root on PYTHONPATH too)."""
+    root = SITE.parent.parent
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(site), str(SITE), str(root)])),
+            "FAKE_NEURON": ",".join(modes), **extra}
+
+
+def xla_site(folder: Path) -> Path:
+    """A site folder whose torch-neuronx metadata says 2.9.0 (the XLA era); put it before the fake's."""
+    info = folder / "torch_neuronx-2.9.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-neuronx\nVersion: 2.9.0\n", encoding="ascii")
+    return folder
 
 
 class FakeNeuron:
-    version = "2.13.3.0"
+    version = VERSION
 
-    def __init__(self) -> None:
-        self.stats = {"in_memory_hits": 0, "in_memory_misses": 0, "persistent_hits": 0, "persistent_misses": 0}
-        self.metrics: dict[str, int] = {}
-        self.env_at_import: dict[str, str | None] = {}
-
-    def compile(self, n: int = 1) -> None:
-        self.stats["persistent_misses"] += n
-        self._bump("CompilationCache.PersistentMisses", n)
-        self._bump("CompilationCache.TotalCompilations", n)
-
-    def hit(self, n: int = 1) -> None:
-        self.stats["persistent_hits"] += n
-        self._bump("CompilationCache.PersistentHits", n)
-
-    def _bump(self, name: str, n: int) -> None:
-        if os.environ.get("TORCH_NEURONX_METRICS_ENABLED") == "1":
-            self.metrics[name] = self.metrics.get(name, 0) + n
-
-    def module(self) -> types.ModuleType:
-        module = types.ModuleType("torch_neuronx")
-        module.__spec__ = importlib.machinery.ModuleSpec("torch_neuronx", None)
-        module.__version__ = self.version
-        c = types.ModuleType("torch_neuronx._C")
-        c._get_compilation_cache_stats = lambda: dict(self.stats)
-        metrics = types.ModuleType("torch_neuronx.metrics")
-        metrics.get_counter_value = lambda name: self.metrics.get(name)
-        module._C = c
-        module.metrics = metrics
-        self.env_at_import = {name: os.environ.get(name) for name in ENV}
-        return module
+    def __init__(self, *modes: str) -> None:
+        self.modes = modes
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeNeuron:
-        """Make `import torch_neuronx` return the fake (imported lazily, as the real one is)."""
-        import sys
-
-        class Finder:
-            @staticmethod
-            def find_spec(name, path=None, target=None):  # type: ignore[no-untyped-def]
-                if name != "torch_neuronx":
-                    return None
-                return importlib.machinery.ModuleSpec(name, Loader())
-
-        class Loader:
-            @staticmethod
-            def create_module(spec):  # type: ignore[no-untyped-def]
-                return fake.module()
-
-            @staticmethod
-            def exec_module(module):  # type: ignore[no-untyped-def]
-                return None
-
-        fake = self
-        monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
-        monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
-        for name in ENV:
-            monkeypatch.delenv(name, raising=False)
+        """Make the fake importable; everything it touches (sys.modules, torch.neuron, env) is undone after the
+        test."""
+        monkeypatch.syspath_prepend(str(SITE))
+        monkeypatch.setenv("FAKE_NEURON", ",".join(self.modes))
+        for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED"):  # the backend sets them
+            monkeypatch.setenv(name, "")  # undone last: restores them as they were before the test
+            monkeypatch.delenv(name)
+        for name in ("torch_neuronx", "torch_neuronx.metrics"):
+            monkeypatch.setitem(sys.modules, name, None)  # undone last: restores "not imported"
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(torch, "neuron", None, raising=False)
+        monkeypatch.delattr(torch, "neuron")
         return self
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module("torch_neuronx")
+
+    def kernel(self, key: str) -> None:
+        self.module.kernel(key)
+
+    def restart(self) -> None:
+        self.module.restart()

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from shapeplan.errors import UsageError
+from shapeplan.warm import parallel
+from shapeplan.warm.backends import neuron
 from shapeplan.warm.grpo import Call, GenerateTask, Round, lockstep
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_env
+from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_count, worker_env
 from shapeplan.warm.runner import MANIFEST
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
@@ -44,13 +46,43 @@ def test_part_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert current_part() == Part(1, 2, ranks=False)
 
 
-def test_neuron_core_groups_are_aligned() -> None:
+def test_neuron_core_groups_are_aligned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    monkeypatch.setattr(neuron, "DEVICE_DIR", Path("/nonexistent"))  # no devices: cores from 0
     assert core_groups(4, 1) == ["0", "1", "2", "3"]
     assert core_groups(2, 2) == ["0-1", "2-3"]
     assert worker_env(1, 2, "neuron", 2) == {"SHAPEPLAN_WORKER": "1/2", "NEURON_RT_VISIBLE_CORES": "2-3"}
     assert worker_env(1, 2, "cpu", 1) == {"SHAPEPLAN_WORKER": "1/2"}
     with pytest.raises(UsageError):
         core_groups(2, 3)
+
+
+def test_a_preset_visible_core_range_is_split_into_aligned_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")
+    assert [worker_env(i, 4, "neuron", 1)["NEURON_RT_VISIBLE_CORES"] for i in range(4)] == ["4", "5", "6", "7"]
+    assert core_groups(2, 2) == ["4-5", "6-7"]
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0,1,2,3")
+    assert core_groups(2, 2) == ["0-1", "2-3"]
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "1-3")  # 1,2 cannot run collectives together
+    assert core_groups(1, 2) == ["2-3"]
+    with pytest.raises(UsageError, match=r"hold 1 aligned group\(s\) of 2, too few for 2 workers"):
+        core_groups(2, 2)
+
+
+def test_workers_are_capped_by_the_visible_logical_cores(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(parallel, "available_memory_gib", lambda: 1024.0)
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")
+    assert worker_count(8, "neuron", None) == 4
+    assert worker_count(8, "cpu", None) == 8  # cores only bound NeuronCore workers
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
+    for i in range(2):  # a trn2 host with two Neuron devices: 16 physical cores, 8 logical at the default LNC=2
+        (tmp_path / f"neuron{i}").touch()
+    monkeypatch.setattr(neuron, "DEVICE_DIR", tmp_path)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert worker_count(64, "neuron", None) == 8
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert worker_count(64, "neuron", None) == 16
 
 
 def test_lockstep_pads_rounds_and_calls_with_warmed_work() -> None:

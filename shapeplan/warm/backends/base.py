@@ -31,6 +31,10 @@ class Backend(Protocol):
         """Whether a counter change means something was compiled (a cache miss)."""
         ...
 
+    def hit(self, delta: Mapping[str, int]) -> bool:
+        """Whether a counter change shows a persistent-cache hit (code loaded instead of compiled)."""
+        ...
+
     def settings(self) -> dict[str, str]:
         """Versions and compiler settings that are part of the cache key, for the manifest."""
         ...

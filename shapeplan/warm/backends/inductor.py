@@ -19,6 +19,7 @@ COUNTERS = (
     ("stats", "unique_graphs"),
 )
 MISSES = ("fxgraph_cache_miss", "fxgraph_cache_bypass", "autograd_cache_miss", "autograd_cache_bypass")
+HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 
 
 def dynamo_settings(graphs: int) -> dict[str, object]:
@@ -66,6 +67,9 @@ class InductorBackend:
 
     def compiled(self, delta: Mapping[str, int]) -> bool:
         return any(delta.get(name, 0) > 0 for name in MISSES)
+
+    def hit(self, delta: Mapping[str, int]) -> bool:
+        return any(delta.get(name, 0) > 0 for name in HITS)
 
     def settings(self) -> dict[str, str]:
         import torch

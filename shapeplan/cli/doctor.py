@@ -1,0 +1,59 @@
+"""`shapeplan doctor`: the first command to run on a new host; presentation of `shapeplan.doctor.diagnose`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .warm import DEVICES
+
+
+def render(diagnosis: Any) -> str:
+    width = max(len(name) for name in diagnosis.versions) + 2
+    lines = [f"{name:<{width}}{version}" for name, version in diagnosis.versions.items()]
+    found = diagnosis.cores
+    count = found["count"] if found["count"] is not None else "unknown"
+    visible = f" ({','.join(map(str, found['visible']))})" if found["visible"] else ""
+    free = f"{diagnosis.free_gib} GiB free" if diagnosis.free_gib is not None else "free space unknown"
+    lines += [
+        "",
+        f"device: {diagnosis.device}",
+        (f"cores: {count} visible {'logical NeuronCores' if diagnosis.device == 'neuron' else 'cores'}{visible}, "
+         f"from {found['from']}"),
+        f"cache dir: {diagnosis.cache_dir} ({free}, {'writable' if diagnosis.writable else 'NOT writable'})",
+        f'pad_to_multiple_of="auto" resolves to: {diagnosis.pad_to_multiple_of} (TRL, on this device)',
+        "compile-key settings (warm-up and training must match):",
+        *(f"  {name}={value}" for name, value in diagnosis.settings.items()),
+        "",
+    ]
+    for check in diagnosis.checks:
+        line = f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}"
+        lines.append(line if check.passed else f"{line}\n      fix: {check.fix}")
+    lines.append("")
+    lines.append("doctor: all checks passed" if diagnosis.passed else
+                 f"doctor: {sum(not c.passed for c in diagnosis.checks)} check(s) failed")
+    return "\n".join(lines)
+
+
+@click.command("doctor")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="The device to check. Default: the one `warm` would use.")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The cache dir `warm` will use (default: as `warm`).")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
+def doctor_command(device: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Check this host before warming: versions, device, cores, cache dir, compile-key settings, then a self-test.
+
+    The self-test compiles one op and one tiny torch.compile graph in a fresh process into a temporary cache dir,
+    then runs the same in a second process, which must load it from the cache and compile nothing. One line per
+    check, PASS or FAIL with the fix. Exit code 0 only if every check passes, 1 otherwise.
+    """
+    from ..doctor import diagnose
+
+    diagnosis = diagnose(device, Path(cache_dir) if cache_dir else None)
+    click.echo(json.dumps(diagnosis.to_dict(), indent=2) if as_json else render(diagnosis))
+    if not diagnosis.passed:
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,120 @@
+"""`shapeplan doctor` through the console script: a real Inductor self-test on CPU, and the Neuron self-test against
+the fake torch_neuronx (tests/fake_site), passing and failing the way a misconfigured trn2 host would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.warm.fake_neuron import fake_env, xla_site
+
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+SELF_TEST = ["first run counts a compile", "first run writes cache files", "second run hits the cache",
+             "second run compiles nothing"]
+
+
+def _doctor(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHAPEPLAN, "doctor", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def _neuron_env(tmp_path: Path, *modes: str) -> dict[str, str]:
+    # TMPDIR: the fake's default cache dir (where a cache dir variable it does not read sends its NEFFs) lies here
+    return fake_env("device", *modes, NEURON_RT_VISIBLE_CORES="0-3", NEURON_PLATFORM_TARGET_OVERRIDE="trn2",
+                    TMPDIR=str(tmp_path))
+
+
+def _checks(done: subprocess.CompletedProcess[str]) -> dict[str, bool]:
+    return {c["name"]: c["passed"] for c in json.loads(done.stdout)["checks"]}
+
+
+@pytest.mark.slow
+def test_doctor_passes_on_cpu(tmp_path: Path) -> None:
+    import os
+
+    done = _doctor("--device", "cpu", "--cache-dir", str(tmp_path / "cache"),
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith(("PASS", "FAIL"))] == \
+        ["PASS  compiler stack", "PASS  cache dir", *(f"PASS  {name}" for name in SELF_TEST)]
+    assert any("fxgraph_cache_miss=+1" in line for line in lines if "first run counts a compile" in line)
+    assert any("fxgraph_cache_hit=+1" in line for line in lines if "second run hits the cache" in line)
+    assert 'pad_to_multiple_of="auto" resolves to: None (TRL, on this device)' in lines
+    assert lines[-1] == "doctor: all checks passed"
+
+
+@pytest.mark.slow
+def test_doctor_passes_on_a_working_neuron_host(tmp_path: Path) -> None:
+    done = _doctor("--cache-dir", str(tmp_path / "cache"), "--json", env=_neuron_env(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["device"] == "neuron" and report["passed"]
+    assert report["cores"] == {"visible": [0, 1, 2, 3], "count": 4, "from": "NEURON_RT_VISIBLE_CORES"}
+    assert report["settings"]["target"] == "trn2" and report["settings"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert report["versions"]["torch-neuronx"] == "2.13.3.0"
+    assert all(_checks(done).values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("modes", "failed", "said"), [  # said: what the output must say
+    # the persistent cache failed to start: compiles are counted, nothing is written, the second run compiles again
+    (("cache_failed",), {"first run writes cache files", "second run hits the cache", "second run compiles nothing"},
+     ["continuing without persistent caching", "the first one's NEFFs were not found"]),
+    # the release reads its cache dir from another variable: the NEFFs land in the default dir
+    (("renamed_cache_var",), {"first run writes cache files"}, ["went to {tmp}/neff_cache, the default"]),
+    # no stats call and metrics that stay off: only the files show the compile
+    (("no_stats", "metrics_off"), {"first run counts a compile", "second run hits the cache"},
+     ["read from torch_neuronx.metrics; counters moved: neff_files=+", "did not read TORCH_NEURONX_METRICS_ENABLED=1",
+      "the counters did not count the first run's compile either"]),
+])
+def test_doctor_names_what_is_wrong_on_a_neuron_host(tmp_path: Path, modes: tuple[str, ...], failed: set[str],
+                                                     said: list[str]) -> None:
+    done = _doctor("--cache-dir", str(tmp_path / "cache"), env=_neuron_env(tmp_path, *modes))
+    assert done.returncode == 1, done.stdout + done.stderr
+    fails = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert {line[6:].split(":")[0] for line in fails} == failed
+    for text in said:
+        assert text.format(tmp=tmp_path) in done.stdout
+    assert done.stdout.count("      fix: ") == len(failed)
+    assert done.stdout.splitlines()[-1] == f"doctor: {len(failed)} check(s) failed"
+
+
+def test_doctor_on_an_xla_era_package_says_what_to_use(tmp_path: Path) -> None:
+    done = _doctor("--device", "neuron", "--cache-dir", str(tmp_path / "cache"),
+                   env=fake_env(site=xla_site(tmp_path / "site")))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("FAIL  compiler stack: --device neuron cannot run here\n      fix: torch-neuronx 2.9.0 is the PyTorch/XLA "
+            "stack, which shapeplan does not warm; use TorchNeuron: torch-neuronx >= 2.13 on a Trn2/Trn3 host, "
+            "Python >= 3.12, installed from the Neuron pip index; or pass --device cpu") in done.stdout
+
+
+def test_doctor_usage_error(tmp_path: Path) -> None:
+    import os
+
+    done = _doctor("--device", "tpu", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        ("Error: Invalid value for '--device': 'tpu' is not one of 'neuron', 'cuda', 'cpu'; see `shapeplan doctor "
+         "--help`")]
+
+
+def test_doctor_reports_a_self_test_that_cannot_run(tmp_path: Path) -> None:
+    """This machine has no GPU: the first run fails, and its error is the line's detail."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    done = _doctor("--device", "cuda", "--cache-dir", str(tmp_path / "cache"),
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert line.startswith("FAIL  first run: the self-test process exited with code 1: ")
+    assert "fix: fix the error above; `warm` would fail the same way" in done.stdout
