@@ -168,7 +168,8 @@ def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[
 def check_long_enough(parts: list[Rows], needed: int, *, max_steps: int, name: str) -> None:
     """A stream shorter than max_steps needs is read again from its start by the Trainer (a new epoch); that run is
     not planned: the plan would have to follow the leftover micro-batches across the pass."""
-    for part in parts:
+    for rank, part in enumerate(parts):
         if len(part.lengths) < needed:
-            raise UsageError(f"the {name} stream yields {len(part.lengths)} prepared rows per rank, fewer than the "
-                             f"{needed} that max_steps={max_steps} reads; lower --max_steps or stream more data")
+            whose = f"rank {rank}'s shards of the {name} stream yield" if len(parts) > 1 else f"the {name} stream yields"
+            raise UsageError(f"{whose} {len(part.lengths)} prepared rows, fewer than the {needed} that "
+                             f"max_steps={max_steps} reads; lower --max_steps or stream more data")

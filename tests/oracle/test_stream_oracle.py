@@ -1,0 +1,73 @@
+"""Streaming SFT (`--dataset_streaming`): the plan equals what a real SFTTrainer fed from an IterableDataset gives the
+model: shapes, counts and first steps (and for padding-free batches the cu_seq_lens lengths and max_length_q values),
+with one rank and with two (accelerate's IterableDatasetShard, the last chunk completed with the first rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shapeplan.analyze import analyze
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, write_short_text_rows
+from tests.oracle.harness import observed, planned, run_sft, run_sft_distributed
+
+pytestmark = pytest.mark.slow
+
+TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"
+
+
+# name -> (train data or None for the generated short rows, TRL options, eval data)
+CONFIGS: dict[str, tuple[Path | None, list[str], Path | None]] = {
+    # padded batches, GA, a streamed eval set at every eval_steps multiple and the final step (partial last batch)
+    "padded-eval": (CAPYBARA, ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+                               "--max_steps", "5", "--max_length", "256", "--pad_to_multiple_of", "64",
+                               "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "7"],
+                    CAPYBARA),
+    # bfd packing over 2 of TRL's 1000-row pack batches (each packed on its own), collated padding-free
+    "packing-bfd-across-pack-batches": (None, ["--packing", "--max_length", "128", "--per_device_train_batch_size",
+                                               "4", "--max_steps", "30", "--pad_to_multiple_of", "64"], None),
+    # wrapped packing, padded collator
+    "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "64",
+                               "--per_device_train_batch_size", "3", "--max_steps", "4", "--pad_to_multiple_of", "32"],
+                        None),
+    # shuffle_dataset is a buffered shuffle of the stream (TRL's own preparation path)
+    "shuffled-truncated": (CAPYBARA, ["--shuffle_dataset", "--seed", "5", "--max_length", "128",
+                                      "--per_device_train_batch_size", "3", "--max_steps", "6",
+                                      "--pad_to_multiple_of", "32"], None),
+}
+
+
+def _data(data: Path | None, tmp_path: Path) -> Path:
+    return data if data is not None else write_short_text_rows(tmp_path / "short.jsonl", 2400)
+
+
+def _plan(data: Path, argv: list[str], eval_data: Path | None):  # type: ignore[no-untyped-def]
+    return analyze("sft", ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL),
+                           "--dataset_streaming", *argv], eval_source=str(eval_data) if eval_data else None)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_stream_plan_equals_real_trainer(name: str, tmp_path: Path) -> None:
+    data, argv, eval_data = CONFIGS[name]
+    data = _data(data, tmp_path)
+    plan = _plan(data, argv, eval_data)
+    seen = run_sft(data, argv, eval_path=eval_data, streaming=True)
+    assert plan.exact
+    assert planned(plan, varlen=True, unpadded=True) == observed(seen, varlen=True, unpadded=True)
+    train = [s for s in seen if s.phase == "train"]
+    assert (plan.stats.micro_batches, plan.stats.optimizer_steps) == (len(train), max(s.step for s in train))
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packing"])
+def test_two_process_stream_plan_equals_real_trainer(packing: bool, tmp_path: Path) -> None:
+    """2 ranks on a one-file stream: IterableDatasetShard hands out chunks of batch x 2 rows; the eval stream's last
+    chunk is completed with its first rows."""
+    argv = ["--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2", "--max_steps", "4",
+            "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "3",
+            "--per_device_eval_batch_size", "5", *(["--packing"] if packing else [])]
+    plan = _plan(CAPYBARA, [*argv, "--num-processes", "2"], CAPYBARA)
+    seen = run_sft_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path,
+                               streaming=True)
+    assert {s.rank for s in seen} == {0, 1}
+    assert planned(plan, varlen=True) == observed(seen, varlen=True)
