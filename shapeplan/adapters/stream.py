@@ -13,7 +13,7 @@ What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelera
   first rows.
 
 So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
-read (plus what TRL's own pack batch reads ahead); the eval stream is read whole, as each evaluation reads it.
+read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); the eval stream is read whole, as each evaluation reads it.
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ def prepared_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, pac
         first = list(itertools.islice(iter(stream), 1))
         probe = _chunk(first, stream)
         if first and lengths.fast_path_refusal(probe, tokenizer, config) is None:
+            # Packing reads no row past the pack batch (TRL's batched map) holding the last row the run uses.
+            chunk_rows = _pack_batch_rows() if packing else lengths.CHUNK_ROWS
             fast = _fast_lengths(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader,
-                                 limit=None if packing else limit)
+                                 limit=None if packing else limit, chunk_rows=chunk_rows)
             if not packing:
                 return ((length, None) for length in fast)
             return _packed(fast, config)
@@ -74,11 +76,10 @@ def _chunk(rows: list[dict[str, Any]], stream: Any) -> Any:
 
 
 def _fast_lengths(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
-                  reader: Reader, limit: int | None) -> Iterator[int]:
-    """Prepared lengths before packing, through the fast length path one chunk of source rows at a time: tokenize,
+                  reader: Reader, limit: int | None, chunk_rows: int) -> Iterator[int]:
+    """Prepared lengths before packing, through the fast length path `chunk_rows` source rows at a time: tokenize,
     then (unpacked) truncate and drop rows left without a trainable token, as TRL does row by row. A source row
-    yields at most one prepared row, so reading no more than the `limit` rows still wanted never reads past them;
-    packing reads whole chunks (TRL's packer itself reads 1000 rows ahead)."""
+    yields at most one prepared row, so reading no more than the `limit` rows still wanted never reads past them."""
     unpacked = copy.copy(config)
     unpacked.shuffle_dataset = False
     if packing:
@@ -86,7 +87,7 @@ def _fast_lengths(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, pac
     source = reader.rows(stream)
     wanted = limit
     while wanted != 0:
-        chunk = list(itertools.islice(source, lengths.CHUNK_ROWS if wanted is None else min(wanted, lengths.CHUNK_ROWS)))
+        chunk = list(itertools.islice(source, chunk_rows if wanted is None else min(wanted, chunk_rows)))
         if not chunk:
             return
         rows, _ = lengths.fast_prepared_rows(trainer, _chunk(chunk, stream), tokenizer, unpacked, packing=False,
@@ -94,6 +95,17 @@ def _fast_lengths(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, pac
         if wanted is not None:
             wanted -= len(rows.lengths)
         yield from rows.lengths
+
+
+def _pack_batch_rows() -> int:
+    """The rows `pack_dataset`'s batched `map` packs together on a stream: it passes no batch_size, so datasets'
+    default for `IterableDataset.map`."""
+    import inspect
+
+    import datasets
+
+    default: int = inspect.signature(datasets.IterableDataset.map).parameters["batch_size"].default
+    return default
 
 
 def _packed(row_lengths: Iterator[int], config: Any) -> Iterator[PreparedRow]:
