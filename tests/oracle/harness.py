@@ -57,7 +57,6 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed. `streaming` loads the
     data files as `trl sft --dataset_streaming` does: `load_dataset(..., streaming=True)`, an IterableDataset."""
     import torch
-    from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -66,8 +65,8 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     script, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
-    train = load_dataset("json", data_files=str(train_path), split="train", streaming=streaming)
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train", streaming=streaming) if eval_path else None
+    train = _load(train_path, streaming)
+    eval_ds = _load(eval_path, streaming) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
     trainer = SFTTrainer(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
@@ -88,6 +87,15 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     model.register_forward_pre_hook(hook, with_kwargs=True)
     trainer.train()
     return seen
+
+
+def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
+    """A JSONL file, or a folder of them (one shard per file when streamed), as `trl sft` loads it."""
+    from datasets import load_dataset
+
+    if path.is_dir():
+        return load_dataset(str(path), split="train", streaming=streaming)
+    return load_dataset("json", data_files=str(path), split="train", streaming=streaming)
 
 
 def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,

@@ -71,3 +71,19 @@ def test_two_process_stream_plan_equals_real_trainer(packing: bool, tmp_path: Pa
                                streaming=True)
     assert {s.rank for s in seen} == {0, 1}
     assert planned(plan, varlen=True) == observed(seen, varlen=True)
+
+
+def test_two_process_stream_sharded_by_files_equals_real_trainer(tmp_path: Path) -> None:
+    """A stream of 2 files on 2 ranks: accelerate gives each rank its own file (`IterableDataset.shard`), so each
+    rank reads its own stream in order. The long rows are in one file and the short ones in the other, so rank 1
+    meets other shapes than it would reading every other batch of the one stream."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = sorted(CAPYBARA.read_text().splitlines(keepends=True), key=len)
+    (folder / "a.jsonl").write_text("".join(lines[48:]))
+    (folder / "b.jsonl").write_text("".join(lines[:48]))
+    argv = ["--per_device_train_batch_size", "4", "--max_steps", "5", "--max_length", "1024",
+            "--pad_to_multiple_of", "32"]
+    plan = _plan(folder, [*argv, "--num-processes", "2"], None)
+    seen = run_sft_distributed(folder, argv, num_processes=2, tmp_dir=tmp_path, streaming=True)
+    assert planned(plan) == observed(seen)
