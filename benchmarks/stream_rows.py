@@ -47,7 +47,7 @@ with open(sys.argv[1], "w") as f:
 
 def make_rows(path: Path, rows: int) -> None:
     rng = random.Random(rows)
-    words = "the quick brown fox jumps over a lazy dog while seven owls watch".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
     with path.open("w") as f:
         for _ in range(rows):
             f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(1, 24)))}) + "\n")

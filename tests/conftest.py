@@ -35,7 +35,7 @@ def write_short_text_rows(path: Path, rows: int) -> Path:
     import random
 
     rng = random.Random(0)
-    words = "the quick brown fox jumps over a lazy dog while seven owls watch".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
     with path.open("w") as f:
         for _ in range(rows):
             f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(1, 24)))}) + "\n")

@@ -112,7 +112,8 @@ BAD_INPUTS = {
     "streaming-without-max-steps": ([str(TLDR), *MODEL, "--dataset_streaming"], 2,
                                     "a streamed dataset has no length, so the Trainer refuses it without max_steps"),
     "streaming-shorter-than-max-steps": ([str(TLDR), *MODEL, "--dataset_streaming", "--max_steps", "100"], 2,
-                                         "the train stream yields 64 prepared rows, fewer than the 800 that max_steps=100 reads"),
+                                         "the train stream yields 64 prepared rows, fewer than the 800 that "
+                                         "max_steps=100 reads"),
     "unknown-sampling-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/sampling.yaml"], 2,
                                    "train_sampling_strategy='foo' is not one shapeplan plans"),
 }

@@ -63,17 +63,18 @@ def run_fingerprint(data: RunData) -> dict[str, str]:
     return out
 
 
-def load_run_data(args: TrainingArgs, *, eval_source: str | None, streams: bool = False,
-                  streams_refusal: str = "") -> RunData:
+def load_run_data(args: TrainingArgs, *, eval_source: str | None, streams: bool = False) -> RunData:
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them. With
-    --dataset_streaming, IterableDatasets read lazily (a planner that `streams` them), else `streams_refusal` says
-    why the method's streaming run is not planned."""
+    --dataset_streaming, IterableDatasets read lazily, for a planner that `streams` them."""
     script = args.script
     mixture = args.dataset_mixture
     streaming = bool(getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False))
     if streaming and not streams:
-        raise UsageError(f"--dataset_streaming is planned for SFT only; {streams_refusal} Drop --dataset_streaming to "
-                         "plan the map-style run of the same data")
+        if getattr(args.training, "precompute_ref_log_probs", False):
+            raise UsageError(f"TRL's {args.method} trainer refuses precompute_ref_log_probs=True on a streamed dataset "
+                             "(an IterableDataset); drop --precompute_ref_log_probs or --dataset_streaming")
+        raise UsageError(f"--dataset_streaming is planned for SFT only, not yet for {args.method}; drop "
+                         "--dataset_streaming to plan the map-style run of the same data")
     if mixture is not None and getattr(mixture, "datasets", None):
         from trl import get_dataset
 

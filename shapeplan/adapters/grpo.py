@@ -55,8 +55,9 @@ def _check_supported(args: TrainingArgs) -> list[str]:
         raise UsageError("use_transformers_continuous_batching=True is not planned (its batches follow memory, "
                          "not the config); drop it and pass --cache_implementation static")
     if getattr(args.script, "dataset_streaming", False):
-        raise UsageError("dataset_streaming=True replaces TRL's RepeatSampler with a buffered shuffle that "
-                         "planning cannot replay; drop --dataset_streaming")
+        raise UsageError(f"--dataset_streaming is not planned yet for {args.method}: TRL replaces its RepeatSampler "
+                         "with a buffered shuffle of the stream (repeat_iterable_dataset), which shapeplan does not "
+                         "replay; drop --dataset_streaming")
     warnings = []
     reward_model = getattr(args.script, "reward_model_name_or_path", None)
     if reward_model:

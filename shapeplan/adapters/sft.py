@@ -18,7 +18,6 @@ from .loop import check_strategy, eval_schedule, eval_steps_of, train_schedule
 from .trl_args import TrainingArgs
 
 
-
 def _row_format(example: dict[str, Any], text_field: str) -> str:
     from trl.data_utils import is_conversational
 

@@ -13,7 +13,8 @@ What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelera
   first rows.
 
 So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
-read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); the eval stream is read whole, as each evaluation reads it.
+read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); the eval stream is
+read whole, as each evaluation reads it.
 """
 
 from __future__ import annotations
@@ -152,9 +153,9 @@ def rank_streams(stream: Any, num_processes: int) -> list[Any]:
 def take(rows: Iterator[PreparedRow], count: int | None) -> Rows:
     """The first `count` prepared rows (all of them when None)."""
     taken = list(itertools.islice(rows, count))
-    documents = tuple(d for _, d in taken)
+    documents = tuple(d for _, d in taken if d is not None)
     return Rows(lengths=tuple(length for length, _ in taken),
-                documents=documents if taken and all(d is not None for d in documents) else None)
+                documents=documents if taken and len(documents) == len(taken) else None)
 
 
 def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[Rows, RankBatches]:
@@ -168,9 +169,11 @@ def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[
                 else tuple(itertools.chain.from_iterable(p.documents or () for p in parts)))
     if len(parts) == 1 and num_processes > 1:
         indices = list(range(len(rows.lengths)))
-        per_rank = [list(IterableDatasetShard(indices, batch_size=batch_size, drop_last=False,  # type: ignore[arg-type]  # any iterable serves
-                                              num_processes=num_processes, process_index=rank))
-                    for rank in range(num_processes)]
+        # IterableDatasetShard iterates any iterable: here the row indices, in stream order.
+        shards = (IterableDatasetShard(indices, batch_size=batch_size, drop_last=False, num_processes=num_processes,
+                                       process_index=rank)
+                  for rank in range(num_processes))
+        per_rank = [list(shard) for shard in shards]
     else:
         starts = itertools.accumulate((len(p.lengths) for p in parts), initial=0)
         per_rank = [list(range(start, start + len(p.lengths))) for start, p in zip(starts, parts)]
@@ -182,6 +185,7 @@ def check_long_enough(parts: list[Rows], needed: int, *, max_steps: int, name: s
     not planned: the plan would have to follow the leftover micro-batches across the pass."""
     for rank, part in enumerate(parts):
         if len(part.lengths) < needed:
-            whose = f"rank {rank}'s shards of the {name} stream yield" if len(parts) > 1 else f"the {name} stream yields"
+            whose = f"rank {rank}'s shards of the {name} stream yield" if len(parts) > 1 else \
+                f"the {name} stream yields"
             raise UsageError(f"{whose} {len(part.lengths)} prepared rows, fewer than the {needed} that "
                              f"max_steps={max_steps} reads; lower --max_steps or stream more data")
