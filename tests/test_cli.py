@@ -111,9 +111,9 @@ BAD_INPUTS = {
                           "cannot write plan to {bad}/no-folder/plan.json"),
     "streaming-without-max-steps": ([str(TLDR), *MODEL, "--dataset_streaming"], 2,
                                     "a streamed dataset has no length, so the Trainer refuses it without max_steps"),
-    "streaming-shorter-than-max-steps": ([str(TLDR), *MODEL, "--dataset_streaming", "--max_steps", "100"], 2,
-                                         "the train stream yields 64 prepared rows, fewer than the 800 that "
-                                         "max_steps=100 reads"),
+    "streaming-pass-shorter-than-ga": ([str(TLDR), *MODEL, "--dataset_streaming", "--max_steps", "100",
+                                        "--gradient_accumulation_steps", "9"], 2,
+                                       "the stream holds 8 batches per rank, fewer than gradient_accumulation_steps=9"),
     "unknown-sampling-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/sampling.yaml"], 2,
                                    "train_sampling_strategy='foo' is not one shapeplan plans"),
 }

@@ -75,9 +75,10 @@ def test_analyze_streaming(tmp_path: Path) -> None:
     assert "warning: streaming: the run reads the first 16 prepared train rows (16 source rows read" in out
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming"), 2,
             "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N")
-    refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "20"), 2,
-            "the train stream yields 96 prepared rows, fewer than the 160 that max_steps=20 reads; lower "
-            "--max_steps or stream more data")
+    refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "20",
+                      "--shuffle_dataset"), 2,
+            "the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, which is not "
+            "planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
     preference = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
     refused(shapeplan("analyze", "--method", "dpo", preference, "--model", TINY_MODEL, "--dataset_streaming",
                       "--max_steps", "2", "--precompute_ref_log_probs"), 2,

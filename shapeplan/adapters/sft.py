@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError
@@ -205,8 +206,9 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
 
 def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFTLayout,
                  warnings: list[str]) -> Plan:
-    """A streaming run: one pass of max_steps x GA micro-batches per rank over the stream's first prepared rows,
-    in stream order (see `shapeplan.adapters.stream`); the eval stream read whole at each evaluation."""
+    """A streaming run: max_steps x GA micro-batches per rank over the stream's first prepared rows, in stream order
+    (see `shapeplan.adapters.stream`), or passes over a stream shorter than that; the eval stream read whole at each
+    evaluation."""
     config = args.training
     ranks = args.num_processes
     micro = config.max_steps * config.gradient_accumulation_steps
@@ -216,12 +218,16 @@ def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFT
     needed = per_rank if sharded else per_rank * ranks
     parts = _stream_parts(data.train, data.tokenizer, config, packing=config.packing, name="train",
                           num_processes=ranks, per_rank=needed, reader=train_reader)
-    stream.check_long_enough(parts, needed, max_steps=config.max_steps, name="train")
     train_rows, batches = stream.batches(parts, batch_size=config.per_device_train_batch_size, num_processes=ranks)
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
                      num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
-    warnings.append(f"streaming: the run reads the first {len(train_rows)} prepared train rows "
+    if any(len(part.lengths) < needed for part in parts):  # the whole stream was read: it ends before max_steps
+        loop = replace(loop, batches_per_pass=stream.pass_length(
+            batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
+            shuffled=config.shuffle_dataset))
+    passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
+    warnings.append(f"streaming: the run reads the first {len(train_rows)} prepared train rows{passes} "
                     f"({train_reader.rows_read} source rows read to plan them)")
     info = RunInfo(rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, exact=True,
                    config=recorded_config(args, argv), versions=versions(), fingerprint=run_fingerprint(data),

@@ -180,12 +180,21 @@ def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[
     return rows, [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
 
 
-def check_long_enough(parts: list[Rows], needed: int, *, max_steps: int, name: str) -> None:
-    """A stream shorter than max_steps needs is read again from its start by the Trainer (a new epoch); that run is
-    not planned: the plan would have to follow the leftover micro-batches across the pass."""
-    for rank, part in enumerate(parts):
-        if len(part.lengths) < needed:
-            whose = f"rank {rank}'s shards of the {name} stream yield" if len(parts) > 1 else \
-                f"the {name} stream yields"
-            raise UsageError(f"{whose} {len(part.lengths)} prepared rows, fewer than the {needed} that "
-                             f"max_steps={max_steps} reads; lower --max_steps or stream more data")
+def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:
+    """The micro-batches per rank of one pass over a stream shorter than max_steps needs, which the Trainer reads
+    again from its start (a new epoch) until max_steps: what every rank's pass must have in common."""
+    lengths = {len(rank) for rank in batches}
+    if len(lengths) > 1:
+        raise UsageError(f"the ranks' shards of the stream hold {' and '.join(map(str, sorted(lengths)))} batches, "
+                         "and the stream is shorter than max_steps needs: the ranks would fall out of step when "
+                         "one starts its next pass; lower --max_steps or stream files of equal length")
+    (length,) = lengths
+    if length < gradient_accumulation_steps:
+        raise UsageError(f"the stream holds {length} batches per rank, fewer than gradient_accumulation_steps="
+                         f"{gradient_accumulation_steps}: the Trainer never completes an optimizer step and reads it "
+                         "again without end; stream more data or lower --gradient_accumulation_steps")
+    if shuffled:
+        # Each pass reshuffles (set_epoch), so passes differ; only the first is read here.
+        raise UsageError("the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, "
+                         "which is not planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
+    return length

@@ -31,6 +31,12 @@ CONFIGS: dict[str, tuple[Path | None, list[str], Path | None]] = {
     "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "64",
                                "--per_device_train_batch_size", "3", "--max_steps", "4", "--pad_to_multiple_of", "32"],
                         None),
+    # a stream shorter than max_steps needs: 96 rows make 10 batches of 10 per pass (the last short), read again
+    # until max_steps; each pass's last 10 % 3 micro-batches join the next pass's first step; eval at each pass end
+    "short-stream-passes": (CAPYBARA, ["--per_device_train_batch_size", "10", "--gradient_accumulation_steps", "3",
+                                       "--max_steps", "8", "--max_length", "256", "--pad_to_multiple_of", "64",
+                                       "--eval_strategy", "epoch", "--per_device_eval_batch_size", "32"],
+                            CAPYBARA),
     # shuffle_dataset is a buffered shuffle of the stream (TRL's own preparation path)
     "shuffled-truncated": (CAPYBARA, ["--shuffle_dataset", "--seed", "5", "--max_length", "128",
                                       "--per_device_train_batch_size", "3", "--max_steps", "6",
@@ -86,4 +92,15 @@ def test_two_process_stream_sharded_by_files_equals_real_trainer(tmp_path: Path)
             "--pad_to_multiple_of", "32"]
     plan = _plan(folder, [*argv, "--num-processes", "2"], None)
     seen = run_sft_distributed(folder, argv, num_processes=2, tmp_dir=tmp_path, streaming=True)
+    assert planned(plan) == observed(seen)
+
+
+def test_two_process_short_stream_equals_real_trainer(tmp_path: Path) -> None:
+    """2 ranks on a stream shorter than max_steps needs: 30 rows make 4 batches of 4 per rank and pass (the last
+    chunk completed with the first rows), read again until max_steps, one leftover micro-batch per pass."""
+    argv = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3", "--max_steps", "5",
+            "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "2",
+            "--per_device_eval_batch_size", "16"]
+    plan = _plan(TEXT, [*argv, "--num-processes", "2"], TEXT)
+    seen = run_sft_distributed(TEXT, argv, eval_path=TEXT, num_processes=2, tmp_dir=tmp_path, streaming=True)
     assert planned(plan) == observed(seen)
