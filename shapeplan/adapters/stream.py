@@ -13,8 +13,9 @@ What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelera
   first rows.
 
 So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
-read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); the eval stream is
-read whole, as each evaluation reads it.
+read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); a stream shorter
+than that is read whole, and the Trainer passes over it again until max_steps (`TrainLoop.batches_per_pass`). The
+eval stream is read whole, as each evaluation reads it.
 """
 
 from __future__ import annotations
