@@ -154,9 +154,9 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     if not streaming:  # a stream has no sampler: the Trainer ignores train_sampling_strategy
         check_strategy(args, length_aware=True)
     accelerator = config.accelerator_config
-    # SFTTrainer forces dispatch_batches=False for a stream.
-    if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
-                                   or (accelerator.dispatch_batches and not streaming)):
+    # SFTTrainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
+    if args.num_processes > 1 and (accelerator.split_batches or (not streaming and (
+            not accelerator.even_batches or accelerator.dispatch_batches))):
         raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not planned "
                          "for data-parallel runs; keep accelerate's defaults")
     # SFTTrainer checks this once, against the train packing, for train and eval alike.
