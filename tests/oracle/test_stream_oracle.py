@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.analyze import analyze
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, write_short_text_rows
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_short_text_rows
 from tests.oracle.harness import observed, planned, run_sft, run_sft_distributed
 
 pytestmark = pytest.mark.slow
@@ -27,6 +27,10 @@ CONFIGS: dict[str, tuple[Path | None, list[str], Path | None]] = {
     # bfd packing over 2 of TRL's 1000-row pack batches (each packed on its own), collated padding-free
     "packing-bfd-across-pack-batches": (None, ["--packing", "--max_length", "128", "--per_device_train_batch_size",
                                                "4", "--max_steps", "30", "--pad_to_multiple_of", "64"], None),
+    # padding-free without packing (max_length none): (1, sum of the batch's rows), with the cu_seq_lens they give
+    "padding-free-unpacked": (TLDR, ["--padding_free", "--max_length", "none", "--per_device_train_batch_size", "4",
+                                     "--gradient_accumulation_steps", "2", "--max_steps", "3",
+                                     "--pad_to_multiple_of", "64"], None),
     # wrapped packing, padded collator
     "packing-wrapped": (TEXT, ["--packing", "--packing_strategy", "wrapped", "--max_length", "64",
                                "--per_device_train_batch_size", "3", "--max_steps", "4", "--pad_to_multiple_of", "32"],
