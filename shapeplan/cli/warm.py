@@ -29,12 +29,15 @@ def device_option(command):  # type: ignore[no-untyped-def]
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend and cache dir, set up before torch is imported (backends read env vars at import)."""
+    from ..cache.archive import refuse_incomplete_import
     from ..warm.backends import default_device, make_backend
     from ..warm.runner import check_cache_dir, default_cache_dir
 
     device = device or default_device()
     backend = make_backend(device)
-    cache = check_cache_dir(Path(cache_dir) if cache_dir else default_cache_dir(device))
+    path = Path(cache_dir) if cache_dir else default_cache_dir(device)
+    refuse_incomplete_import(path)
+    cache = check_cache_dir(path)
     backend.prepare(cache)
     # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
     from transformers.utils import logging as hf_logging

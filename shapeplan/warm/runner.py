@@ -136,6 +136,20 @@ def check_cache_dir(path: Path) -> Path:
     return path.resolve()
 
 
+def _manifest_well_formed(data: dict[str, Any]) -> bool:
+    """{"environments": {key: {"environment": {...}, "shapes": {task: {"status": str, ...}}}}}"""
+    environments = data.get("environments")
+    if not isinstance(environments, dict):
+        return False
+    for section in environments.values():
+        if not (isinstance(section, dict) and isinstance(section.get("environment"), dict)
+                and isinstance(section.get("shapes"), dict)):
+            return False
+        if not all(isinstance(e, dict) and isinstance(e.get("status"), str) for e in section["shapes"].values()):
+            return False
+    return True
+
+
 class Manifest:
     """The cache dir's record of warmed shapes, per environment."""
 
@@ -148,11 +162,17 @@ class Manifest:
             return {"schema": MANIFEST_SCHEMA, "environments": {}}
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CacheError(f"manifest {self.path} is unreadable ({exc}); delete it to re-warm this cache dir") \
+        except OSError as exc:
+            raise CacheError(f"manifest {self.path} is unreadable ({exc.strerror}); delete it to re-warm this cache "
+                             "dir") from exc
+        except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
+            raise CacheError(f"manifest {self.path} is not UTF-8 JSON ({exc}); delete it to re-warm this cache dir") \
                 from exc
         if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
             raise CacheError(f"manifest {self.path} has an unknown schema; delete it to re-warm this cache dir")
+        if not _manifest_well_formed(data):
+            raise CacheError(f"manifest {self.path} does not have a manifest's structure; delete it to re-warm this "
+                             "cache dir")
         return data
 
     def done(self, environment: str, task: WarmTask) -> bool:
