@@ -12,6 +12,7 @@ before the marker leaves a staging folder without a marker: `warm` refuses such 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -30,7 +31,6 @@ from typing import Any
 from ..errors import CacheError, CacheMismatchError
 from .limits import Limits
 from ..plan.io import write_atomic
-from ..warm.parallel import locked
 from ..warm.runner import MANIFEST
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -38,11 +38,10 @@ ARCHIVE_SCHEMA = 2  # 2: records the expanded total
 PREFIX = "cache"
 PACKAGES = ("torch", "trl", "transformers", "accelerate")
 _CHUNK = 1 << 20
-# In an imported cache dir: the folder a running (or killed) import stages into, the marker a finished import
-# writes last, and the lock racing imports contend for (its file is `IMPORT_LOCK` + ".lock").
+# In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
+# writes last.
 STAGING_PREFIX = ".shapeplan-importing-"
 IMPORT_MARKER = ".shapeplan-import-complete"
-IMPORT_LOCK = ".shapeplan-import"
 _HEADER_LIMIT = 1 << 20  # a pax or GNU long-name header holds a path, never more than this
 @dataclass(frozen=True, slots=True)
 class ArchiveInfo:
@@ -173,7 +172,9 @@ def _open(archive: Path, cap: int) -> Iterator[tuple[tarfile.TarFile, _Counted]]
         counted = _Counted(unzipped, cap, archive)
         try:
             tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo)
-        except (OSError, EOFError, tarfile.TarError) as exc:
+        except EOFError as exc:  # a gzip stream cut short
+            raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+        except (OSError, tarfile.TarError) as exc:
             raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
                              "`shapeplan cache export`") from None
         with tar:
@@ -227,7 +228,9 @@ def read_info(archive: Path, limits: Limits = Limits()) -> ArchiveInfo:
     try:
         with _open(archive, _cap(limits)) as (tar, _):
             return _read_meta(tar, archive, limits)
-    except (OSError, EOFError, tarfile.TarError) as exc:
+    except EOFError as exc:  # a gzip stream cut short
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+    except (OSError, tarfile.TarError) as exc:
         raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
                          "`shapeplan cache export`") from None
 
@@ -269,7 +272,7 @@ def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:
     name = PurePosixPath(member.name)
     if name.is_absolute() or ".." in name.parts or name.parts[:1] != (PREFIX,):
         raise CacheError(f"{archive} has a member outside the cache ({member.name}); refusing it")
-    if any(part.startswith(STAGING_PREFIX) or part in (IMPORT_MARKER, f"{IMPORT_LOCK}.lock") for part in name.parts):
+    if any(part.startswith(STAGING_PREFIX) or part == IMPORT_MARKER for part in name.parts):
         raise CacheError(f"{archive} has a member with a name shapeplan reserves ({member.name}); refusing it")
     if member.isdir():
         return None
@@ -287,15 +290,13 @@ def refuse_incomplete_import(cache_dir: Path) -> None:
 
 
 def _clear_stale_import(target: Path) -> None:
-    """Under the import lock: remove what a killed import left. Without its completion marker, everything but the
-    lock was written by that import (an import starts on an empty folder and holds the lock throughout)."""
+    """Under the import lock: remove what a killed import left. Without its completion marker, everything in the
+    folder was written by that import (an import starts on an empty folder and holds the lock throughout)."""
     stale = list(target.glob(f"{STAGING_PREFIX}*"))
     if not stale:
         return
     complete = (target / IMPORT_MARKER).exists()
     for path in target.iterdir() if not complete else stale:
-        if path.name == f"{IMPORT_LOCK}.lock":
-            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
@@ -327,15 +328,8 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
         raise CacheError(f"cannot create {target} ({exc.strerror}); import into a writable --cache-dir") from None
     try:
         try:
-            with locked(target / IMPORT_LOCK, wait=False):
-                try:
-                    shapes = _import_locked(archive, info, target, limits)
-                except BaseException:  # leave the target as it was: without our lock file
-                    (target / f"{IMPORT_LOCK}.lock").unlink(missing_ok=True)
-                    raise
-        except BlockingIOError:
-            raise CacheError(f"another `shapeplan cache import` is filling {target}; wait for it to finish") \
-                from None
+            with _locked(target):
+                shapes = _import_locked(archive, info, target, limits)
         except PermissionError as exc:
             raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") \
                 from None
@@ -347,10 +341,32 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
     return ArchiveInfo(info.path, info.environment, info.files, shapes, info.expanded)
 
 
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """An exclusive lock on the target folder itself (no lock file: a refused import leaves the folder as it was),
+    released by the kernel if the process dies."""
+    busy = CacheError(f"another `shapeplan cache import` is filling {target}; wait for it to finish")
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(target))
+        except FileNotFoundError:
+            same = False
+        if not same:  # the import we waited on failed and removed the folder it had created
+            raise busy
+        yield
+    finally:
+        os.close(fd)
+
+
 def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits) -> int:
     """The import, holding the target's lock; returns the number of warmed shapes imported."""
     _clear_stale_import(target)
-    if any(p.name != f"{IMPORT_LOCK}.lock" for p in target.iterdir()):
+    if any(target.iterdir()):
         raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
     free = shutil.disk_usage(target).free
     if info.expanded > free:

@@ -61,11 +61,10 @@ def split(tasks: Sequence[T], count: int) -> list[list[T]]:
 
 
 @contextlib.contextmanager
-def locked(path: Path, *, wait: bool = True) -> Iterator[None]:
-    """An exclusive lock on `path` + ".lock" (released by the kernel if the process dies); wait=False raises
-    BlockingIOError at once when another process holds it."""
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` + ".lock" (released by the kernel if the process dies)."""
     with open(f"{path}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
