@@ -18,10 +18,11 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     writing nothing, and reports per shape whether anything compiled (cache misses). Exit code 1 if anything
     compiled or failed.
     """
-    from ..warm.runner import make_warmer, warm
+    from ..warm.runner import check_cache_dir, make_warmer, warm
 
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
+    check_cache_dir(cache)
     warmer = make_warmer(plan.method, args)
     report = warm(plan, warmer, backend, cache, verify=True, progress=True)
     emit(report, as_json=as_json, verify=True)

@@ -28,16 +28,16 @@ def device_option(command):  # type: ignore[no-untyped-def]
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir, set up before torch is imported (backends read env vars at import)."""
+    """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
+    created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
     from ..warm.backends import default_device, make_backend
-    from ..warm.runner import check_cache_dir, default_cache_dir
+    from ..warm.runner import default_cache_dir
 
     device = device or default_device()
     backend = make_backend(device)
-    path = Path(cache_dir) if cache_dir else default_cache_dir(device)
-    refuse_incomplete_import(path)
-    cache = check_cache_dir(path)
+    cache = (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
+    refuse_incomplete_import(cache)
     backend.prepare(cache)
     # stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it
     from transformers.utils import logging as hf_logging
@@ -76,6 +76,7 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
     from ..adapters.trl_args import parse_training_args
     from ..analyze import analyze
     from ..plan.io import load_plan
+    from ..warm.identity import check_plan_fits_model
 
     described = bool(trl_args or model or split or eval_dataset)
     if plan_path is not None:
@@ -88,6 +89,7 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
     args = parse_training_args(plan.method, device_argv(argv, device))
     if plan_path is not None and described:
         check_config(plan, args, argv)
+    check_plan_fits_model(plan, args)
     return plan, args
 
 
@@ -144,9 +146,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
-    from ..warm.runner import make_warmer, warm
-
     from ..warm.parallel import worker_count
+    from ..warm.runner import check_cache_dir, make_warmer, warm
 
     backend, cache = prepare(device, cache_dir)
     plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
@@ -154,6 +155,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
         raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of processes, "
                          "whose ranks share the shapes; drop --workers")
+    check_cache_dir(cache)
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
