@@ -104,8 +104,11 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     expanded = sum(path.stat().st_size for path in paths)
     meta = json.dumps({"schema": ARCHIVE_SCHEMA, "environment": environment, "files": files, "expanded": expanded},
                       indent=2, sort_keys=True).encode()
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    except OSError as exc:
+        raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             entry = tarfile.TarInfo(ARCHIVE_META)

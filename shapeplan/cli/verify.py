@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .warm import device_option, emit, load_run, prepare
+from .warm import device_option, emit, load_run, prepare, refused_leaves_no_cache_dir
 
 
 @click.command("verify")
@@ -21,7 +21,8 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     from ..warm.runner import check_cache_dir, make_warmer, warm
 
     backend, cache = prepare(device, cache_dir)
-    plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
+    with refused_leaves_no_cache_dir(cache):
+        plan, args = load_run(plan_path, "sft", None, None, None, (), backend.device)
     check_cache_dir(cache)
     warmer = make_warmer(plan.method, args)
     report = warm(plan, warmer, backend, cache, verify=True, progress=True)

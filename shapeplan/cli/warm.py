@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..errors import PlanFileError, UsageError
+from ..errors import PlanFileError, ShapeplanError, UsageError
 from .analyze import run_options, split_run_arguments
 
 DEVICES = ("neuron", "cuda", "cpu")
@@ -45,6 +47,21 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     return backend, cache
+
+
+@contextlib.contextmanager
+def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
+    """Importing torch creates the compile cache dir named in its environment, before the run is known to be
+    valid: a refused command removes it again if it made it and nothing was written into it."""
+    existed = cache.exists()
+    try:
+        yield
+    except ShapeplanError:
+        if not existed:
+            for folder in sorted((p for p in [cache, *cache.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):  # not empty: keep it
+                    folder.rmdir()
+        raise
 
 
 def device_argv(argv: list[str], device: str) -> list[str]:
@@ -150,11 +167,12 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     from ..warm.runner import check_cache_dir, make_warmer, warm
 
     backend, cache = prepare(device, cache_dir)
-    plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    count = worker_count(workers, backend.device, worker_memory)
-    if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
-        raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of processes, "
-                         "whose ranks share the shapes; drop --workers")
+    with refused_leaves_no_cache_dir(cache):
+        plan, args = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
+        count = worker_count(workers, backend.device, worker_memory)
+        if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
+            raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
+                             "processes, whose ranks share the shapes; drop --workers")
     check_cache_dir(cache)
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
