@@ -168,3 +168,31 @@ def test_load_plan_rejects_bad_files(tmp_path: Path, text: str, message: str) ->
     (tmp_path / "plan.json").write_text(text)
     with pytest.raises(PlanFileError, match=message):
         io.load_plan(tmp_path / "plan.json")
+
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def test_atomic_write_uses_the_umask_and_removes_temporaries_of_dead_writers(tmp_path: Path) -> None:
+    """A writer killed with kill -9 leaves `.plan.json.<pid>.*.tmp`; the next write of plan.json removes it, and
+    leaves a live writer's alone. The file gets the umask's mode (0644 under 022), not mkstemp's 0600."""
+    stale = tmp_path / f".plan.json.{dead_pid()}.k9x2ab.tmp"
+    live = tmp_path / f".plan.json.{os.getpid()}.a1b2c3.tmp"
+    other = tmp_path / f".other.json.{dead_pid()}.k9x2ab.tmp"
+    for path in (stale, live, other):
+        path.write_text("partial")
+    previous = os.umask(0o022)
+    try:
+        io.write_plan(_plan(), tmp_path / "plan.json")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["plan.json", live.name, other.name])

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
 from .limits import Limits
-from ..plan.io import write_atomic
+from ..plan.io import temp_file, write_atomic
 from ..warm.runner import MANIFEST
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -106,7 +106,7 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
                       indent=2, sort_keys=True).encode()
     try:
         archive.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+        fd, tmp = temp_file(archive)
     except OSError as exc:
         raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
     try:
@@ -118,9 +118,11 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
             for name in files:
                 tar.add(cache_dir / name, arcname=f"{PREFIX}/{name}", recursive=False)
         os.replace(tmp, archive)
-    except OSError as exc:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
+        if isinstance(exc, OSError):
+            raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
+        raise
     return ArchiveInfo(str(archive), environment, files, shapes, expanded)
 
 

@@ -184,12 +184,14 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 
 def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
     """The plan, written for the workers to read, warmed by `count` worker processes."""
+    import os
     import tempfile
 
-    from ..plan.io import write_plan
+    from ..plan.io import remove_stale, write_plan
     from ..warm.parallel import run_workers
 
-    with tempfile.TemporaryDirectory(prefix="shapeplan-workers-") as folder:
+    remove_stale(Path(tempfile.gettempdir()), "shapeplan-workers-")  # folders of killed warm-ups
+    with tempfile.TemporaryDirectory(prefix=f"shapeplan-workers-{os.getpid()}-") as folder:
         plan_file = Path(folder) / "plan.json"
         write_plan(plan, plan_file)
         return run_workers(plan_file, count=count, device=device, cache_dir=cache)

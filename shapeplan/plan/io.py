@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import tempfile
 from dataclasses import fields
 from pathlib import Path
@@ -186,11 +189,63 @@ def dumps(plan: Plan) -> str:
     return json.dumps(plan_to_dict(plan), indent=2) + "\n"
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale(directory: Path, prefix: str) -> None:
+    """Remove what processes that died before cleaning up left in `directory`: entries named `prefix` + their pid
+    + "." or "-" + anything (see `temp_file`), whose process is gone."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        match = re.match(r"(\d+)[.-]", path.name[len(prefix):]) if path.name.startswith(prefix) else None
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def temp_file(target: Path) -> tuple[int, str]:
+    """A new temporary file next to `target` (fd, path), to be renamed onto it: named after this process so that
+    the next writer of `target` removes it if this process is killed first, and with the mode a plain open()
+    gives (mkstemp's 0600 would keep a cache baked by root from the training user)."""
+    directory = target.parent if str(target.parent) else Path(".")
+    remove_stale(directory, f".{target.name}.")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the new one, never a partial one."""
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    fd, tmp = temp_file(target)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -500,3 +500,24 @@ def test_target_whose_parent_is_read_only(tmp_path: Path, monkeypatch: pytest.Mo
     assert _error(capsys) == [f"Error: cannot create {parent / 't'} (Permission denied); import into a writable "
                               "--cache-dir"]
     assert list(parent.iterdir()) == []
+
+
+def test_export_killed_midway_leaves_a_partial_the_next_export_removes(tmp_path: Path) -> None:
+    cache = _warmed_cache(tmp_path / "cache")
+    out = tmp_path / "out"
+    killer = ("import os, sys, tarfile\n"
+              "def killed(*args, **kwargs): os.kill(os.getpid(), 9)\n"
+              "tarfile.TarFile.add = killed\n"
+              "from shapeplan.cli import main; sys.exit(main(sys.argv[1:]))")
+    argv = ["cache", "export", "--cache-dir", str(cache), "-o", str(out / "a.tar.gz")]
+    killed = subprocess.run([sys.executable, "-c", killer, *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            timeout=300)
+    assert killed.returncode == -9
+    assert [p.name for p in out.iterdir()][0].startswith(".a.tar.gz.")  # the killed export's partial
+    previous = os.umask(0o022)
+    try:
+        assert main(argv) == 0
+    finally:
+        os.umask(previous)
+    assert [p.name for p in out.iterdir()] == ["a.tar.gz"]
+    assert (out / "a.tar.gz").stat().st_mode & 0o777 == 0o644
