@@ -73,39 +73,43 @@ def device_argv(argv: list[str], device: str) -> list[str]:
     return ["--use_cpu", "false", *argv]
 
 
-def check_config(plan: Any, args: Any, argv: list[str]) -> None:
-    """The run described on the command line must be the one the plan was made for."""
+def check_config(plan: Any, args: Any, names: set[str]) -> None:
+    """The options named on the command line (`names`, TRL field names) must have the values the plan was made
+    with; the plan supplies every option not named."""
     from ..adapters.common import recorded_config
 
-    given = json.loads(json.dumps(recorded_config(args, argv), default=str))
+    given = json.loads(json.dumps(recorded_config(args, []), default=str))
     # the model first: with another model every other difference is beside the point
-    for name, value in sorted(given.items(), key=lambda item: (item[0] != "model_name_or_path", item[0])):
+    for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
         if name == "argv" or name not in plan.config:
             continue
-        if plan.config[name] != value:
-            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has {value!r}; "
-                                "re-create the plan with `shapeplan analyze ... -o PLAN` for this run")
+        if plan.config[name] != given[name]:
+            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
+                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
+                                "run")
 
 
 def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
              trl_args: tuple[str, ...], device: str) -> tuple[Any, Any]:
-    """The plan (read, or made from the run's arguments) and the run's parsed arguments."""
-    from ..adapters.trl_args import parse_training_args
+    """The plan (read, or made from the run's arguments) and the run's parsed arguments. With a plan, options
+    given on the command line are checked against it and the plan's own arguments supply the rest."""
+    from ..adapters.trl_args import given_options, parse_training_args
     from ..analyze import analyze
     from ..plan.io import load_plan
     from ..warm.identity import check_plan_fits_model
 
-    described = bool(trl_args or model or split or eval_dataset)
+    named: set[str] = set()
     if plan_path is not None:
         plan = load_plan(plan_path)
-        argv = split_run_arguments(plan.method, trl_args, model, split) if described else \
-            list(plan.config.get("argv", []))
+        given = split_run_arguments(plan.method, trl_args, model, split)
+        named = given_options(given)
+        argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
     else:
         argv = split_run_arguments(method, trl_args, model, split)
         plan = analyze(method, argv, eval_source=eval_dataset)
     args = parse_training_args(plan.method, device_argv(argv, device))
-    if plan_path is not None and described:
-        check_config(plan, args, argv)
+    if named:
+        check_config(plan, args, named)
     check_plan_fits_model(plan, args)
     return plan, args
 

@@ -23,6 +23,8 @@ def _error(capsys: pytest.CaptureFixture[str]) -> list[str]:
 def test_unwritable_cache_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
+    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), tmp_path / "plan.json")
+    capsys.readouterr()
     assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir",
                  str(blocker / "cache")]) == 1
     assert _error(capsys) == [f"Error: cache dir {blocker / 'cache'} is not writable (Not a directory); pass a "
@@ -39,6 +41,26 @@ def test_plan_for_another_config(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 1
     assert _error(capsys) == ["Error: the plan was made for max_length=256, but this run has 512; re-create the "
                               "plan with `shapeplan analyze ... -o PLAN` for this run"]
+
+
+def test_options_given_with_a_plan_are_checked_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`warm --plan P --model M` need not repeat the plan's other options: the plan supplies them; a real conflict
+    names the field and both values."""
+    from shapeplan.cli.warm import load_run
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), plan)
+    _, args = load_run(str(plan), "sft", str(TINY_MODEL), None, None, (), "cpu")
+    assert (args.training.max_length, args.training.max_steps, args.model.model_name_or_path) == \
+        (256, 2, str(TINY_MODEL))
+    _, args = load_run(str(plan), "sft", None, None, None, ("--max_steps", "2"), "cpu")
+    assert args.training.max_length == 256
+    capsys.readouterr()
+    assert main(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
+                 "--max_length", "512"]) == 1
+    assert _error(capsys) == ["Error: the plan was made for max_length=256, but this run has 512; re-create the "
+                              "plan with `shapeplan analyze ... -o PLAN` for this run"]
+    assert not (tmp_path / "c").exists()
 
 
 def test_plan_for_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
