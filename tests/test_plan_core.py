@@ -196,3 +196,28 @@ def test_atomic_write_uses_the_umask_and_removes_temporaries_of_dead_writers(tmp
         os.umask(previous)
     assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["plan.json", live.name, other.name])
+
+
+@pytest.mark.parametrize("shape, field, value", [
+    ({"seq": 200}, "shapes[0].seq", 200), ({"batch": 0}, "shapes[0].batch", 0),
+    ({"count": 1.5}, "shapes[0].count", 1.5),
+    ({"seq": 1 << 30}, "shapes[0].seq", 1 << 30), ({"first_step": -1}, "shapes[0].first_step", -1),
+])
+def test_plan_values_are_checked_and_the_error_carries_them(shape: dict, field: str, value: object) -> None:
+    data = json.loads(io.dumps(_plan()))
+    data["shapes"][0].update(shape)
+    with pytest.raises(PlanFileError) as error:
+        io.plan_from_dict(data)
+    assert (error.value.field, error.value.value) == (field, value)  # type: ignore[attr-defined]  # from **values
+    assert str(error.value).startswith(f"malformed plan: {field} ")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"schema": 1, "schema": 1}', "duplicate key 'schema'"),
+    ('{"schema": 1, "x": NaN}', "NaN is not a JSON number"),
+    ('{"schema": 1, "x": ' + "9" * 5000 + "}", "digits"),
+])
+def test_load_plan_is_strict_json(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "plan.json").write_text(text)
+    with pytest.raises(PlanFileError, match=message):
+        io.load_plan(tmp_path / "plan.json")

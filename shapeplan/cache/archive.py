@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import tarfile
-import tarfile as tarfile_module  # _BoundedTarInfo's parameter shadows it
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,9 +28,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from .limits import Limits
 from ..plan.io import temp_file, write_atomic
 from ..warm.runner import MANIFEST
+from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
 ARCHIVE_SCHEMA = 2  # 2: records the expanded total
@@ -156,18 +155,18 @@ _EXTENDED_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile
 
 
 class _BoundedTarInfo(tarfile.TarInfo):
-    def _proc_member(self, tarfile: Any) -> tarfile.TarInfo:  # type: ignore[override]  # tarfile's private hook
+    def _proc_member(self, tar: Any) -> tarfile.TarInfo:
         # tarfile reads a pax or GNU long-name header whole into memory before handing out its member
         if self.type in _EXTENDED_HEADERS and self.size > _HEADER_LIMIT:
-            raise tarfile_module.HeaderError(f"a {self.size}-byte extended header")
-        return super()._proc_member(tarfile)  # type: ignore[misc]  # private, unchanged since Python 3.2
+            raise tarfile.HeaderError(f"a {self.size}-byte extended header")
+        return super()._proc_member(tar)  # type: ignore[misc]  # tarfile's private hook, unchanged since Python 3.2
 
 
 @contextlib.contextmanager
 def _open(archive: Path, cap: int) -> Iterator[tuple[tarfile.TarFile, _Counted]]:
     """The archive as a tar stream (read front to back, once) over at most `cap` decompressed bytes."""
     try:
-        raw = open(archive, "rb")
+        raw = open(archive, "rb")  # noqa: SIM115  # closed by the `with` below; only the open's errors differ
     except FileNotFoundError:
         raise CacheError(f"archive {archive} does not exist; pass a file written by `shapeplan cache export`") \
             from None
@@ -176,7 +175,7 @@ def _open(archive: Path, cap: int) -> Iterator[tuple[tarfile.TarFile, _Counted]]
     with raw, gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
         counted = _Counted(unzipped, cap, archive)
         try:
-            tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo)
+            tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo)  # noqa: SIM115  # `with tar` below
         except EOFError as exc:  # a gzip stream cut short
             raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
         except (OSError, tarfile.TarError) as exc:
@@ -195,7 +194,8 @@ def _read_meta(tar: tarfile.TarFile, archive: Path, limits: Limits) -> ArchiveIn
         raise CacheError(not_ours)
     if first.size > limits.max_metadata:
         raise CacheError(f"{archive} has a {first.size}-byte {ARCHIVE_META}, over the {limits.max_metadata}-byte "
-                         "limit; raise --max-metadata-mib if it is genuine")
+                         "limit; raise --max-metadata-mib if it is genuine", limit=limits.max_metadata,
+                         value=first.size)
     handle = tar.extractfile(first)
     try:
         meta = json.loads(handle.read().decode("utf-8")) if handle is not None else None
@@ -215,10 +215,10 @@ def _read_meta(tar: tarfile.TarFile, archive: Path, limits: Limits) -> ArchiveIn
                          "it again")
     if len(files) > limits.max_files:
         raise CacheError(f"{archive} holds {len(files)} files, over the limit of {limits.max_files}; raise "
-                         "--max-files if it is genuine")
+                         "--max-files if it is genuine", limit=limits.max_files, value=len(files))
     if expanded > limits.max_bytes:
         raise CacheError(f"{archive} expands to {expanded} bytes, over the limit of {limits.max_bytes}; raise "
-                         "--max-gib if it is genuine")
+                         "--max-gib if it is genuine", limit=limits.max_bytes, value=expanded)
     return ArchiveInfo(str(archive), environment, files, shapes=0, expanded=expanded)
 
 
@@ -228,7 +228,7 @@ def _cap(limits: Limits) -> int:
     return limits.max_metadata + limits.max_bytes + (limits.max_files + 1) * 4096 + 20 * 512
 
 
-def read_info(archive: Path, limits: Limits = Limits()) -> ArchiveInfo:
+def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
     """The archive's environment and file list (its first member), without extracting anything."""
     try:
         with _open(archive, _cap(limits)) as (tar, _):
@@ -308,7 +308,7 @@ def _clear_stale_import(target: Path) -> None:
             path.unlink()
 
 
-def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, limits: Limits = Limits(),
+def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, limits: Limits = DEFAULT_LIMITS,
                  follow_symlink: bool = False) -> ArchiveInfo:
     """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine: all or
     nothing."""
@@ -320,7 +320,8 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
     differences = mismatches(info.environment, here)
     if differences:
         raise CacheMismatchError(f"{archive} was compiled for another environment: {'; '.join(differences)}; "
-                                 "warm this machine's own cache with `shapeplan warm` instead")
+                                 "warm this machine's own cache with `shapeplan warm` instead",
+                                 differences=differences)
     target = cache_dir.resolve()
     if target.exists() and not target.is_dir():
         raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")

@@ -16,3 +16,6 @@ class Limits:
     max_bytes: int = 256 * _GIB  # the files' expanded total
     max_files: int = 1_000_000
     max_metadata: int = 256 * _MIB  # the size of shapeplan-archive.json
+
+
+DEFAULT_LIMITS = Limits()

@@ -8,10 +8,8 @@ from typing import Any
 
 import click
 
-from ..cache.limits import Limits
+from ..cache.limits import DEFAULT_LIMITS, Limits
 from .warm import DEVICES
-
-_DEFAULTS = Limits()
 
 
 @click.group("cache")
@@ -60,12 +58,12 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
               help="The compiler stack to check against. Default: the archive's.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
 @click.option("--follow-symlink", is_flag=True, help="Import into DIR even if it is a symbolic link.")
-@click.option("--max-gib", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.max_bytes / 2**30,
+@click.option("--max-gib", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_LIMITS.max_bytes / 2**30,
               show_default=True, help="Refuse an archive whose files expand to more than this.")
-@click.option("--max-files", type=click.IntRange(min=1), default=_DEFAULTS.max_files, show_default=True,
+@click.option("--max-files", type=click.IntRange(min=1), default=DEFAULT_LIMITS.max_files, show_default=True,
               help="Refuse an archive holding more files than this.")
 @click.option("--max-metadata-mib", type=click.FloatRange(min=0, min_open=True),
-              default=_DEFAULTS.max_metadata / 2**20, show_default=True,
+              default=DEFAULT_LIMITS.max_metadata / 2**20, show_default=True,
               help="Refuse an archive whose metadata (checksum list) is larger than this.")
 def import_command(archive: str, cache_dir: str, device: str | None, as_json: bool, follow_symlink: bool,
                    max_gib: float, max_files: int, max_metadata_mib: float) -> None:

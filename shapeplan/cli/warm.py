@@ -86,7 +86,7 @@ def check_config(plan: Any, args: Any, names: set[str]) -> None:
         if plan.config[name] != given[name]:
             raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
                                 f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
-                                "run")
+                                "run", field=name, planned=plan.config[name], given=given[name])
 
 
 def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,

@@ -72,17 +72,18 @@ _MAX_BATCH = 1 << 20
 _MAX_COUNT = 1 << 62
 
 
-def _malformed(where: str, problem: str) -> PlanFileError:
-    return PlanFileError(f"malformed plan: {where} {problem}; re-create it with `shapeplan analyze -o PLAN`")
+def _malformed(where: str, problem: str, value: Any = None) -> PlanFileError:
+    return PlanFileError(f"malformed plan: {where} {problem}; re-create it with `shapeplan analyze -o PLAN`",
+                         field=where, value=value)
 
 
 def _int(value: Any, where: str, low: int, high: int = _MAX_COUNT) -> int:
     """A JSON integer (not a bool, float or string) in [low, high]."""
     if type(value) is not int:
-        raise _malformed(where, f"must be an integer, not {type(value).__name__}")
+        raise _malformed(where, f"must be an integer, not {type(value).__name__}", value)
     if not low <= value <= high:
         shown = value if abs(value) < 10 ** 30 else f"a {len(str(abs(value)))}-digit number"
-        raise _malformed(where, f"is {shown}, outside {low}..{high}")
+        raise _malformed(where, f"is {shown}, outside {low}..{high}", value)
     return value
 
 
@@ -112,7 +113,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         raise _malformed(f"{where}.phase", f"is {phase!r}, not one of {', '.join(PHASES)}")
     seq = _int(s["seq"], f"{where}.seq", 1, _MAX_SEQ)
     if multiple is not None and seq % multiple:
-        raise _malformed(f"{where}.seq", f"is {seq}, not a multiple of the plan's pad_to_multiple_of {multiple}")
+        raise _malformed(f"{where}.seq", f"is {seq}, not a multiple of the plan's pad_to_multiple_of {multiple}", seq)
     pairs = s.get("varlen_pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
@@ -128,8 +129,8 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),
         cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, _MAX_SEQ),
         max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, _MAX_SEQ),
-        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, _MAX_SEQ), _int(q, f"{where}.varlen_pairs", 1, _MAX_SEQ))
-                           for c, q in pairs),
+        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, _MAX_SEQ),
+                            _int(q, f"{where}.varlen_pairs", 1, _MAX_SEQ)) for c, q in pairs),
         unpadded=_int(s.get("unpadded", 0), f"{where}.unpadded", 0),
         completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
