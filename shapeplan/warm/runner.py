@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import CacheError, PlanFileError, UsageError
-from ..plan.io import write_atomic
+from ..plan.io import remove_stale, write_atomic
 from ..plan.model import Plan
 from .backends.base import Backend, counter_delta
 from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
@@ -128,7 +128,8 @@ def check_cache_dir(path: Path) -> Path:
     """Create `path` if needed and prove it writable."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".shapeplan-probe-"):
+        remove_stale(path, ".shapeplan-probe-")  # probes of killed runs
+        with tempfile.NamedTemporaryFile(dir=path, prefix=f".shapeplan-probe-{os.getpid()}-"):
             pass
     except OSError as exc:
         raise CacheError(f"cache dir {path} is not writable ({exc.strerror}); pass a writable folder with "

@@ -87,3 +87,23 @@ def test_warm_plans_first_from_run_arguments(tmp_path: Path, capsys: pytest.Capt
         (s.phase, s.batch, s.seq, "cached") for s in planned.shapes]
     assert report["device"] == "cpu" and report["script_lines"] == []  # eager: nothing for the script to set
     assert (tmp_path / "cache" / "shapeplan-manifest.json").is_file()
+
+
+def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Removed when the warm-up exits; one left by a killed warm-up is removed by the next."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_plan_core import dead_pid
+
+    stale = tmp_path / f"shapeplan-warm-{dead_pid()}-abc123"
+    stale.mkdir()
+    (stale / "trainer_state.json").write_text("{}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "from shapeplan.warm.sft import _scratch_output_dir as s; "
+                           "import os; print(os.path.isdir(s()))"], env=env, capture_output=True, text=True,
+                          check=True, timeout=300)
+    assert done.stdout.strip() == "True"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("shapeplan-warm-")] == []
