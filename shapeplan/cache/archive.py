@@ -302,6 +302,8 @@ def _clear_stale_import(target: Path) -> None:
         return
     complete = (target / IMPORT_MARKER).exists()
     for path in target.iterdir() if not complete else stale:
+        if path.name == "lost+found" and os.path.ismount(target):
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
@@ -372,7 +374,8 @@ def _locked(target: Path) -> Iterator[None]:
 def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits) -> int:
     """The import, holding the target's lock; returns the number of warmed shapes imported."""
     _clear_stale_import(target)
-    if any(target.iterdir()):
+    # a freshly formatted ext4 volume holds lost+found at its root: that mount point counts as empty
+    if any(p.name != "lost+found" or not os.path.ismount(target) for p in target.iterdir()):
         raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
     free = shutil.disk_usage(target).free
     if info.expanded > free:

@@ -355,6 +355,7 @@ def test_import_into_an_empty_tmpfs_mount_point(tmp_path: Path) -> None:
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
+        (mount / "lost+found").mkdir()  # as on a freshly formatted ext4 volume
         _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
         done = _console("cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(mount))
         assert done.returncode == 0, done.stderr
