@@ -12,6 +12,7 @@ before the marker leaves a staging folder without a marker: `warm` refuses such 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import gzip
 import hashlib
@@ -395,12 +396,32 @@ def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limit
         if environment != {"versions": info.environment["versions"], "compiler": info.environment["compiler"]}:
             raise CacheError(f"{archive} is damaged: its {MANIFEST} records another environment than the archive; "
                              "export it again")
-        for entry in staging.iterdir():  # renames within one filesystem; the marker below makes them one step
-            os.rename(entry, target / entry.name)
-        write_atomic(target / IMPORT_MARKER, json.dumps({"archive": str(archive), "files": len(info.files)}) + "\n")
+        _move_in(staging, target, info)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return shapes
+
+
+def _move_in(staging: Path, target: Path, info: ArchiveInfo) -> None:
+    """Rename the staged entries into the target (one filesystem), then write the marker that makes them one step;
+    on failure take back what was moved. (A kill -9 in between leaves the staging folder, which marks the import
+    unfinished.)"""
+    moved: list[Path] = []
+    try:
+        for entry in sorted(staging.iterdir()):
+            os.rename(entry, target / entry.name)
+            moved.append(target / entry.name)
+        write_atomic(target / IMPORT_MARKER, json.dumps({"archive": info.path, "files": len(info.files)}) + "\n")
+    except BaseException as exc:
+        for path in moved:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise CacheError(f"cannot finish the import into {target} ({exc.strerror}); nothing was imported, "
+                             "check the folder and import again") from None
+        raise
 
 
 def _extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) -> set[str]:
@@ -441,6 +462,11 @@ def _extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) ->
                 destination.chmod(member.mode & 0o777)  # compiled .so files keep their exec bit
                 seen.add(relative)
             counted.drain()
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # writing, not reading, failed
+            raise CacheError(f"{staging.parent} ran out of space importing {archive} ({exc.strerror}); free space "
+                             "or import elsewhere") from None
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+    except (tarfile.TarError, EOFError, ValueError) as exc:
         raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
     return seen

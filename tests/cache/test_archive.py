@@ -522,3 +522,37 @@ def test_export_killed_midway_leaves_a_partial_the_next_export_removes(tmp_path:
         os.umask(previous)
     assert [p.name for p in out.iterdir()] == ["a.tar.gz"]
     assert (out / "a.tar.gz").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failure_while_moving_in_takes_back_what_was_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    target = tmp_path / "t"
+    target.mkdir()
+    real_rename, calls = os.rename, []
+
+    def rename(source: object, destination: object) -> None:
+        calls.append(destination)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", rename)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 1
+    assert _error(capsys) == [f"Error: cannot finish the import into {target} (Input/output error); nothing was "
+                              "imported, check the folder and import again"]
+    assert list(target.iterdir()) == []
+
+
+def test_not_enough_free_space_is_refused_before_extracting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    expanded = read_info(tmp_path / "a.tar.gz").expanded
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 100))
+    assert _refused(tmp_path / "a.tar.gz", tmp_path / "t", capsys) == \
+        (f"Error: {tmp_path / 't'} has 100 bytes free, {tmp_path / 'a.tar.gz'} needs {expanded}; free space or "
+         "import elsewhere")
