@@ -30,7 +30,11 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
                                    "use .jsonl, .json, .parquet or .csv")
             if _blank(path):  # datasets' own error for an empty file names no cause
                 raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
-            return datasets.load_dataset(builder, data_files=str(path))
+            # datasets reuses its Arrow cache of a file while path, size and mtime are unchanged; naming the config
+            # after the content makes a file rewritten in place (same size and mtime) load its new rows
+            with open(path, "rb") as handle:
+                content = hashlib.file_digest(handle, "sha256").hexdigest()[:16]
+            return datasets.load_dataset(builder, data_files=str(path), name=f"content-{content}")
         if path.is_dir():
             if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
                 return datasets.load_from_disk(str(path))

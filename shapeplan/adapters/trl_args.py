@@ -159,9 +159,11 @@ def _world_size(num_processes: int) -> Iterator[None]:
         TrainingArguments.world_size = original  # type: ignore[method-assign]
 
 
-# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple).
+# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple) or plans
+# nonsense with (a negative max_length truncates every row to nothing).
 _POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size")
+             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size", "max_length",
+             "max_prompt_length", "max_completion_length")
 
 
 def _check_positive(training: Any) -> None:
@@ -169,6 +171,9 @@ def _check_positive(training: Any) -> None:
         value = getattr(training, name, None)
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be a positive integer, got {value}")
+    # without max_steps the epochs set the run's length: none (or fewer) trains nothing
+    if getattr(training, "max_steps", -1) <= 0 and training.num_train_epochs <= 0:
+        raise UsageError(f"--num_train_epochs must be positive (or --max_steps set), got {training.num_train_epochs}")
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:
@@ -207,6 +212,8 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
         raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
                          "pass TRL options as --name value")
     if known.num_processes is not None:
+        if known.num_processes < 1:
+            raise UsageError(f"--num_processes must be at least 1, got {known.num_processes}")
         return int(known.num_processes)
     if known.config_file:
         return int(_read_yaml(known.config_file).get("num_processes", 1) or 1)

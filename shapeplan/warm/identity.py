@@ -26,3 +26,20 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
     if planned is not None and planned != tokenizer_fingerprint(tokenizer):
         raise PlanFileError(f"the plan was made with another tokenizer than {model}'s; re-create it with "
                             f"`shapeplan analyze ... --model {model} -o PLAN`")
+
+
+def check_plan_fits_model(plan: Plan, args: Any) -> None:
+    """Every planned sequence must fit the model's position embeddings (when its config states them)."""
+    from transformers import AutoConfig
+
+    model = args.model.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(model, revision=args.model.model_revision,
+                                            trust_remote_code=bool(args.training.trust_remote_code))
+    except (OSError, ValueError):  # no readable config here: loading the model reports it, with its own fix
+        return
+    limit = getattr(config, "max_position_embeddings", None)
+    longest = max(plan.shapes, key=lambda s: s.seq)
+    if isinstance(limit, int) and longest.seq > limit:
+        raise PlanFileError(f"the plan has a {longest.phase} shape of seq {longest.seq}, beyond {model}'s "
+                            f"max_position_embeddings {limit}; re-create the plan with a --max_length that fits")

@@ -8,6 +8,7 @@ run redoes that shape (the compile caches write their own entries atomically too
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import CacheError, PlanFileError, UsageError
-from ..plan.io import write_atomic
+from ..plan.io import remove_stale, write_atomic
 from ..plan.model import Plan
 from .backends.base import Backend, counter_delta
 from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
@@ -131,12 +132,22 @@ def check_cache_dir(path: Path) -> Path:
     """Create `path` if needed and prove it writable."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".shapeplan-probe-"):
+        remove_stale(path, ".shapeplan-probe-")  # probes of killed runs
+        with tempfile.NamedTemporaryFile(dir=path, prefix=f".shapeplan-probe-{os.getpid()}-"):
             pass
     except OSError as exc:
         raise CacheError(f"cache dir {path} is not writable ({exc.strerror}); pass a writable folder with "
                          "--cache-dir") from exc
     return path.resolve()
+
+
+def check_cache_dir_can_exist(path: Path) -> None:
+    """Refuse, without creating anything, a cache dir that cannot become a folder: `check_cache_dir` runs only once
+    the run is valid (a refused command leaves no dir), but importing torch already creates the dir it is given."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise CacheError(f"cache dir {path} is not writable ({os.strerror(errno.ENOTDIR)}); pass a writable folder "
+                         "with --cache-dir")
 
 
 def existing_cache_dir(path: Path) -> Path:
@@ -196,6 +207,20 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+def _manifest_well_formed(data: dict[str, Any]) -> bool:
+    """{"environments": {key: {"environment": {...}, "shapes": {task: {"status": str, ...}}}}}"""
+    environments = data.get("environments")
+    if not isinstance(environments, dict):
+        return False
+    for section in environments.values():
+        if not (isinstance(section, dict) and isinstance(section.get("environment"), dict)
+                and isinstance(section.get("shapes"), dict)):
+            return False
+        if not all(isinstance(e, dict) and isinstance(e.get("status"), str) for e in section["shapes"].values()):
+            return False
+    return True
+
+
 class Manifest:
     """The cache dir's record of warmed shapes, per environment."""
 
@@ -208,11 +233,17 @@ class Manifest:
             return {"schema": MANIFEST_SCHEMA, "environments": {}}
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CacheError(f"manifest {self.path} is unreadable ({exc}); delete it to re-warm this cache dir") \
+        except OSError as exc:
+            raise CacheError(f"manifest {self.path} is unreadable ({exc.strerror}); delete it to re-warm this cache "
+                             "dir") from exc
+        except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
+            raise CacheError(f"manifest {self.path} is not UTF-8 JSON ({exc}); delete it to re-warm this cache dir") \
                 from exc
         if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
             raise CacheError(f"manifest {self.path} has an unknown schema; delete it to re-warm this cache dir")
+        if not _manifest_well_formed(data):
+            raise CacheError(f"manifest {self.path} does not have a manifest's structure; delete it to re-warm this "
+                             "cache dir")
         return data
 
     def done(self, environment: str, task: WarmTask) -> bool:

@@ -17,11 +17,13 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from ..errors import PlanFileError
@@ -301,13 +303,27 @@ def script_config(cfg: Any, model_args: Any) -> None:
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
     model_init_kwargs.update(cfg.model_init_kwargs or {})
     cfg.model_init_kwargs = model_init_kwargs
-    cfg.output_dir = tempfile.mkdtemp(prefix="shapeplan-warm-")
+    cfg.output_dir = _scratch_output_dir()
     cfg.report_to = []
     cfg.save_strategy = SaveStrategy.NO
     cfg.eval_strategy = IntervalStrategy.NO
     cfg.load_best_model_at_end = False
     cfg.push_to_hub = False
     cfg.disable_tqdm = True
+
+
+def _scratch_output_dir() -> str:
+    """The trainer's output_dir, which the warm-up saves nothing into: removed when this process exits, and by the
+    next warm-up if this one is killed first."""
+    import atexit
+    import shutil
+
+    from ..plan.io import remove_stale
+
+    remove_stale(Path(tempfile.gettempdir()), "shapeplan-warm-")
+    folder = tempfile.mkdtemp(prefix=f"shapeplan-warm-{os.getpid()}-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 # rows, the row indices of each batch, the run's batch size, the remainder its dataloader reports
