@@ -8,8 +8,8 @@ from ..errors import UsageError
 from .common import apply_chat_template_path, load_run_data
 from .trl_args import parse_training_args
 
-# method -> what its lengths are
-KINDS = {"sft": "train row tokens", "grpo": "prompt tokens", "rloo": "prompt tokens", "distillation": "prompt tokens"}
+# method -> what its lengths count
+KINDS = {"sft": "rows", "grpo": "prompts", "rloo": "prompts", "distillation": "prompts"}
 
 
 def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None = None,

@@ -13,7 +13,7 @@ _TRAIN_SIDE = ("train", "eval")
 def caveats(plan: Plan, environ: Mapping[str, str]) -> list[str]:
     out = []
     config = plan.config
-    if config.get("cache_implementation") == "static" and config.get("dtype") in ("float32", None):
+    if config.get("cache_implementation") == "static" and config.get("dtype") == "float32":
         out.append("cache_implementation static with a float32 model: the static cache's keys and values end in "
                    "different dtypes and generate fails (TRL #7664); fix: --model_init_kwargs "
                    "'{\"dtype\": \"bfloat16\"}'")
