@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import ShapeplanError
 from .analyze import run_options, split_run_arguments
 from .output import progress_bars_on_terminals_only
 
@@ -57,7 +57,7 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
         try:
             write_atomic(html_file, render_html(advice))
         except OSError as exc:
-            raise UsageError(f"cannot write {html_file}: {exc.strerror}; choose a writable path with --html") \
+            raise ShapeplanError(f"cannot write {html_file}: {exc.strerror}; choose a writable path with --html") \
                 from exc
     if as_json:
         click.echo(json.dumps(advice_to_dict(advice), indent=2))
