@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from analyze_speed import ROOT, Clock, analyze_argv, make_rows  # noqa: E402
+from analyze_speed import ROOT, Clock, analyze_argv, make_rows
 
 
 def _imports() -> None:

@@ -47,8 +47,8 @@ def histogram(lengths: Sequence[int], multiple: int | None, cap: int | None, *, 
     count_w = max(len(f"{c:,}") for _, _, c in bins)
     bar_w = WIDTH - label_w - count_w - 4
     most = max((c for _, _, c in bins), default=0) or 1
-    lines = [f"{what} per bucket (pad_to_multiple_of={multiple or 'none'}"
-             + (f", max_length={cap}" if cap is not None else "") + ", tokens):"]
+    cap_text = f", max_length={cap}" if cap is not None else ""
+    lines = [f"{what} per bucket (pad_to_multiple_of={multiple or 'none'}{cap_text}, tokens):"]
     for label, (_, _, count) in zip(labels, bins):
         bar = "#" * round(bar_w * count / most)
         lines.append(f"{label:<{label_w}} |{bar:<{bar_w}} {count:>{count_w},}")
@@ -130,8 +130,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "baseline": _option_dict(advice.baseline, base),
         "alternatives": [_option_dict(o, base) for o in advice.options],
         "skipped": [{"option": label, "reason": why} for label, why in advice.skipped],
-        "recommended": advice.recommended.candidate.argv()
-        if advice.recommended is not None and advice.recommended.candidate is not None else None,
+        "recommended": (advice.recommended.candidate.argv()
+                        if advice.recommended is not None and advice.recommended.candidate is not None else None),
         "recommendation": advice.recommendation,
         "histogram": [{"low": low, "high": high, "rows": rows}
                       for low, high, rows in length_bins(advice.lengths, advice.baseline.plan.pad_to_multiple_of,

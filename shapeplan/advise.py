@@ -15,8 +15,19 @@ from pathlib import Path
 
 from .analyze import analyze
 from .errors import CacheError, ShapeplanError, UsageError
-from .plan.advice import (Candidate, CostModel, Measurement, Option, Settings, calibrated, candidates, data_loss,
-                          plan_cost, ranked, recommendation)
+from .plan.advice import (
+    Candidate,
+    CostModel,
+    Measurement,
+    Option,
+    Settings,
+    calibrated,
+    candidates,
+    data_loss,
+    plan_cost,
+    ranked,
+    recommendation,
+)
 from .plan.caveats import caveats
 from .plan.grpo import cache_pin
 from .plan.model import Plan
@@ -64,7 +75,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
     recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
     return Advice(method=method, argv=tuple(argv), lengths=lengths, baseline=baseline,
                   options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
-                  recommendation=line, warnings=tuple([*base_plan.warnings, *caveats(base_plan, os.environ)]))
+                  recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)))
 
 
 def _effective_argv(method: str, argv: list[str]) -> list[str]:

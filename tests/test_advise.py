@@ -16,8 +16,18 @@ from shapeplan.adapters import lengths as lengths_module
 from shapeplan.advice_report import WIDTH, advice_to_dict, histogram, render_advice, render_html
 from shapeplan.advise import Advice, advise
 from shapeplan.analyze import analyze
-from shapeplan.plan.advice import (Candidate, CostModel, DataLoss, Measurement, Option, PlanCost, Settings,
-                                   calibrated, candidates, recommendation)
+from shapeplan.plan.advice import (
+    Candidate,
+    CostModel,
+    DataLoss,
+    Measurement,
+    Option,
+    PlanCost,
+    Settings,
+    calibrated,
+    candidates,
+    recommendation,
+)
 from shapeplan.plan.caveats import caveats
 from shapeplan.plan.io import shape_to_dict
 from shapeplan.plan.model import Plan, PlanStats, Shape
@@ -129,9 +139,10 @@ def test_calibration_fits_compile_and_step_seconds() -> None:
 def test_recommendation_needs_allow_truncation_for_a_lossy_change() -> None:
     plan = _plan((Shape(phase="train", batch=4, seq=256, count=1, first_step=1),))
 
-    def option(label: str | None, total: float, loss: DataLoss = DataLoss()) -> Option:
+    def option(label: str | None, total: float, loss: DataLoss | None = None) -> Option:
         candidate = Candidate(label, (("max_length", "128"),)) if label else None
-        return Option(candidate=candidate, plan=plan, cost=PlanCost({"train": 1}, total, 0.0), loss=loss)
+        return Option(candidate=candidate, plan=plan, cost=PlanCost({"train": 1}, total, 0.0),
+                      loss=loss or DataLoss())
 
     baseline = option(None, 100.0)
     lossy = option("max_length 128", 10.0, DataLoss(rows_truncated=3, tokens_lost=40))
@@ -207,7 +218,7 @@ def test_caveats_name_the_fix() -> None:
 
 
 def _shapeplan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], capture_output=True, text=True,
+    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], check=False, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600)
 
 

@@ -19,6 +19,7 @@ part (0.2 s: optimizer step, launch) and attention (0.15 s at 4 x 1024) is an as
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -233,8 +234,6 @@ def _sft_candidates(s: Settings, multiple: int) -> list[Candidate]:
 
 
 def _generation_candidates(s: Settings, multiple: int) -> list[Candidate]:
-    import json
-
     out = []
     if s.pin_cache_len is not None:
         kwargs = json.dumps({**s.generation_kwargs, "max_cache_len": s.pin_cache_len})
@@ -273,9 +272,9 @@ class DataLoss:
     def describe(self) -> str:
         parts = []
         if self.rows_truncated:
-            parts.append(f"{self.rows_truncated:,} rows truncated")
+            parts.append(f"{self.rows_truncated:,} row{'s' * (self.rows_truncated != 1)} truncated")
         if self.rows_dropped:
-            parts.append(f"{self.rows_dropped:,} rows dropped")
+            parts.append(f"{self.rows_dropped:,} row{'s' * (self.rows_dropped != 1)} dropped")
         if self.tokens_lost:
             parts.append(f"{self.tokens_lost:,} tokens lost")
         if self.completions_capped is not None:
