@@ -142,13 +142,15 @@ def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:
     measurements = []
     for section in (data.get("environments") or {}).values():
         for key, entry in (section.get("shapes") or {}).items():
-            if entry.get("status") != "compiled":
+            compiled = entry.get("status") == "compiled"
+            if not compiled and entry.get("steady_seconds") is None:
                 continue
             phase, dims = key.split()[:2]
             batch, seq = (int(x) for x in dims.split("x"))
-            measurements.append(Measurement(phase=phase, batch=batch, seq=seq, compile_s=float(entry["seconds"]),
+            measurements.append(Measurement(phase=phase, batch=batch, seq=seq,
+                                            compile_s=float(entry["seconds"]) if compiled else None,
                                             steady_s=entry.get("steady_seconds")))
     if not measurements:
-        raise CacheError(f"the manifest in {cache_dir} records no compiled shape to calibrate with; warm a plan "
+        raise CacheError(f"the manifest in {cache_dir} records no measured shape to calibrate with; warm a plan "
                          "into an empty cache dir first")
     return calibrated(measurements, torch_compile=torch_compile, source=f"calibrated from {cache_dir}")

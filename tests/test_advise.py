@@ -254,3 +254,24 @@ def test_cli_analyze_histogram_and_caveats() -> None:
     assert "distinct shapes to compile: 7" in table
     assert [line.split()[-1] for line in hist.splitlines()[1:]] == ["11", "37", "22", "11", "7", "5", "2", "1"]
     assert "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0" in done.stderr and "NEURON_RT_VISIBLE_CORES=0-1" in done.stderr
+
+
+@pytest.mark.slow
+def test_warm_records_steady_seconds_and_advise_calibrates_with_them(tmp_path: Path) -> None:
+    from tests.warm.harness import plan_for, run_argv, warm_plan
+
+    argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2"]
+    plan = plan_for(CAPYBARA, argv, tmp_path / "out")
+    cache = tmp_path / "cache"
+    report = warm_plan(plan, cache)
+    assert all(r.steady_seconds is not None and r.steady_seconds > 0 for r in report.results)
+    (section,) = json.loads((cache / "shapeplan-manifest.json").read_text())["environments"].values()
+    steady = {key: entry["steady_seconds"] for key, entry in section["shapes"].items()}
+    assert len(steady) == len(report.results)
+
+    advice = advise("sft", run_argv(CAPYBARA, argv, tmp_path / "out"), calibrate=cache)
+    assert advice.model.source.startswith(f"calibrated from {cache}")
+    shape = plan.shapes[0]
+    measured = steady[report.results[0].task.key]
+    assert advice.model.step_seconds(shape, torch_compile=False) == pytest.approx(measured, rel=1e-3)
+    assert advice.model.train_compile_s == CostModel().train_compile_s  # eager CPU compiled nothing

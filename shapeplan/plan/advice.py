@@ -125,12 +125,13 @@ def _costed(shapes: Sequence[Shape]) -> Iterable[tuple[Shape, int]]:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """One warmed shape: seconds of its first run (compiling) and of a second, steady-state run (None: unmeasured)."""
+    """One warmed shape: seconds of its first run when it compiled (None: it compiled nothing, e.g. eager on CPU)
+    and of a second, steady-state run (None: unmeasured)."""
 
     phase: str
     batch: int
     seq: int
-    compile_s: float
+    compile_s: float | None
     steady_s: float | None
 
 
@@ -143,9 +144,10 @@ def calibrated(measurements: Sequence[Measurement], *, torch_compile: bool, sour
         return base
     fields: dict[str, float] = {}
     for name, generating in (("train_compile_s", False), ("generate_compile_s", True)):
-        picked = [m for m in measurements if (m.phase in GENERATE_PHASES) == generating]
-        if picked:
-            fields[name] = sum(max(0.0, m.compile_s - (m.steady_s or 0.0)) for m in picked) / len(picked)
+        compiled = [m.compile_s - (m.steady_s or 0.0) for m in measurements
+                    if (m.phase in GENERATE_PHASES) == generating and m.compile_s is not None]
+        if compiled:
+            fields[name] = sum(max(0.0, c) for c in compiled) / len(compiled)
     steady = [m for m in measurements if m.steady_s is not None and m.phase not in GENERATE_PHASES]
     if steady:
         predicted = sum(base.step_seconds(Shape(phase=m.phase, batch=m.batch, seq=m.seq, count=1, first_step=0),
