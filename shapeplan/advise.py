@@ -1,8 +1,8 @@
 """`advise`: the run as given and every what-if, each an exact plan from `analyze`, costed and ranked.
 
-The alternatives re-plan with changed TRL options. They share one tokenization: the untruncated lengths are read
-first (filling the in-process token-count memo of `adapters.lengths` and the length cache), and every plan whose
-options change only batching, padding, packing or max_length re-derives its rows from those counts.
+The alternatives re-plan with changed TRL options. They share one tokenization (`adapters.lengths.
+shared_tokenization`): the untruncated lengths are read first, and every plan whose options change only batching,
+padding, packing or max_length re-derives its rows from those token counts.
 """
 
 from __future__ import annotations
@@ -54,9 +54,18 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
     if method not in ADVISED:
         raise UsageError(f"advise covers {', '.join(ADVISED)}, not {method}; use `shapeplan analyze --method "
                          f"{method}` to plan it")
+    from .adapters.lengths import shared_tokenization
+
+    with shared_tokenization():
+        return _advise(method, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
+                       allow_truncation=allow_truncation)
+
+
+def _advise(method: str, argv: list[str], *, eval_source: str | None, use_cache: bool, calibrate: Path | None,
+            allow_truncation: bool) -> Advice:
     from .adapters.row_lengths import train_lengths
 
-    argv = _effective_argv(method, list(argv))
+    argv = _effective_argv(method, argv)
     lengths = train_lengths(method, argv, eval_source=eval_source, use_cache=use_cache)
     base_plan = analyze(method, argv, eval_source=eval_source, use_cache=use_cache)
     model = calibrated_model(calibrate, torch_compile=bool(base_plan.config.get("torch_compile"))) \

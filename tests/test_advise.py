@@ -42,25 +42,24 @@ def _shapes(plan: Plan) -> list[dict[str, object]]:
     return [shape_to_dict(s) for s in plan.shapes]
 
 
-def _check_every_row(method: str, advice: Advice, monkeypatch: pytest.MonkeyPatch) -> None:
+def _check_every_row(method: str, advice: Advice) -> None:
     """Each row's shapes and stats equal a fresh `analyze` (no length cache, no shared tokenization) run with the
     baseline's options plus the row's flags, as a user would append them."""
     assert advice.options, "no alternative was planned"
     for option in [advice.baseline, *advice.options]:
-        monkeypatch.setattr(lengths_module, "_TOKENIZED", {})
         flags = option.candidate.argv() if option.candidate is not None else []
         fresh = analyze(method, [*advice.argv, *flags], use_cache=False)
         assert _shapes(option.plan) == _shapes(fresh), option.label
         assert option.plan.stats == fresh.stats, option.label
 
 
-def test_every_sft_alternative_is_the_plan_analyze_makes_with_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_sft_alternative_is_the_plan_analyze_makes_with_its_flags() -> None:
     advice = advise("sft", SFT_ARGV)
     labels = {o.label for o in advice.options}
     assert {"pad_to_multiple_of 64", "pad_to_multiple_of 256", "pad_to_multiple_of 512", "pad_to_multiple_of none",
             "max_length 896", "max_length 128", "bfd packing", "padding_free", "batch 2 x accumulation 2",
             "batch 1 x accumulation 4"} <= labels
-    _check_every_row("sft", advice, monkeypatch)
+    _check_every_row("sft", advice)
     totals = [o.cost.total_s for o in advice.options]
     assert totals == sorted(totals)
     # max_length caps state what they lose, against the untruncated lengths
@@ -73,35 +72,36 @@ def test_every_sft_alternative_is_the_plan_analyze_makes_with_its_flags(monkeypa
     assert advice.recommended.cost.total_s == min(o.cost.total_s for o in advice.options if not o.loss.loses_data)
 
 
-def test_every_grpo_alternative_is_the_plan_analyze_makes_with_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_grpo_alternative_is_the_plan_analyze_makes_with_its_flags() -> None:
     advice = advise("grpo", GRPO_ARGV)
     labels = {o.label for o in advice.options}
     assert "pin max_cache_len 639" in labels and "pad_to_multiple_of 256" in labels
     # the guide's example options are spelled out, so adding an option does not switch the example off
     assert advice.argv[:2] == ("--per_device_train_batch_size", "4")
-    _check_every_row("grpo", advice, monkeypatch)
+    _check_every_row("grpo", advice)
     pinned = next(o for o in advice.options if o.label == "pin max_cache_len 639")
     assert pinned.cost.shapes_per_phase["generate"] == 4 < advice.baseline.cost.shapes_per_phase["generate"]
     assert any("TRL #7664" in w for w in advice.warnings)  # the guide's example loads a float32 model
 
 
-def test_max_completion_length_caps_lose_data_and_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_completion_length_caps_lose_data_and_are_exact() -> None:
     argv = [*GRPO_ARGV, "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length",
             "256", "--cache_implementation", "static", "--pad_to_multiple_of", "128", "--max_steps", "4"]
     advice = advise("grpo", argv)
     cap = next(o for o in advice.options if o.label == "max_completion_length 128")
     assert cap.loss.completions_capped == 128 and cap.loss.loses_data
-    _check_every_row("grpo", advice, monkeypatch)
+    _check_every_row("grpo", advice)
 
 
 def test_sft_alternatives_share_one_tokenization(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = lengths_module._token_lengths
-    monkeypatch.setattr(lengths_module, "_TOKENIZED", {})
     monkeypatch.setattr(lengths_module, "_token_lengths", lambda job, **kw: calls.append(job) or real(job, **kw))
     advice = advise("sft", SFT_ARGV, use_cache=False)
     assert len(advice.options) > 10
     assert len(calls) == 1
+    analyze("sft", SFT_ARGV, use_cache=False)  # outside advise each plan tokenizes
+    assert len(calls) == 2
 
 
 def _plan(shapes: tuple[Shape, ...], tokens: int = 100, **config: object) -> Plan:
