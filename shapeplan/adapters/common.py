@@ -44,6 +44,9 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
         "argv": list(argv),
         "model_name_or_path": args.model.model_name_or_path,
         "num_processes": args.num_processes,
+        # the dtype the model loads in (`trl <method>` passes ModelConfig.dtype unless model_init_kwargs sets it)
+        "dtype": (getattr(args.training, "model_init_kwargs", None) or {}).get("dtype", getattr(args.model, "dtype",
+                                                                                               None)),
     }
     for name in RECORDED_OPTIONS:
         if hasattr(args.training, name):

@@ -63,6 +63,7 @@ class WarmResult:
     seconds: float
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    steady_seconds: float | None = None  # one micro-batch run again after compiling (`shapeplan advise --calibrate`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +75,13 @@ class ManifestEntry:
     status: str
     seconds: float
     counters: dict[str, int] = field(default_factory=dict)
+    steady_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+        out = {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+        if self.steady_seconds is not None:
+            out["steady_seconds"] = round(self.steady_seconds, 4)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

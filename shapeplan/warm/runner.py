@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -311,17 +312,31 @@ class Tracker:
         seconds, delta = self._spent.pop(task, (0.0, {}))
         self._done(WarmResult(task=task, status="failed", seconds=seconds, counters=delta, error=error))
 
+    def steady(self, task: WarmTask, *, micro_batches: int) -> None:
+        """Record the seconds since the last mark, per micro-batch, as `task`'s steady-state seconds: a finished
+        task run once more, so nothing compiles. Charged to no task's warm-up time."""
+        assert self._mark is not None, "Tracker.start() must come first"
+        now = time.perf_counter()
+        result = replace(self.results[task], steady_seconds=(now - self._mark[0]) / micro_batches)
+        self.results[task] = result
+        self._mark = (now, self.backend.counters())
+        self._record(result)
+
     def pending(self, tasks: Sequence[WarmTask]) -> list[WarmTask]:
         return [t for t in tasks if t not in self.results]
 
     def _done(self, result: WarmResult) -> None:
         self.results[result.task] = result
-        if self.manifest is not None:
-            self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
-                                               seconds=result.seconds, counters=result.counters), self.environment)
+        self._record(result)
         if self._bar is not None:
             self._bar.write(result_row(result), file=sys.stderr)
             self._bar.update(1)
+
+    def _record(self, result: WarmResult) -> None:
+        if self.manifest is not None:
+            self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
+                                               seconds=result.seconds, counters=result.counters,
+                                               steady_seconds=result.steady_seconds), self.environment)
 
     def close(self) -> None:
         if self._bar is not None:

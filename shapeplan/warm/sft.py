@@ -64,6 +64,7 @@ class _Step:
     task: WarmTask | None  # None: a step that only carries the eval pass (its shape is already warmed)
     batches: tuple[SyntheticBatch, ...]  # one per micro-batch
     last: bool  # the task's last step
+    steady: bool = False  # the task's first step once more, after it compiled: its steady-state seconds
 
 
 class SFTWarmer:
@@ -202,6 +203,8 @@ class SFTWarmer:
             for s in range(n):
                 steps.append(_Step(task=None if carrier is not None else task,
                                    batches=tuple(micro[s * ga:(s + 1) * ga]), last=s == n - 1))
+            if carrier is None:
+                steps.append(_Step(task=task, batches=tuple(micro[:ga]), last=False, steady=True))
         return steps
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
@@ -421,6 +424,8 @@ class _Progress(_progress_base()):  # type: ignore[misc]
         step = self.steps[self.step]
         if step.task is None:
             self.tracker.start()
+        elif step.steady:
+            self.tracker.steady(step.task, micro_batches=len(step.batches))
         elif step.last:
             self.tracker.finish(step.task)
         else:
