@@ -9,26 +9,22 @@ from typing import Any
 from ..errors import DatasetError, UsageError
 from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
+from ..trainers import trainer_spec
 from .common import load_run_data, recorded_config, run_fingerprint, versions
 from .loop import eval_steps_of, sampled_epochs, train_loop
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs, make_parser, parse_training_args
 
-# TRL's Trainium guide GRPO example, planned when the user gives no training option at all.
-GUIDE_EXAMPLES = {
-    "grpo": ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "128",
-             "--cache_implementation", "static", "--bf16", "true"],
-}
 # Options the analyze command sets from DATASET, --model and --split: they choose data, not training.
 _RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split"}
-_TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 _TOKENIZE_CHUNK = 1000
 
 
 def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArgs, list[str]]:
-    """`args`, or the guide's example when no TRL training option (and no --config) is given; plus a note."""
-    example = GUIDE_EXAMPLES.get(args.method)
-    if example is None or "--config" in argv:
+    """`args`, or the guide's example (`TrainerSpec.guide_options`) when no TRL training option (and no --config)
+    is given; plus a note."""
+    example = trainer_spec(args.method).guide_options
+    if not example or "--config" in argv:
         return args, []
     trl_options = {action.dest for action in make_parser(args.method)._actions}
     if (args.given & trl_options) - _RUN_OPTIONS:
@@ -83,9 +79,7 @@ def _generation_settings(config: Any) -> Any:
 
 def _bare_trainer(method: str, tokenizer: Any, config: Any) -> Any:
     """A trainer with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them for a text model."""
-    import trl
-
-    trainer_class = getattr(trl, _TRAINERS[method])
+    trainer_class = trainer_spec(method).trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
     trainer._is_vlm = False

@@ -17,18 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..trainers import trainer_spec
 
-# The values TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example.
+# The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
+# method's dataset: `TrainerSpec.default_dataset`).
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-DEFAULT_DATASETS = {
-    "sft": "trl-lib/Capybara",
-    "grpo": "trl-lib/tldr",
-    "rloo": "trl-lib/tldr",
-    "dpo": "trl-lib/ultrafeedback_binarized",
-    "kto": "trl-lib/kto-mix-14k",
-    "reward": "trl-lib/ultrafeedback_binarized",
-    "distillation": "trl-lib/ultrafeedback-prompt",  # TRL's distillation script example
-}
 # TRL resolves pad_to_multiple_of="auto" to 128 on a `neuron` device; planning for Trainium means 128.
 NEURON_PAD_TO_MULTIPLE_OF = 128
 
@@ -47,7 +40,7 @@ class TrainingArgs:
 
 
 def make_parser(method: str) -> argparse.ArgumentParser:
-    module = importlib.import_module(f"trl.scripts.{method}")
+    module = importlib.import_module(trainer_spec(method).script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
@@ -96,7 +89,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     if "model_name_or_path" not in given:
         argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
     if "dataset_name" not in given and "datasets" not in given:
-        argv = ["--dataset_name", DEFAULT_DATASETS[method], *argv]
+        argv = ["--dataset_name", trainer_spec(method).default_dataset, *argv]
     if "output_dir" not in given:
         argv = ["--output_dir", "shapeplan-output", *argv]
     if "report_to" not in given:

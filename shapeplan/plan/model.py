@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The TRL methods shapeplan knows; shapeplan.trainers holds what it knows about each.
 Method = Literal["sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"]
-METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")
 
 # What the model runs on a shape. `train` is forward + backward; every other phase is a no-grad forward
 # (`generate` and `eval_generate`: a static-cache `generate` call). `eval_*` phases run inside the eval loop, so

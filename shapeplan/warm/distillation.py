@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..trainers import trainer_spec
 from .grpo import GenerationWarmer
 
 # The forwards of a round; eval-side phases (eval_generate, eval, eval_teacher) are refused as for GRPO.
@@ -38,7 +39,7 @@ class DistillationWarmer(GenerationWarmer):
                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
         teacher_init_kwargs.update(cfg.teacher_model_init_kwargs or {})
         cfg.teacher_model_init_kwargs = teacher_init_kwargs
-        return trl.DistillationTrainer(
+        return trainer_spec(self.method).trainer()(
             model=model_args.model_name_or_path,
             teacher_model=cfg.teacher_model_name_or_path,
             args=cfg,

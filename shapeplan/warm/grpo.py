@@ -38,13 +38,13 @@ from typing import Any
 from ..errors import PlanFileError, UsageError
 from ..plan.buckets import round_up
 from ..plan.model import Plan
+from ..trainers import trainer_spec
 from .identity import check_plan_identity, load_run_tokenizer
 from .runner import Tracker
 
 GENERATE_PHASES = ("generate",)
 # Phases the rounds of a generate task run; eval-side phases are not warmed yet.
 ROUND_PHASES = ("train", "old_logprob", "ref")
-_TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +291,7 @@ class GenerationWarmer:
         import trl
 
         model_args = self.args.model
-        return getattr(trl, _TRAINERS[self.method])(
+        return trainer_spec(self.method).trainer()(
             model=model_args.model_name_or_path,
             reward_funcs=_stand_in_rewards(self.args.script),
             args=self.config,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..trainers import trainer_spec
 from .identity import load_run_tokenizer
 from .model import WarmTask
 from .sft import SFTWarmer, script_config
@@ -62,7 +63,6 @@ class _PreferenceWarmer(SFTWarmer):
     """What DPO and Reward share: paired rows, two sequences per row, no padding-free batches."""
 
     rows_per_example = 2
-    trainer_class = ""  # the TRL trainer's name
 
     def _padding_free(self) -> bool:
         return False  # TRL 1.16's preference collators always pad (DPO's padding_free falls back to padding)
@@ -109,9 +109,7 @@ class _PreferenceWarmer(SFTWarmer):
         return rows, index
 
     def trainer_type(self) -> Any:
-        import trl
-
-        return getattr(trl, self.trainer_class)
+        return trainer_spec(self.method).trainer()
 
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
         """The trainer as `trl <method>`'s main() builds it, on already prepared synthetic rows."""
@@ -133,8 +131,6 @@ class _PreferenceWarmer(SFTWarmer):
 
 
 class DPOWarmer(_PreferenceWarmer):
-    method = "dpo"
-    trainer_class = "DPOTrainer"
     inner_phases = {"ref": "train", "eval_ref": "eval"}
 
     def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
@@ -155,9 +151,7 @@ class DPOWarmer(_PreferenceWarmer):
                 "rejected_ids": token_ids(rejected, vocab, offset + 2)}
 
     def trainer_type(self) -> Any:
-        from trl import DPOTrainer
-
-        class PreparedDPOTrainer(DPOTrainer):
+        class PreparedDPOTrainer(super().trainer_type()):  # type: ignore[misc]  # TRL's class, known at run time
             """Takes the synthetic rows as `_prepare_dataset`'s output (DPO has no option to skip it)."""
 
             def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -205,8 +199,6 @@ class KTOWarmer(_PreferenceWarmer):
     `kl` (`eval_kl`) shape is run by the `train` (`eval`) step of a shape with as many rows: each such shape's
     batches take the KL lengths in turn."""
 
-    method = "kto"
-    trainer_class = "KTOTrainer"
     inner_phases = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval", "eval_kl": "eval",
                     "eval_ref_kl": "eval"}
     rows_per_example = 1
@@ -271,9 +263,7 @@ class KTOWarmer(_PreferenceWarmer):
                 "KL_completion_ids": token_ids(kl_completion, vocab, offset + 1), "label": bool(desirable)}
 
     def trainer_type(self) -> Any:
-        from trl import KTOTrainer
-
-        class PreparedKTOTrainer(KTOTrainer):
+        class PreparedKTOTrainer(super().trainer_type()):  # type: ignore[misc]  # TRL's class, known at run time
             """Takes the synthetic rows as `_prepare_dataset`'s output (KTO has no option to skip it)."""
 
             def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -283,8 +273,7 @@ class KTOWarmer(_PreferenceWarmer):
 
 
 class RewardWarmer(_PreferenceWarmer):
-    method = "reward"
-    trainer_class = "RewardTrainer"  # skips its preparation for rows that have chosen_ids/rejected_ids
+    """Reward: TRL's RewardTrainer skips its preparation for rows that have chosen_ids/rejected_ids."""
 
     def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
         vocab = self.tokenizer.vocab_size

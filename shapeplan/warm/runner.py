@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ..errors import CacheError, PlanFileError, UsageError
 from ..plan.io import write_atomic
 from ..plan.model import Plan
+from ..trainers import TRAINERS
 from .backends.base import Backend, counter_delta
 from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
 from .parallel import current_part, split
@@ -30,18 +31,6 @@ MANIFEST_SCHEMA = 1
 # Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
 # warmers not built yet.
 WARMED_PHASES = ("train", "eval")
-# method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs). A warmer may also have
-# `tasks(plan)` (its own tasks instead of one per train/eval shape) and `shares` (it runs under
-# `accelerate launch`, keeping the ranks in step: the runner gives it every rank's share).
-WARMERS = {
-    "sft": ("sft", "SFTWarmer"),
-    "dpo": ("preference", "DPOWarmer"),
-    "kto": ("preference", "KTOWarmer"),
-    "reward": ("preference", "RewardWarmer"),
-    "grpo": ("grpo", "GenerationWarmer"),
-    "rloo": ("grpo", "GenerationWarmer"),
-    "distillation": ("distillation", "DistillationWarmer"),
-}
 
 
 class Warmer(Protocol):
@@ -69,16 +58,11 @@ class Warmer(Protocol):
         ...
 
 
-LOCKSTEP = ("grpo", "rloo")
-
-
 def make_warmer(method: str, args: Any) -> Warmer:
-    import importlib
-
-    if method not in WARMERS:
-        raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(WARMERS)}")
-    module, name = WARMERS[method]
-    return getattr(importlib.import_module(f".{module}", __package__), name)(args)
+    """The warmer of `method` (its `TrainerSpec`) for the run `args`."""
+    if method not in TRAINERS:
+        raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(TRAINERS)}")
+    return TRAINERS[method].warmer(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
@@ -265,7 +249,8 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
         shares = split(todo, part.count)
         if part.ranks:
             if not hasattr(warmer, "shares"):
-                raise UsageError(f"warming under `accelerate launch` is supported for {', '.join(LOCKSTEP)} runs; "
+                lockstep_methods = ", ".join(name for name, spec in TRAINERS.items() if spec.lockstep)
+                raise UsageError(f"warming under `accelerate launch` is supported for {lockstep_methods} runs; "
                                  "run `shapeplan warm` in one process (use --workers to use several cores)")
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others

@@ -67,11 +67,10 @@ class _Step:
 class SFTWarmer:
     """Warms SFT shapes with `trl.SFTTrainer` (see the module docstring).
 
-    Other trainers' warmers (shapeplan.warm.preference) reuse this loop: they override `method`, `inner_phases`,
+    Other trainers' warmers (shapeplan.warm.preference) reuse this loop: they override `inner_phases`,
     `rows_per_example`, `tokenizer`, `layouts`, `rows` and `_build_trainer`.
     """
 
-    method = "sft"
     # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
     inner_phases: dict[str, str] = {}
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
@@ -79,6 +78,7 @@ class SFTWarmer:
 
     def __init__(self, args: Any) -> None:
         self.args = args
+        self.method = args.method
         self.config = args.training
         self.torch_compile = bool(self.config.torch_compile)
         self.padding_free = self._padding_free()
