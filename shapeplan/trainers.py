@@ -41,7 +41,7 @@ class TrainerSpec:
     config_class: str
     default_dataset: str
     plan_function: Callable[[], PlanFunction]
-    warmer_class: Callable[[], type[Warmer]]
+    warmer_class: Callable[[], Callable[[Any], Warmer[Any]]]
     phases: tuple[Phase, ...]
     guide_options: tuple[str, ...] = ()
     lockstep: bool = False
@@ -50,7 +50,7 @@ class TrainerSpec:
              use_cache: bool = True) -> Plan:
         return self.plan_function()(args, argv, eval_source=eval_source, use_cache=use_cache)
 
-    def warmer(self, args: Any) -> Warmer:
+    def warmer(self, args: Any) -> Warmer[Any]:
         """The method's warmer for the run `args` (its TrainingArgs)."""
         return self.warmer_class()(args)
 
@@ -106,37 +106,37 @@ def _distillation_plan() -> PlanFunction:
     return plan
 
 
-def _sft_warmer() -> type[Warmer]:
+def _sft_warmer() -> Callable[[Any], Warmer[Any]]:
     from .warm.sft import SFTWarmer
 
     return SFTWarmer
 
 
-def _generation_warmer() -> type[Warmer]:
-    from .warm.grpo import GenerationWarmer
+def _generation_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.generation import GenerationWarmer
 
     return GenerationWarmer
 
 
-def _dpo_warmer() -> type[Warmer]:
+def _dpo_warmer() -> Callable[[Any], Warmer[Any]]:
     from .warm.preference import DPOWarmer
 
     return DPOWarmer
 
 
-def _kto_warmer() -> type[Warmer]:
+def _kto_warmer() -> Callable[[Any], Warmer[Any]]:
     from .warm.preference import KTOWarmer
 
     return KTOWarmer
 
 
-def _reward_warmer() -> type[Warmer]:
+def _reward_warmer() -> Callable[[Any], Warmer[Any]]:
     from .warm.preference import RewardWarmer
 
     return RewardWarmer
 
 
-def _distillation_warmer() -> type[Warmer]:
+def _distillation_warmer() -> Callable[[Any], Warmer[Any]]:
     from .warm.distillation import DistillationWarmer
 
     return DistillationWarmer

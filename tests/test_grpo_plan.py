@@ -10,8 +10,9 @@ import pytest
 
 from shapeplan.analyze import analyze
 from shapeplan.cli import main
-from shapeplan.plan.grpo import GENERATE_PHASES, cache_pin, completion_buckets
+from shapeplan.plan.grpo import cache_pin, completion_buckets
 from shapeplan.plan.io import dumps, plan_from_dict
+from shapeplan.plan.model import GENERATE_PHASES
 from shapeplan.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 

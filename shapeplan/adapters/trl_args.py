@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 from ..trainers import trainer_spec
 
 # The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
@@ -110,7 +110,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
+        raise UsageError(f"invalid TRL option: {first_line(exc)}; see `trl {method} --help`") from exc
     script, training, model, *rest = parsed
     _check_positive(training)
     return TrainingArgs(
@@ -184,7 +184,7 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     try:
         launch_args = resolve_accelerate_config_argument(leftovers)
     except ValueError as exc:
-        raise UsageError(f"{_first_line(exc)}") from exc
+        raise UsageError(f"{first_line(exc)}") from exc
     parser = launch_command_parser()
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
@@ -205,11 +205,6 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
         return int(_read_yaml(known.config_file).get("num_processes", 1) or 1)
     default = Path.home() / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
     return int(_read_yaml(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | None, list[str]]:

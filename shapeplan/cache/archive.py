@@ -18,11 +18,11 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
+from ..host import installed_versions
 from ..warm.runner import MANIFEST
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -139,12 +139,7 @@ def machine_environment(device: str) -> dict[str, Any]:
         compiler = make_backend(device).settings()
     except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
         raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "none"
+    versions = {name: version or "none" for name, version in installed_versions(PACKAGES).items()}
     return {"versions": versions, "compiler": compiler}
 
 

@@ -13,15 +13,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .batches import RankBatches
 from .buckets import round_up
 from .counter import ShapeCounter
-from .model import Plan, PlanStats, Shape
+from .model import GENERATE_PHASES, Plan, PlanStats, Shape
 from .schedule import TrainLoop, micro_batches
-
-# rank -> batches -> row indices, for one epoch (train) or one pass (eval)
-RankBatches = Sequence[Sequence[Sequence[int]]]
-
-GENERATE_PHASES = ("generate", "eval_generate")
 
 
 @dataclass(frozen=True, slots=True)

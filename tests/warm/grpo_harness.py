@@ -11,7 +11,7 @@ from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.trainers import TRAINERS
 from shapeplan.warm.backends.inductor import InductorBackend
-from shapeplan.warm.grpo import GenerationWarmer
+from shapeplan.warm.generation import GenerationWarmer
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.runner import warm
 from tests.conftest import TINY_MODEL

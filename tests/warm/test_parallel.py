@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.errors import UsageError
-from shapeplan.warm.grpo import Call, GenerateTask, Round, lockstep
+from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep
 from shapeplan.warm.model import WarmTask
 from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_env
 from shapeplan.warm.runner import MANIFEST

@@ -11,10 +11,10 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 
 from ...errors import UsageError
+from ...host import installed_versions
 
 # Counters of `torch_neuronx.metrics` (neuron.md section 4), read as totals of this process.
 METRIC_COUNTERS = (
@@ -72,11 +72,10 @@ class NeuronBackend:
 
     def settings(self) -> dict[str, str]:
         out = {"backend": "neuron", "device": "neuron"}
-        for name in ("torch", "torch-neuronx", "neuronx-cc"):
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                out[name] = getattr(self._module(), "__version__", "unknown") if name == "torch-neuronx" else "none"
+        for name, version in installed_versions(("torch", "torch-neuronx", "neuronx-cc")).items():
+            if version is None:
+                version = getattr(self._module(), "__version__", "unknown") if name == "torch-neuronx" else "none"
+            out[name] = version
         for name in (*KEY_ENV, *sorted(k for k in os.environ if k.startswith("TORCH_NEURONX_ENABLE_"))):
             out[name] = os.environ.get(name, "")
         return out
