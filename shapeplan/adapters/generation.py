@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DatasetError, UsageError, first_line
 from ..plan.grpo import GenerationLayout, plan_generation
@@ -18,6 +18,12 @@ from .common import RunData, run_fingerprint, versions
 from .loop import eval_steps_of
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
+    from trl import DistillationConfig, GRPOConfig, RLOOConfig
+
+    GenerationTrainingConfig = GRPOConfig | RLOOConfig | DistillationConfig
 
 _TOKENIZE_CHUNK = 1000
 
@@ -32,11 +38,12 @@ def refuse_unplannable(args: TrainingArgs) -> None:
                          "planning cannot replay; drop --dataset_streaming")
 
 
-def generation_settings(config: Any) -> Any:
+def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
     """The `GenerationConfig` the trainer builds (the options that size `generate`; sampling ones do not)."""
     from transformers import GenerationConfig
 
-    kwargs = {"max_new_tokens": config.max_completion_length, "cache_implementation": config.cache_implementation}
+    kwargs: dict[str, Any] = {"max_new_tokens": config.max_completion_length,
+                              "cache_implementation": config.cache_implementation}
     kwargs.update(config.generation_kwargs or {})
     try:
         generation = GenerationConfig(**kwargs, disable_compile=True)
@@ -49,14 +56,14 @@ def generation_settings(config: Any) -> Any:
     return generation
 
 
-def static_cache(generation: Any) -> bool:
+def static_cache(generation: GenerationConfig) -> bool:
     """Whether `generate` runs with a static cache (a cache length per size) under these settings."""
     from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
-def bare_trainer(method: str, tokenizer: Any, config: Any) -> Any:
+def bare_trainer(method: str, tokenizer: Any, config: GenerationTrainingConfig) -> Any:
     """A trainer with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them for a text model."""
     trainer_class = trainer_spec(method).trainer()
     trainer = trainer_class.__new__(trainer_class)

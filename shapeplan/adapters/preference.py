@@ -81,6 +81,7 @@ def prepare_run(
     train_rows, dropped = prepare_rows(data.train, data.tokenizer, config, "train")
     epoch_batches, loop = train_schedule(args, len(train_rows))
     info = RunInfo(
+        method=args.method,
         rows=len(train_rows),
         pad_to_multiple_of=config.pad_to_multiple_of,
         dropped_rows=dropped,

@@ -148,8 +148,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                         "grad, then the fused head without), so each train shape compiles two graphs")
     epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
     info = RunInfo(
-        rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped, exact=exact,
-        config=recorded_config(args, argv), versions=versions(),
+        method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped,
+        exact=exact, config=recorded_config(args, argv), versions=versions(),
         fingerprint=run_fingerprint(data),
         warnings=warnings,
     )

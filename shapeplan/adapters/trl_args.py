@@ -14,10 +14,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
 from ..trainers import trainer_spec
+
+if TYPE_CHECKING:
+    from trl import ModelConfig
+
+    from ..plan.model import Method
 
 # The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
 # method's dataset: `TrainerSpec.default_dataset`).
@@ -30,10 +35,10 @@ NEURON_PAD_TO_MULTIPLE_OF = 128
 class TrainingArgs:
     """What `trl <method>` would have parsed, plus the launch settings that change batching."""
 
-    method: str
+    method: Method
     script: Any  # ScriptArguments (or GRPOScriptArguments, ...)
     training: Any  # SFTConfig, GRPOConfig, ...
-    model: Any  # ModelConfig
+    model: ModelConfig
     dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
@@ -114,7 +119,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     script, training, model, *rest = parsed
     _check_positive(training)
     return TrainingArgs(
-        method=method,
+        method=trainer_spec(method).name,
         script=script,
         training=training,
         model=model,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .warm import DEVICES
+from ..warm.backends import DEVICES
 
 
 @click.group("cache")

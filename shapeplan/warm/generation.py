@@ -30,6 +30,7 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..errors import UsageError, first_line
@@ -62,15 +63,12 @@ class GenerationWarmer:
         self.multiple: int | None = None
         self.warnings: list[str] = []
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
-        self._tokenizer: Any = None
 
     # -- identity ---------------------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = load_run_tokenizer(self.args)
-        return self._tokenizer
+        return load_run_tokenizer(self.args)
 
     def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
         return generation_tasks(plan, self.round_phases)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanFileError
 from ..host import installed_versions
 from ..plan.model import Plan
 
+if TYPE_CHECKING:
+    from ..adapters.trl_args import TrainingArgs
 
-def load_run_tokenizer(args: Any) -> Any:
+
+def load_run_tokenizer(args: TrainingArgs) -> Any:
     """The tokenizer of the run's model, loaded as the planning adapters load it."""
     from ..adapters.data import load_tokenizer
 
@@ -49,7 +52,7 @@ _NOT_COMPILED_PREFIXES = ("logging_", "save_", "hub_", "push_to_hub", "warmup_",
 _CONFIG_SECTION = "sft"
 
 
-def environment(args: Any) -> dict[str, Any]:
+def environment(args: TrainingArgs) -> dict[str, Any]:
     """What besides the backend shapes the compiled code of the run `args` (its TrainingArgs): method, model,
     dtype, world size, versions and a hash of the config. It keys the manifest: keep its value stable."""
     config, model_args = args.training, args.model

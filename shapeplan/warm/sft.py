@@ -6,6 +6,7 @@ padded or padding-free (packed) batches, and each padding-free (len(cu_seq_lens)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from .identity import load_run_tokenizer
@@ -21,16 +22,15 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
         return bool(self.config.padding_free or (
             self.config.packing and self.config.packing_strategy in {"bfd", "bfd_split"}))
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from ..adapters.common import apply_chat_template_path
+        from ..adapters.common import apply_chat_template_path
 
-            self._tokenizer = load_run_tokenizer(self.args)
-            apply_chat_template_path(self._tokenizer, self.config.chat_template_path)
-            if self.config.eos_token is not None:
-                self._tokenizer.eos_token = self.config.eos_token
-        return self._tokenizer
+        tokenizer = load_run_tokenizer(self.args)
+        apply_chat_template_path(tokenizer, self.config.chat_template_path)
+        if self.config.eos_token is not None:
+            tokenizer.eos_token = self.config.eos_token
+        return tokenizer
 
     def layouts(self, task: WarmTask) -> list[SyntheticBatch]:
         """The synthetic batches that reproduce `task`: one per planned layout (padding-free pair; padded, unpadded)."""

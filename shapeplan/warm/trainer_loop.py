@@ -21,7 +21,8 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
@@ -30,10 +31,14 @@ from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
 from .runner import Tracker, tasks_from_plan
 
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+    from trl import ModelConfig
+
 BatchT = TypeVar("BatchT")  # a warmer's synthetic batch (SFT: SyntheticBatch; DPO, KTO, Reward: PairedBatch)
 
 
-def run_logs(config: Any, total_steps: int) -> bool:
+def run_logs(config: TrainingArguments, total_steps: int) -> bool:
     """Whether a run of `total_steps` optimizer steps logs at least once (`DefaultFlowCallback.on_step_end` /
     `on_epoch_end`): a log runs a few scalar reductions, which the warm-up then runs once."""
     strategy = str(getattr(config.logging_strategy, "value", config.logging_strategy))
@@ -70,7 +75,6 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         self.config = args.training
         self.torch_compile = bool(self.config.torch_compile)
         self.padding_free = self._padding_free()
-        self._tokenizer: Any = None
         self._trainer: Any = None
         self.logs = False  # whether the planned run logs (set by bind)
         self.train_remainder = self.eval_remainder = 0  # set by bind
@@ -82,11 +86,9 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     # -- identity -------------------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = load_run_tokenizer(self.args)
-        return self._tokenizer
+        return load_run_tokenizer(self.args)
 
     def tasks(self, plan: Plan) -> tuple[WarmTask, ...]:
         """One task per planned train/eval shape."""
@@ -243,7 +245,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
                     tracker.fail(task, "the trainer stopped before this shape")
 
 
-def script_config(cfg: Any, model_args: Any) -> None:
+def script_config(cfg: Any, model_args: ModelConfig) -> None:
     """Set `cfg` as `trl <method>`'s main() does (the model's init kwargs), and turn off what only steers the run's
     bookkeeping: no checkpoints, reports or progress bars of the trainer's own, evaluation only where the warmer
     asks for it."""
