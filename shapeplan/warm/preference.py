@@ -112,6 +112,7 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
             rows += [self.example(counts, offset=len(rows) + i) for i, counts in enumerate(batch.rows)]
         return rows, index
 
+
 class DPOWarmer(_PreferenceWarmer):
     inner_phases = {"ref": "train", "eval_ref": "eval"}
 

@@ -57,11 +57,10 @@ class _Step:
     last: bool  # the task's last step
 
 
-
 class TrainerLoopWarmer(ABC, Generic[BatchT]):
     """Warms a plan's train and eval shapes through a TRL trainer's own loop (see the module docstring). A subclass
-    says how a task becomes synthetic batches (`layouts`, `_eval_batches`), how batches become prepared dataset rows
-    (`rows`), and builds its trainer (`_build_trainer`)."""
+    says how a task becomes synthetic batches (`layouts`, `_eval_batches`) and how batches become prepared dataset
+    rows (`rows`); the trainer is the method's TRL trainer (`trainer_type`), built as `trl <method>` builds it."""
 
     # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
     inner_phases: dict[str, str] = {}
