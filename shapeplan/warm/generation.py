@@ -39,7 +39,7 @@ from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .rounds import ROUND_PHASES, Call, GenerateTask, Round, generation_tasks, lockstep, prompt_layouts, task_rounds
 from .runner import Tracker
-from .trainer_loop import run_logs, script_config
+from .trainer_loop import callback_base, run_logs, script_config
 
 
 @dataclass
@@ -272,14 +272,9 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         del model.generate, trainer._tokenize_prompts, trainer._generate
 
 
-def _callback_base():  # type: ignore[no-untyped-def]
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class _Progress(_callback_base()):  # type: ignore[misc]
-    """Starts the clock when training starts; steers logging, saving and evaluation as the SFT warmer does."""
+class _Progress(callback_base()):  # type: ignore[misc]
+    """Starts the clock when training starts; steers logging, saving and evaluation as the trainer-loop warmer
+    does."""
 
     def __init__(self, tracker: Tracker, state: _State, *, logs: bool) -> None:
         self.tracker = tracker

@@ -320,13 +320,14 @@ def _loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int,
     return trainer.accelerator.prepare(loader)
 
 
-def _progress_base():  # type: ignore[no-untyped-def]
+def callback_base():  # type: ignore[no-untyped-def]
+    """transformers' `TrainerCallback`, imported when a warmer module is (the base of the warmers' callbacks)."""
     from transformers import TrainerCallback
 
     return TrainerCallback
 
 
-class _Progress(_progress_base()):  # type: ignore[misc]
+class _Progress(callback_base()):  # type: ignore[misc]
     """Charges each optimizer step and each eval batch to its task as the Trainer runs them."""
 
     def __init__(self, tracker: Tracker, steps: list[_Step], eval_batches: list[WarmTask],
