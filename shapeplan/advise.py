@@ -90,13 +90,15 @@ def _advise(method: str, argv: list[str], *, eval_source: str | None, use_cache:
 def _effective_argv(method: str, argv: list[str]) -> list[str]:
     """`argv`, with the guide's example options spelled out when the planner would plan the example: an
     alternative adds options, which would otherwise switch the example off."""
-    from .adapters.grpo import GUIDE_EXAMPLES, with_guide_example
+    from .adapters.grpo import with_guide_example
     from .adapters.trl_args import parse_training_args
+    from .trainers import trainer_spec
 
-    if method not in GUIDE_EXAMPLES:
+    example = trainer_spec(method).guide_options
+    if not example:
         return argv
     _, notes = with_guide_example(parse_training_args(method, argv), argv)
-    return [*GUIDE_EXAMPLES[method], *argv] if notes else argv
+    return [*example, *argv] if notes else argv
 
 
 def settings_of(plan: Plan, lengths: Sequence[int]) -> Settings:

@@ -62,3 +62,13 @@ class CacheMismatchError(CacheError):
     """Its own exit code, so that an image pipeline can fall back to warming instead of failing."""
 
     exit_code = 3
+
+
+def first_line(exc: BaseException, *, named: bool = False) -> str:
+    """The first line of `exc`'s message, for a one-line error or a failed shape's row; `named` puts the exception's
+    type in front (`ValueError: ...`). A message-less exception is its type's name."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if named:
+        return f"{type(exc).__name__}: {line}".rstrip(": ")
+    return line or type(exc).__name__

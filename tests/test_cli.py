@@ -17,6 +17,7 @@ from shapeplan.analyze import analyze
 from shapeplan.cli import cli, main
 from shapeplan.plan.io import load_plan, plan_to_dict
 from shapeplan.report import render_plan
+from shapeplan.trainers import TRAINERS
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 
 MODEL = ["--model", str(TINY_MODEL)]
@@ -144,8 +145,8 @@ def test_no_shapeplan_option_shadows_a_trl_or_accelerate_option() -> None:
     from accelerate.commands.launch import launch_command_parser
 
     theirs = set(launch_command_parser()._option_string_actions)
-    for method in ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"):
-        theirs |= set(importlib.import_module(f"trl.scripts.{method}").make_parser()._option_string_actions)
+    for spec in TRAINERS.values():
+        theirs |= set(importlib.import_module(spec.script).make_parser()._option_string_actions)
     ours = _click_options(cli)
     assert {"--split", "--model", "--method", "--json", "-o", "--output", "--eval-dataset"} <= ours
     assert ours & theirs == set()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from ..errors import DatasetError, UsageError
+from ..host import installed_only
 from .data import check_rows, load_dataset_source, load_tokenizer, select_split, tokenizer_fingerprint
 from .trl_args import TrainingArgs
 
@@ -30,13 +30,8 @@ class RunData:
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for name in ("shapeplan", "trl", "transformers", "accelerate", "datasets", "torch", "torch-neuronx"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    """The versions a plan records."""
+    return installed_only(("shapeplan", "trl", "transformers", "accelerate", "datasets", "torch", "torch-neuronx"))
 
 
 def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:

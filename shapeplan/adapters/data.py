@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, ModelError
+from ..errors import DatasetError, ModelError, first_line
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -46,13 +46,13 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
     except DatasetError:
         raise
     except FileNotFoundError as exc:
-        raise DatasetError(f"dataset {source} not found ({_short(exc)}); pass a local .jsonl/.json/.parquet/.csv "
+        raise DatasetError(f"dataset {source} not found ({first_line(exc)}); pass a local .jsonl/.json/.parquet/.csv "
                            "file, a save_to_disk folder, or a Hub id reachable from this machine") from exc
     except OSError as exc:
-        raise DatasetError(f"cannot read dataset {source}: {exc.strerror or _short(exc)}; check that the file "
+        raise DatasetError(f"cannot read dataset {source}: {exc.strerror or first_line(exc)}; check that the file "
                            "is readable") from exc
     except Exception as exc:  # datasets raises many types for unreadable data; report them as one line
-        raise DatasetError(f"cannot read dataset {source}: {_short(_root_cause(exc))}; check the file's format") \
+        raise DatasetError(f"cannot read dataset {source}: {first_line(_root_cause(exc))}; check the file's format") \
             from exc
     finally:
         datasets_logger.setLevel(level)
@@ -82,7 +82,7 @@ def load_tokenizer(model: str, *, revision: str | None = None, trust_remote_code
     try:
         return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
-        raise ModelError(f"cannot load the tokenizer of {model}: {_short(exc)}; pass a local model folder or a "
+        raise ModelError(f"cannot load the tokenizer of {model}: {first_line(exc)}; pass a local model folder or a "
                          "Hub id reachable from this machine with --model") from exc
 
 
@@ -110,8 +110,3 @@ def _root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return exc
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -27,10 +27,8 @@ def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None =
         rows, _ = prepare_rows(data.train, data.tokenizer, args.training, packing=False, name="train",
                                use_cache=use_cache)
         return rows.lengths
-    from . import distillation, grpo
+    from .generation import bare_trainer, prompt_lengths
 
     args = parse_training_args(method, argv)
     data = load_run_data(args, eval_source=eval_source)
-    trainer = (distillation._bare_trainer(data.tokenizer, args.training) if method == "distillation"
-               else grpo._bare_trainer(method, data.tokenizer, args.training))
-    return grpo.prompt_lengths(data.train, trainer, "train")
+    return prompt_lengths(data.train, bare_trainer(method, data.tokenizer, args.training), "train")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DatasetError, ModelError, UsageError
+from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
@@ -103,8 +103,7 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
                 return lengths.fast_prepared_rows(trainer, dataset, tokenizer, config, packing=packing, name=name)
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
         except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+            raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
     if "input_ids" not in prepared.column_names:
         raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
                            "skip_prepare_dataset the dataset must be tokenized already")
@@ -149,8 +148,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                         "grad, then the fused head without), so each train shape compiles two graphs")
     epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
     info = RunInfo(
-        rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped, exact=exact,
-        config=recorded_config(args, argv), versions=versions(),
+        method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped,
+        exact=exact, config=recorded_config(args, argv), versions=versions(),
         fingerprint=run_fingerprint(data),
         warnings=warnings,
     )

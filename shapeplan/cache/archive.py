@@ -25,12 +25,12 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
 from ..plan.io import temp_file, write_atomic
+from ..host import installed_versions
 from ..warm.runner import MANIFEST
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -265,12 +265,7 @@ def machine_environment(device: str) -> dict[str, Any]:
         compiler = make_backend(device).settings()
     except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
         raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "none"
+    versions = {name: version or "none" for name, version in installed_versions(PACKAGES).items()}
     return {"versions": versions, "compiler": compiler}
 
 

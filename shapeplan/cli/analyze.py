@@ -9,7 +9,7 @@ import click
 from ..errors import UsageError
 from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..plan.model import METHODS
+from ..trainers import METHODS
 from .output import emit_plan, progress_bars_on_terminals_only
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..cache.limits import DEFAULT_LIMITS, Limits
-from .warm import DEVICES
+from ..warm.backends import DEVICES
 
 
 @click.group("cache")

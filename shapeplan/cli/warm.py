@@ -11,9 +11,8 @@ from typing import Any
 import click
 
 from ..errors import PlanFileError, ShapeplanError, UsageError
+from ..warm.backends import DEVICES
 from .analyze import run_options, split_run_arguments
-
-DEVICES = ("neuron", "cuda", "cpu")
 
 
 def device_option(command):  # type: ignore[no-untyped-def]

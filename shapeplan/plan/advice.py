@@ -28,8 +28,7 @@ from typing import Any
 
 from .buckets import round_up
 from .cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
-from .grpo import GENERATE_PHASES
-from .model import Plan, Shape
+from .model import GENERATE_PHASES, Phase, Plan, Shape
 
 # Guide anchor: eager train step of batch 4 x 1024 tokens (Qwen3-0.6B, trn2), and the torch_compile step.
 _ANCHOR_BATCH, _ANCHOR_SEQ, _ANCHOR_EAGER_S, _ANCHOR_COMPILED_S = 4, 1024, 1.71, 1.15
@@ -128,7 +127,7 @@ class Measurement:
     """One warmed shape: seconds of its first run when it compiled (None: it compiled nothing, e.g. eager on CPU)
     and of a second, steady-state run (None: unmeasured)."""
 
-    phase: str
+    phase: Phase
     batch: int
     seq: int
     compile_s: float | None

@@ -21,13 +21,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import CacheError, PlanFileError, UsageError
+from ..host import cache_root
 from ..plan.io import remove_stale, write_atomic
 from ..plan.model import Plan
+from ..trainers import TRAINERS
 from .backends.base import Backend, counter_delta
-from .model import ManifestEntry, WarmReport, WarmResult, WarmTask
+from .model import ManifestEntry, Task, WarmReport, WarmResult, WarmTask
 from .parallel import current_part, split
 
 MANIFEST = "shapeplan-manifest.json"
@@ -35,55 +37,44 @@ MANIFEST_SCHEMA = 1
 # Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
 # warmers not built yet.
 WARMED_PHASES = ("train", "eval")
-# method -> (module in shapeplan.warm, Warmer class taking the run's TrainingArgs). A warmer may also have
-# `tasks(plan)` (its own tasks instead of one per train/eval shape) and `shares` (it runs under
-# `accelerate launch`, keeping the ranks in step: the runner gives it every rank's share).
-WARMERS = {
-    "sft": ("sft", "SFTWarmer"),
-    "dpo": ("preference", "DPOWarmer"),
-    "kto": ("preference", "KTOWarmer"),
-    "reward": ("preference", "RewardWarmer"),
-    "grpo": ("grpo", "GenerationWarmer"),
-    "rloo": ("grpo", "GenerationWarmer"),
-    "distillation": ("distillation", "DistillationWarmer"),
-}
 
 
-class Warmer(Protocol):
+TaskT = TypeVar("TaskT", bound=Task)
+
+
+class Warmer(Protocol[TaskT]):
     """One TRL method's warm-up: runs tasks through that trainer's real step, reporting to a Tracker."""
 
     torch_compile: bool
     warnings: list[str]  # what the warm-up could not reproduce exactly, for the report
-    # phase -> the warmed phase whose step also runs it, on a batch of as many rows (DPO: ref -> train, on the
-    # same shape; KTO: kl -> train, the KL rows of a train batch)
-    inner_phases: dict[str, str]
+    # every rank's tasks, which the runner sets when the run's ranks warm in lockstep under `accelerate launch`
+    # (methods whose TrainerSpec has `lockstep`); None: this process warms the tasks `run` is given
+    shares: list[list[TaskT]] | None
 
-    def bind(self, plan: Plan) -> int:
-        """Take what the warm-up needs from `plan`; return how many eval passes the planned run makes (each eval
-        shape's count is passes x batches per pass). Raise PlanFileError if `plan` was made for another method,
+    def bind(self, plan: Plan) -> None:
+        """Take what the warm-up needs from `plan`. Raise PlanFileError if `plan` was made for another method,
         model or tokenizer."""
+        ...
+
+    def tasks(self, plan: Plan) -> Sequence[TaskT]:
+        """The plan's tasks, in plan order (most warmers: `tasks_from_plan`)."""
         ...
 
     def environment(self) -> dict[str, Any]:
         """What besides the backend shapes the compiled code: versions, world size, dtype, model, config hash."""
         ...
 
-    def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+    def run(self, tasks: Sequence[TaskT], context: Sequence[TaskT], tracker: Tracker) -> None:
         """Run `tasks`; `context` is every task of the plan (a warmer may need an already warmed one to carry
         the eval loop). Calls tracker.start() before the first, then charge/finish/fail per task."""
         ...
 
 
-LOCKSTEP = ("grpo", "rloo")
-
-
-def make_warmer(method: str, args: Any) -> Warmer:
-    import importlib
-
-    if method not in WARMERS:
-        raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(WARMERS)}")
-    module, name = WARMERS[method]
-    return getattr(importlib.import_module(f".{module}", __package__), name)(args)
+def make_warmer(method: str, args: Any) -> Warmer[Any]:
+    """The warmer of `method` (its `TrainerSpec`) for the run `args`."""
+    if method not in TRAINERS:
+        raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(TRAINERS)}")
+    return TRAINERS[method].warmer(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
@@ -113,7 +104,7 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
     return tuple(tasks)
 
 
-def graph_bound(tasks: Sequence[WarmTask]) -> int:
+def graph_bound(tasks: Sequence[Task]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
     return sum(max(2, len(getattr(t, "varlen_pairs", ()))) for t in tasks)
 
@@ -123,10 +114,8 @@ def environment_key(environment: dict[str, Any]) -> str:
 
 
 def default_cache_dir(device: str) -> Path:
-    """A persistent folder (not /tmp, which boots may clear): $SHAPEPLAN_CACHE_DIR or ~/.cache/shapeplan, per
-    compiler stack."""
-    root = os.environ.get("SHAPEPLAN_CACHE_DIR") or str(Path.home() / ".cache" / "shapeplan")
-    return Path(root) / ("neuron" if device == "neuron" else f"inductor-{device}")
+    """The compile cache of `device`'s compiler stack, under the cache root."""
+    return cache_root() / ("neuron" if device == "neuron" else f"inductor-{device}")
 
 
 def check_cache_dir(path: Path) -> Path:
@@ -277,8 +266,8 @@ class Tracker:
         self.manifest = manifest
         self.environment = environment
         self.env_key = environment_key(environment)
-        self.results: dict[WarmTask, WarmResult] = {}
-        self._spent: dict[WarmTask, tuple[float, dict[str, int]]] = {}
+        self.results: dict[Task, WarmResult] = {}
+        self._spent: dict[Task, tuple[float, dict[str, int]]] = {}
         self._mark: tuple[float, dict[str, int]] | None = None
         self._bar = None
         if progress:
@@ -290,7 +279,7 @@ class Tracker:
         """Begin counting: what ran before (loading, set-up) is charged to no task."""
         self._mark = (time.perf_counter(), self.backend.counters())
 
-    def charge(self, task: WarmTask) -> None:
+    def charge(self, task: Task) -> None:
         """Charge the time and counter changes since the last mark to `task`."""
         assert self._mark is not None, "Tracker.start() must come first"
         now, counters = time.perf_counter(), self.backend.counters()
@@ -300,19 +289,19 @@ class Tracker:
         self._spent[task] = (seconds + now - self._mark[0], merged)
         self._mark = (now, counters)
 
-    def finish(self, task: WarmTask) -> None:
+    def finish(self, task: Task) -> None:
         self.charge(task)
         seconds, delta = self._spent.pop(task)
         status = "compiled" if self.backend.compiled(delta) else "cached"
         self._done(WarmResult(task=task, status=status, seconds=seconds, counters=delta))
 
-    def fail(self, task: WarmTask, error: str) -> None:
+    def fail(self, task: Task, error: str) -> None:
         if self._mark is not None:
             self.charge(task)
         seconds, delta = self._spent.pop(task, (0.0, {}))
         self._done(WarmResult(task=task, status="failed", seconds=seconds, counters=delta, error=error))
 
-    def steady(self, task: WarmTask, *, micro_batches: int) -> None:
+    def steady(self, task: Task, *, micro_batches: int) -> None:
         """Record the seconds since the last mark, per micro-batch, as `task`'s steady-state seconds: a finished
         task run once more, so nothing compiles. Charged to no task's warm-up time."""
         assert self._mark is not None, "Tracker.start() must come first"
@@ -322,7 +311,7 @@ class Tracker:
         self._mark = (now, self.backend.counters())
         self._record(result)
 
-    def pending(self, tasks: Sequence[WarmTask]) -> list[WarmTask]:
+    def pending(self, tasks: Sequence[TaskT]) -> list[TaskT]:
         return [t for t in tasks if t not in self.results]
 
     def _done(self, result: WarmResult) -> None:
@@ -349,16 +338,15 @@ def result_row(result: WarmResult) -> str:
     return text + (f"  {result.error}" if result.error else "")
 
 
-def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verify: bool = False,
+def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, verify: bool = False,
          progress: bool = True) -> WarmReport:
     """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d).
 
     verify=True runs every shape regardless of the manifest and writes none: it reports what compiled (the
     caller points the backend at a `scratch_view` of `cache_dir`, so compiles do not land there either).
     """
-    eval_passes = warmer.bind(plan)
-    tasks = (warmer.tasks(plan) if hasattr(warmer, "tasks")
-             else tasks_from_plan(plan, eval_passes=eval_passes, inner_phases=warmer.inner_phases))
+    warmer.bind(plan)
+    tasks = warmer.tasks(plan)
     graphs = graph_bound(tasks)
     backend.configure(torch_compile=warmer.torch_compile, graphs=graphs)
     environment = {**warmer.environment(), "compiler": backend.settings()}
@@ -371,8 +359,9 @@ def warm(plan: Plan, warmer: Warmer, backend: Backend, cache_dir: Path, *, verif
     if part is not None:  # one of several workers or ranks: warm this one's share
         shares = split(todo, part.count)
         if part.ranks:
-            if not hasattr(warmer, "shares"):
-                raise UsageError(f"warming under `accelerate launch` is supported for {', '.join(LOCKSTEP)} runs; "
+            if not TRAINERS[plan.method].lockstep:
+                lockstep_methods = ", ".join(name for name, spec in TRAINERS.items() if spec.lockstep)
+                raise UsageError(f"warming under `accelerate launch` is supported for {lockstep_methods} runs; "
                                  "run `shapeplan warm` in one process (use --workers to use several cores)")
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others

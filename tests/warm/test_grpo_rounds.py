@@ -6,7 +6,7 @@ import pytest
 
 from shapeplan.errors import PlanFileError
 from shapeplan.plan.model import Plan, PlanStats, Shape
-from shapeplan.warm.grpo import Call, GenerateTask, Round, completion_length, generation_tasks, prompt_layouts, \
+from shapeplan.warm.rounds import Call, GenerateTask, Round, completion_length, generation_tasks, prompt_layouts, \
     task_rounds
 
 

@@ -15,7 +15,7 @@ import pytest
 from shapeplan.errors import UsageError
 from shapeplan.warm import parallel
 from shapeplan.warm.backends import neuron
-from shapeplan.warm.grpo import Call, GenerateTask, Round, lockstep
+from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep
 from shapeplan.warm.model import WarmTask
 from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_count, worker_env
 from shapeplan.warm.runner import MANIFEST
