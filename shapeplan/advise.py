@@ -141,7 +141,7 @@ def with_flags(argv: Sequence[str], candidate: Candidate) -> list[str]:
 
 def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:
     """The cost model fitted to what `shapeplan warm` measured in `cache_dir` (its manifest)."""
-    from .warm.runner import MANIFEST
+    from .warm.manifest import MANIFEST
 
     path = cache_dir / MANIFEST
     try:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from shapeplan.adapters import lengths as lengths_module
-from shapeplan.advice_report import WIDTH, advice_to_dict, histogram, render_advice, render_html
+from shapeplan.advice_report import (
+    WIDTH,
+    advice_to_dict,
+    histogram,
+    render_advice,
+    render_html,
+)
 from shapeplan.advise import Advice, advise
 from shapeplan.analyze import analyze
 from shapeplan.plan.advice import (

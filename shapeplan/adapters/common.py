@@ -7,7 +7,13 @@ from typing import Any
 
 from ..errors import DatasetError, UsageError
 from ..host import installed_only
-from .data import check_rows, load_dataset_source, load_tokenizer, select_split, tokenizer_fingerprint
+from .data import (
+    check_rows,
+    load_dataset_source,
+    load_tokenizer,
+    select_split,
+    tokenizer_fingerprint,
+)
 from .trl_args import TrainingArgs
 
 # The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).

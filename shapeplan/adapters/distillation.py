@@ -10,8 +10,15 @@ from ..errors import DatasetError, UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.model import Plan
 from .common import load_run_data, recorded_config
-from .generation import bare_trainer, eval_loop, generation_settings, plan_run, prompt_lengths, refuse_unplannable, \
-    static_cache
+from .generation import (
+    bare_trainer,
+    eval_loop,
+    generation_settings,
+    plan_run,
+    prompt_lengths,
+    refuse_unplannable,
+    static_cache,
+)
 from .loop import sampled_epochs, train_loop
 from .sampling import RankBatches
 from .trl_args import TrainingArgs

@@ -58,7 +58,9 @@ def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
 
 def static_cache(generation: GenerationConfig) -> bool:
     """Whether `generate` runs with a static cache (a cache length per size) under these settings."""
-    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
+    from transformers.generation.configuration_utils import (
+        ALL_STATIC_CACHE_IMPLEMENTATIONS,
+    )
 
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 

@@ -11,8 +11,15 @@ from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .common import load_run_data, recorded_config
-from .generation import bare_trainer, eval_loop, generation_settings, plan_run, prompt_lengths, refuse_unplannable, \
-    static_cache
+from .generation import (
+    bare_trainer,
+    eval_loop,
+    generation_settings,
+    plan_run,
+    prompt_lengths,
+    refuse_unplannable,
+    static_cache,
+)
 from .loop import sampled_epochs, train_loop
 from .sampling import RankBatches
 from .trl_args import TrainingArgs, make_parser, parse_training_args

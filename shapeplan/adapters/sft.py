@@ -10,10 +10,15 @@ from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths
-from .common import apply_chat_template_path, load_run_data, recorded_config, run_fingerprint, versions
+from .common import (
+    apply_chat_template_path,
+    load_run_data,
+    recorded_config,
+    run_fingerprint,
+    versions,
+)
 from .loop import check_strategy, eval_schedule, train_schedule
 from .trl_args import TrainingArgs
-
 
 
 def _row_format(example: dict[str, Any], text_field: str) -> str:
@@ -39,7 +44,10 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
     """An `SFTTrainer` with only the attributes `_prepare_dataset` reads, set as `SFTTrainer.__init__` sets them."""
     from trl import SFTTrainer
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        has_generation_markers,
+    )
     from trl.data_utils import is_conversational
 
     trainer = SFTTrainer.__new__(SFTTrainer)

@@ -29,9 +29,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..plan.io import temp_file, write_atomic
 from ..host import installed_versions
-from ..warm.runner import MANIFEST
+from ..plan.io import temp_file, write_atomic
+from ..warm.manifest import MANIFEST
 from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -88,7 +88,7 @@ def _cache_files(cache_dir: Path) -> Iterator[Path]:
 
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
     """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count."""
-    from ..warm.runner import Manifest
+    from ..warm.manifest import Manifest
 
     manifest_path = cache_dir / MANIFEST
     if not manifest_path.is_file():

@@ -19,7 +19,8 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
     from ..cache.archive import refuse_incomplete_import
-    from ..warm.runner import existing_cache_dir, scratch_view, warm
+    from ..warm.cachedir import existing_cache_dir, scratch_view
+    from ..warm.runner import warm
 
     backend, path = choose_backend(device, cache_dir)
     cache = existing_cache_dir(path)

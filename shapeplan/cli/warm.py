@@ -32,7 +32,7 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
     created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
-    from ..warm.runner import check_cache_dir_can_exist
+    from ..warm.cachedir import check_cache_dir_can_exist
 
     backend, cache = choose_backend(device, cache_dir)
     check_cache_dir_can_exist(cache)
@@ -45,7 +45,7 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from ..warm.backends import default_device, make_backend
-    from ..warm.runner import default_cache_dir
+    from ..warm.cachedir import default_cache_dir
 
     device = device or default_device()
     return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
@@ -134,7 +134,7 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
 
 
 def render(report: Any, *, verify: bool) -> str:
-    from ..warm.runner import result_row
+    from ..warm.tracker import result_row
 
     lines = [result_row(r) for r in report.results]
     summary = report.to_dict()["summary"]
@@ -186,8 +186,9 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
+    from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
-    from ..warm.runner import check_cache_dir, warm
+    from ..warm.runner import warm
 
     backend, cache = prepare(device, cache_dir)
     with refused_leaves_no_cache_dir(cache):

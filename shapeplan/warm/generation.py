@@ -37,8 +37,17 @@ from ..errors import UsageError, first_line
 from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
-from .rounds import ROUND_PHASES, Call, GenerateTask, Round, generation_tasks, lockstep, prompt_layouts, task_rounds
-from .runner import Tracker
+from .rounds import (
+    ROUND_PHASES,
+    Call,
+    GenerateTask,
+    Round,
+    generation_tasks,
+    lockstep,
+    prompt_layouts,
+    task_rounds,
+)
+from .tracker import Tracker
 from .trainer_loop import callback_base, run_logs, script_config
 
 

@@ -11,7 +11,12 @@ from typing import Any
 
 from .identity import load_run_tokenizer
 from .model import WarmTask
-from .synthetic import SyntheticBatch, dataset_rows, padded_layouts, padding_free_batches
+from .synthetic import (
+    SyntheticBatch,
+    dataset_rows,
+    padded_layouts,
+    padding_free_batches,
+)
 from .trainer_loop import TrainerLoopWarmer
 
 

@@ -31,7 +31,8 @@ from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
-from .runner import Tracker, tasks_from_plan
+from .runner import tasks_from_plan
+from .tracker import Tracker
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments

@@ -14,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.cache.archive import (ARCHIVE_META, IMPORT_MARKER, STAGING_PREFIX, machine_environment,
-                                     read_info)
+from shapeplan.cache.archive import (
+    ARCHIVE_META,
+    IMPORT_MARKER,
+    STAGING_PREFIX,
+    machine_environment,
+    read_info,
+)
 from shapeplan.cli import main
+from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key
 from shapeplan.warm.model import ManifestEntry
-from shapeplan.warm.runner import MANIFEST, Manifest, environment_key
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.fake_neuron import FakeNeuron
 from tests.warm.harness import run_argv

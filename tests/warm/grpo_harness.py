@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,10 +60,10 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]
     """The device-op signatures `fn(*args)` dispatches (tests/warm/placement.py tells host from device); with
     everything=True also the signatures of every op, host ones included."""
-    import trl.trainer.grpo_trainer
-    import trl.trainer.rloo_trainer
+    import importlib
 
+    trainers = [importlib.import_module(f"trl.trainer.{name}_trainer") for name in ("grpo", "rloo")]
     recorder = DeviceOpRecorder()
-    with tracking(recorder, sys.modules["trl.trainer.grpo_trainer"], sys.modules["trl.trainer.rloo_trainer"]):
+    with tracking(recorder, *trainers):
         fn(*args)
     return (recorder.signatures, recorder.everything) if everything else recorder.signatures

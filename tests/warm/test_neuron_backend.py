@@ -17,8 +17,10 @@ from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.warm.backends import default_device, make_backend
 from shapeplan.warm.backends.base import counter_delta
 from shapeplan.warm.backends.neuron import NeuronBackend
+from shapeplan.warm.manifest import MANIFEST, environment_key
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.runner import MANIFEST, Tracker, environment_key, tasks_from_plan, warm
+from shapeplan.warm.runner import tasks_from_plan, warm
+from shapeplan.warm.tracker import Tracker
 from tests.warm.fake_neuron import FakeNeuron, fake_env, xla_site
 
 

@@ -10,8 +10,9 @@ from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.trainers import TRAINERS
 from shapeplan.warm.backends.inductor import InductorBackend
+from shapeplan.warm.cachedir import check_cache_dir
 from shapeplan.warm.model import WarmReport
-from shapeplan.warm.runner import check_cache_dir, make_warmer, warm
+from shapeplan.warm.runner import make_warmer, warm
 from tests.warm.harness import run_argv
 
 
