@@ -23,6 +23,9 @@ demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan analyze examples/capybara-sample.jsonl \
 		--model examples/tiny-qwen3 --per_device_train_batch_size 4 --max_length 1024 --num_train_epochs 1 \
 		--eval-dataset examples/capybara-sample.jsonl --eval_strategy steps --eval_steps 10
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan advise examples/capybara-sample.jsonl \
+		--model examples/tiny-qwen3 --per_device_train_batch_size 4 --max_length 1024 --num_train_epochs 1 \
+		--eval-dataset examples/capybara-sample.jsonl --eval_strategy steps --eval_steps 10
 
 bench: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/run_all.py

@@ -116,7 +116,7 @@ def free_gib(path: Path) -> float | None:
 def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagnosis:
     """Everything `doctor` reports, self-test included."""
     from .warm.backends import default_device, make_backend
-    from .warm.runner import check_cache_dir, default_cache_dir
+    from .warm.cachedir import check_cache_dir, default_cache_dir
 
     device = device or default_device()
     cache = cache_dir or default_cache_dir(device)

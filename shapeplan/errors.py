@@ -8,16 +8,34 @@
     └── CacheError            a compile cache dir cannot be used (exit 1)
         └── CacheMismatchError    a cache archive was compiled for another environment (exit 3)
 
-Every message names the problem and the fix in one line.
+Every message names the problem and the fix in one line. The edges turn what the outside world raises into these:
+
+    plan file       OSError, UnicodeDecodeError, JSON errors, wrong types/ranges  -> PlanFileError
+    manifest        OSError, UnicodeDecodeError, JSON errors, wrong structure     -> CacheError
+    cache archive   OSError, EOFError, gzip/tar errors, bad metadata, limits      -> CacheError
+                    another environment                                           -> CacheMismatchError
+    output paths    OSError on -o, --cache-dir or an import target                -> PlanFileError / CacheError
+    options         out-of-range sizes, counts and epochs                         -> UsageError
+
+An error may carry the values it is about as keyword attributes (`PlanFileError(msg, field="seq", value=0)`
+has `.field` and `.value`), for callers that handle it programmatically.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ShapeplanError(Exception):
     """Base class; `str(error)` is the one line the CLI prints."""
 
     exit_code = 1
+
+    def __init__(self, message: str, **values: Any) -> None:
+        super().__init__(message)
+        self.values = values
+        for name, value in values.items():
+            setattr(self, name, value)
 
 
 class UsageError(ShapeplanError):
@@ -44,3 +62,13 @@ class CacheMismatchError(CacheError):
     """Its own exit code, so that an image pipeline can fall back to warming instead of failing."""
 
     exit_code = 3
+
+
+def first_line(exc: BaseException, *, named: bool = False) -> str:
+    """The first line of `exc`'s message, for a one-line error or a failed shape's row; `named` puts the exception's
+    type in front (`ValueError: ...`). A message-less exception is its type's name."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if named:
+        return f"{type(exc).__name__}: {line}".rstrip(": ")
+    return line or type(exc).__name__

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
-from .plan.grpo import GENERATE_PHASES, cache_pin
-from .plan.model import Plan, Shape
+from .plan.grpo import cache_pin
+from .plan.model import GENERATE_PHASES, Plan, Shape
 
 
 def _table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:

@@ -17,6 +17,7 @@ from shapeplan.analyze import analyze
 from shapeplan.cli import cli, main
 from shapeplan.plan.io import load_plan, plan_to_dict
 from shapeplan.report import render_plan
+from shapeplan.trainers import TRAINERS
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 
 MODEL = ["--model", str(TINY_MODEL)]
@@ -148,8 +149,8 @@ def test_no_shapeplan_option_shadows_a_trl_or_accelerate_option() -> None:
     from accelerate.commands.launch import launch_command_parser
 
     theirs = set(launch_command_parser()._option_string_actions)
-    for method in ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"):
-        theirs |= set(importlib.import_module(f"trl.scripts.{method}").make_parser()._option_string_actions)
+    for spec in TRAINERS.values():
+        theirs |= set(importlib.import_module(spec.script).make_parser()._option_string_actions)
     ours = _click_options(cli)
     assert {"--split", "--model", "--method", "--json", "-o", "--output", "--eval-dataset"} <= ours
     assert ours & theirs == set()
@@ -163,3 +164,26 @@ def test_the_planning_core_imports_no_heavy_library() -> None:
             " if n in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr
+
+
+def test_no_cache_reads_a_file_rewritten_with_the_same_size_and_mtime(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """datasets keys its own Arrow cache of a local file by path, size and mtime; the rows must come from the
+    file's content."""
+    import os
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"text": "x" * 600}) + "\n")
+    stat = data.stat()
+    argv = ["analyze", str(data), *MODEL, "--max_length", "1024", "--no-cache", "--json"]
+    code, out, _ = _run(argv, capsys)
+    before = json.loads(out)["stats"]["tokens"]
+    data.write_text(json.dumps({"text": "hello world " * 50}) + "\n")  # as many bytes, fewer tokens
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size and data.stat().st_mtime_ns == stat.st_mtime_ns
+    code, out, _ = _run(argv, capsys)
+    assert code == 0
+    after = json.loads(out)["stats"]["tokens"]
+    assert after < before
+    code, out, _ = _run(["analyze", str(data), *MODEL, "--max_length", "1024", "--json"], capsys)
+    assert json.loads(out)["stats"]["tokens"] == after  # the cached path sees the new rows too

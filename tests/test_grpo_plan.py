@@ -8,11 +8,12 @@ import re
 
 import pytest
 
-from shapeplan.adapters.grpo import GUIDE_EXAMPLES
 from shapeplan.analyze import analyze
 from shapeplan.cli import main
-from shapeplan.plan.grpo import GENERATE_PHASES, cache_pin, completion_buckets
+from shapeplan.plan.grpo import cache_pin, completion_buckets
 from shapeplan.plan.io import dumps, plan_from_dict
+from shapeplan.plan.model import GENERATE_PHASES
+from shapeplan.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 RUN = ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL)]
@@ -28,7 +29,7 @@ def test_completion_buckets() -> None:
 
 def test_no_training_option_plans_the_guide_example() -> None:
     guide = analyze("grpo", RUN)
-    explicit = analyze("grpo", [*RUN, *GUIDE_EXAMPLES["grpo"]])
+    explicit = analyze("grpo", [*RUN, *TRAINERS["grpo"].guide_options])
     assert guide.shapes == explicit.shapes
     assert "Trainium guide" in guide.warnings[0]
     assert {s.batch for s in guide.by_phase("generate")} == {4}
@@ -56,7 +57,7 @@ def test_pinning_the_advised_cache_length_leaves_one_per_size() -> None:
     pin = cache_pin(growing.shapes)
     assert pin is not None and json.loads(value) == {"max_cache_len": pin.max_cache_len}
 
-    pinned = analyze("grpo", [*RUN, *GUIDE_EXAMPLES["grpo"], "--generation_kwargs", value])
+    pinned = analyze("grpo", [*RUN, *TRAINERS["grpo"].guide_options, "--generation_kwargs", value])
     generate = [s for s in pinned.shapes if s.phase in GENERATE_PHASES]
     assert {s.cache_len for s in generate} == {pin.max_cache_len}
     assert len({s.key for s in generate}) == pin.pinned_graphs < pin.graphs

@@ -168,3 +168,56 @@ def test_load_plan_rejects_bad_files(tmp_path: Path, text: str, message: str) ->
     (tmp_path / "plan.json").write_text(text)
     with pytest.raises(PlanFileError, match=message):
         io.load_plan(tmp_path / "plan.json")
+
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def test_atomic_write_uses_the_umask_and_removes_temporaries_of_dead_writers(tmp_path: Path) -> None:
+    """A writer killed with kill -9 leaves `.plan.json.<pid>.*.tmp`; the next write of plan.json removes it, and
+    leaves a live writer's alone. The file gets the umask's mode (0644 under 022), not mkstemp's 0600."""
+    stale = tmp_path / f".plan.json.{dead_pid()}.k9x2ab.tmp"
+    live = tmp_path / f".plan.json.{os.getpid()}.a1b2c3.tmp"
+    other = tmp_path / f".other.json.{dead_pid()}.k9x2ab.tmp"
+    for path in (stale, live, other):
+        path.write_text("partial")
+    previous = os.umask(0o022)
+    try:
+        io.write_plan(_plan(), tmp_path / "plan.json")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["plan.json", live.name, other.name])
+
+
+@pytest.mark.parametrize("shape, field, value", [
+    ({"seq": 200}, "shapes[0].seq", 200), ({"batch": 0}, "shapes[0].batch", 0),
+    ({"count": 1.5}, "shapes[0].count", 1.5),
+    ({"seq": 1 << 30}, "shapes[0].seq", 1 << 30), ({"first_step": -1}, "shapes[0].first_step", -1),
+])
+def test_plan_values_are_checked_and_the_error_carries_them(shape: dict, field: str, value: object) -> None:
+    data = json.loads(io.dumps(_plan()))
+    data["shapes"][0].update(shape)
+    with pytest.raises(PlanFileError) as error:
+        io.plan_from_dict(data)
+    assert (error.value.field, error.value.value) == (field, value)  # type: ignore[attr-defined]  # from **values
+    assert str(error.value).startswith(f"malformed plan: {field} ")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"schema": 1, "schema": 1}', "duplicate key 'schema'"),
+    ('{"schema": 1, "x": NaN}', "NaN is not a JSON number"),
+    ('{"schema": 1, "x": ' + "9" * 5000 + "}", "digits"),
+])
+def test_load_plan_is_strict_json(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "plan.json").write_text(text)
+    with pytest.raises(PlanFileError, match=message):
+        io.load_plan(tmp_path / "plan.json")

@@ -34,7 +34,7 @@ def test_policy_forwards_carry_both_counts_and_reference_forwards_none() -> None
     plan = plan_dpo(
         train_rows=rows, layout=DPOLayout(max_length=256, precompute_ref=False),
         loop=TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=1, num_train_epochs=1, max_steps=-1),
-        epoch_batches=lambda epoch: [[[0, 2], [1]]], info=RunInfo(rows=3, pad_to_multiple_of=128))
+        epoch_batches=lambda epoch: [[[0, 2], [1]]], info=RunInfo("dpo", rows=3, pad_to_multiple_of=128))
     by_key = {(s.phase, s.batch, s.seq): s.completion_tokens for s in plan.shapes}
     assert by_key == {
         ("train", 4, 256): (90 + 45, 120 + 20),
@@ -50,7 +50,7 @@ def test_kto_policy_forwards_carry_desirable_rows_and_both_counts() -> None:
     plan = plan_kto(
         train_rows=rows, layout=KTOLayout(max_length=128, precompute_ref=False),
         loop=TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=1, num_train_epochs=1, max_steps=-1),
-        epoch_batches=lambda epoch: [[[0, 1], [2]]], info=RunInfo(rows=3, pad_to_multiple_of=128))
+        epoch_batches=lambda epoch: [[[0, 1], [2]]], info=RunInfo("kto", rows=3, pad_to_multiple_of=128))
     by_key = {(s.phase, s.batch, s.seq): (s.chosen_rows, s.completion_tokens) for s in plan.shapes}
     assert by_key == {
         # desirable row 0: 90 tokens; undesirable row 1 cut at 128: 128 - 20 (the dropped first position is prompt)

@@ -28,7 +28,7 @@ def test_kto_runs_policy_and_reference_on_rows_and_kl_rows() -> None:
     plan = plan_kto(
         train_rows=rows, layout=KTOLayout(max_length=None, precompute_ref=False),
         loop=TrainLoop(steps_in_epoch=3, gradient_accumulation_steps=1, num_train_epochs=1, max_steps=-1),
-        epoch_batches=lambda epoch: [[[0, 1], [2, 3], [4]]], info=RunInfo(rows=5, pad_to_multiple_of=128))
+        epoch_batches=lambda epoch: [[[0, 1], [2, 3], [4]]], info=RunInfo("kto", rows=5, pad_to_multiple_of=128))
     steps = {(2, 256): 1, (2, 384): 2, (1, 128): 3}
     kl_steps = {(2, 128): 1, (2, 256): 2, (1, 384): 3}
     assert table(plan) == {
@@ -45,7 +45,7 @@ def test_dpo_precompute_replaces_the_reference_forwards_with_a_pass_before_train
         train_rows=rows, layout=DPOLayout(max_length=None, precompute_ref=True),
         loop=TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=2, num_train_epochs=2, max_steps=-1),
         epoch_batches=lambda epoch: [[[2, 0], [1]] if epoch == 0 else [[1, 2], [0]]],
-        info=RunInfo(rows=3, pad_to_multiple_of=128),
+        info=RunInfo("dpo", rows=3, pad_to_multiple_of=128),
         eval_rows=rows, eval_batches=[[[0, 1, 2]]], eval_steps=[1, 2],
         precompute_batches=[[[0], [1], [2]]], eval_precompute_batches=[[[0, 1, 2]]])
     assert table(plan) == {

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from ..errors import DatasetError, UsageError
-from .data import check_rows, load_dataset_source, load_tokenizer, select_split, tokenizer_fingerprint
+from ..host import installed_only
+from .data import (
+    check_rows,
+    load_dataset_source,
+    load_tokenizer,
+    select_split,
+    tokenizer_fingerprint,
+)
 from .trl_args import TrainingArgs
 
 # The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).
@@ -30,13 +36,8 @@ class RunData:
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for name in ("shapeplan", "trl", "transformers", "accelerate", "datasets", "torch", "torch-neuronx"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    """The versions a plan records."""
+    return installed_only(("shapeplan", "trl", "transformers", "accelerate", "datasets", "torch", "torch-neuronx"))
 
 
 def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
@@ -44,6 +45,9 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
         "argv": list(argv),
         "model_name_or_path": args.model.model_name_or_path,
         "num_processes": args.num_processes,
+        # the dtype the model loads in (`trl <method>` passes ModelConfig.dtype unless model_init_kwargs sets it)
+        "dtype": (getattr(args.training, "model_init_kwargs", None) or {}).get("dtype", getattr(args.model, "dtype",
+                                                                                               None)),
     }
     for name in RECORDED_OPTIONS:
         if hasattr(args.training, name):

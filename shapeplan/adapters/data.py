@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, ModelError, UsageError
+from ..errors import DatasetError, ModelError, UsageError, first_line
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -31,7 +31,13 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                                    "use .jsonl, .json, .parquet or .csv")
             if _blank(path):  # datasets' own error for an empty file names no cause
                 raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
-            return datasets.load_dataset(builder, data_files=str(path), streaming=streaming)
+            if streaming:  # a stream reads the file as it goes: no Arrow cache to go stale
+                return datasets.load_dataset(builder, data_files=str(path), streaming=True)
+            # datasets reuses its Arrow cache of a file while path, size and mtime are unchanged; naming the config
+            # after the content makes a file rewritten in place (same size and mtime) load its new rows
+            with open(path, "rb") as handle:
+                content = hashlib.file_digest(handle, "sha256").hexdigest()[:16]
+            return datasets.load_dataset(builder, data_files=str(path), name=f"content-{content}")
         if path.is_dir():
             if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
                 if streaming:
@@ -47,13 +53,13 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
     except (DatasetError, UsageError):
         raise
     except FileNotFoundError as exc:
-        raise DatasetError(f"dataset {source} not found ({_short(exc)}); pass a local .jsonl/.json/.parquet/.csv "
+        raise DatasetError(f"dataset {source} not found ({first_line(exc)}); pass a local .jsonl/.json/.parquet/.csv "
                            "file, a save_to_disk folder, or a Hub id reachable from this machine") from exc
     except OSError as exc:
-        raise DatasetError(f"cannot read dataset {source}: {exc.strerror or _short(exc)}; check that the file "
+        raise DatasetError(f"cannot read dataset {source}: {exc.strerror or first_line(exc)}; check that the file "
                            "is readable") from exc
     except Exception as exc:  # datasets raises many types for unreadable data; report them as one line
-        raise DatasetError(f"cannot read dataset {source}: {_short(_root_cause(exc))}; check the file's format") \
+        raise DatasetError(f"cannot read dataset {source}: {first_line(_root_cause(exc))}; check the file's format") \
             from exc
     finally:
         datasets_logger.setLevel(level)
@@ -87,7 +93,7 @@ def load_tokenizer(model: str, *, revision: str | None = None, trust_remote_code
     try:
         return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
-        raise ModelError(f"cannot load the tokenizer of {model}: {_short(exc)}; pass a local model folder or a "
+        raise ModelError(f"cannot load the tokenizer of {model}: {first_line(exc)}; pass a local model folder or a "
                          "Hub id reachable from this machine with --model") from exc
 
 
@@ -115,8 +121,3 @@ def _root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return exc
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -7,8 +7,15 @@ from typing import Any
 from ..plan.dpo import DPOLayout, plan_dpo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
-from .preference import (check_columns, check_not_empty, list_lengths, precompute_batches, prepare, prepare_run,
-                         with_precompute_warning)
+from .preference import (
+    check_columns,
+    check_not_empty,
+    list_lengths,
+    precompute_batches,
+    prepare,
+    prepare_run,
+    with_precompute_warning,
+)
 from .trl_args import TrainingArgs
 
 COLUMNS = (("chosen", "rejected"),)

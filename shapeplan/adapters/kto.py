@@ -7,8 +7,15 @@ from typing import Any
 from ..errors import UsageError
 from ..plan.kto import KTOLayout, UnpairedRows, plan_kto
 from ..plan.model import Plan
-from .preference import (check_columns, check_not_empty, list_lengths, precompute_batches, prepare, prepare_run,
-                         with_precompute_warning)
+from .preference import (
+    check_columns,
+    check_not_empty,
+    list_lengths,
+    precompute_batches,
+    prepare,
+    prepare_run,
+    with_precompute_warning,
+)
 from .trl_args import TrainingArgs
 
 # Unpaired rows, or paired rows that preparation unpairs into two.

@@ -15,12 +15,12 @@ import logging
 import os
 import tempfile
 import zipfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..host import cache_root, installed_versions
 from ..plan.rows import Rows
 from .data import tokenizer_fingerprint
 
@@ -36,8 +36,7 @@ _CODE = ("shapeplan", "trl", "transformers", "tokenizers", "datasets", "jinja2",
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SHAPEPLAN_CACHE_DIR") or str(Path.home() / ".cache" / "shapeplan")
-    return Path(root) / "lengths"
+    return cache_root() / "lengths"
 
 
 def length_key(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> str | None:
@@ -54,7 +53,7 @@ def length_key(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> s
         "split_special_tokens": getattr(tokenizer, "split_special_tokens", None),
         "packing": packing,
         "options": {name: getattr(config, name, None) for name in LENGTH_OPTIONS},
-        "versions": {name: _version(name) for name in _CODE},
+        "versions": installed_versions(_CODE),
     }
     return json.dumps(parts, sort_keys=True, default=str)
 
@@ -111,9 +110,3 @@ def store(key: str, rows: Rows, dropped: int) -> None:
 def _path(key: str) -> Path:
     return cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
 
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None

@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,9 @@ class _Job:
 
 
 _JOB: _Job | None = None
+# Token counts per (dataset, tokenizer, rendering) inside `shared_tokenization()`: plans that differ only in
+# max_length, truncation or packing (`shapeplan advise`'s alternatives) re-derive their rows from one tokenization.
+_TOKENIZED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def fast_path_refusal(dataset: Any, tokenizer: Any, config: Any) -> str | None:
@@ -98,7 +103,7 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
         window=_truncation_slice(config) if truncating else None,
         eos_counting=_countable_eos(tokenizer, trainer._tokenizer.eos_token, special=not is_conversational(first)),
     )
-    lengths, prompt_bounds = _token_lengths(job, workers=_workers(workers, len(dataset)))
+    lengths, prompt_bounds = _memo_token_lengths(job, workers=_workers(workers, len(dataset)))
 
     kept = np.ones(len(lengths), dtype=bool)
     if job.window is not None:
@@ -131,6 +136,34 @@ def _workers(requested: int | None, rows: int) -> int:
         # cores the single-threaded rendering dominates one process, and workers spread it.
         return 1
     return max(1, min(cores, rows // (4 * CHUNK_ROWS)))  # forking costs more than it saves on a few chunks
+
+
+@contextmanager
+def shared_tokenization() -> Iterator[None]:
+    """Within the block, each dataset and rendering is tokenized once, whatever max_length, truncation and packing
+    the plans made in it use."""
+    global _TOKENIZED
+    _TOKENIZED = {}
+    try:
+        yield
+    finally:
+        _TOKENIZED = None
+
+
+def _memo_token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_token_lengths`, once per dataset and rendering inside `shared_tokenization()`. The truncation window is
+    part of the key only where the prompt bounds depend on it."""
+    from .data import tokenizer_fingerprint
+
+    fingerprint = getattr(job.dataset, "_fingerprint", None)
+    if _TOKENIZED is None or fingerprint is None:
+        return _token_lengths(job, workers=workers)
+    key = (fingerprint, len(job.dataset), tokenizer_fingerprint(job.tokenizer), job.kind, job.conversational,
+           job.text_field, job.eos_token, job.chat_template, job.need_prompt_lengths,
+           repr(job.window) if job.need_prompt_lengths else None, job.eos_counting)
+    if key not in _TOKENIZED:
+        _TOKENIZED[key] = _token_lengths(job, workers=workers)
+    return _TOKENIZED[key]
 
 
 def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:

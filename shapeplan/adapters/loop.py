@@ -7,7 +7,13 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import UsageError
 from ..plan.schedule import TrainLoop, evaluation_steps
-from .sampling import TRAIN_STRATEGIES, RankBatches, eval_batches, ordered_batches, train_batches
+from .sampling import (
+    TRAIN_STRATEGIES,
+    RankBatches,
+    eval_batches,
+    ordered_batches,
+    train_batches,
+)
 from .trl_args import TrainingArgs
 
 

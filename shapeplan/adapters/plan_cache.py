@@ -15,10 +15,10 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..host import cache_root, installed_versions
 from ..plan.io import dumps, plan_from_dict, write_atomic
 from ..plan.model import Plan
 
@@ -31,8 +31,7 @@ _MAX_FILES = 10_000  # a folder with more files than this is not worth stat-ing 
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SHAPEPLAN_CACHE_DIR") or str(Path.home() / ".cache" / "shapeplan")
-    return Path(root) / "plans"
+    return cache_root() / "plans"
 
 
 def plan_key(method: str, words: Sequence[str]) -> str | None:
@@ -45,12 +44,7 @@ def plan_key(method: str, words: Sequence[str]) -> str | None:
             paths[word] = signature
     if not _names_only_local(words, paths):
         return None
-    versions = {}
-    for name in _VERSIONED:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = installed_versions(_VERSIONED)
     accelerate_default = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "accelerate"
     material = {
         "schema": SCHEMA,

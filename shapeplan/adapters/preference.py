@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from ..errors import DatasetError, UsageError
+from ..errors import DatasetError, UsageError, first_line
 from ..plan.batches import RankBatches, RunInfo
 from ..plan.schedule import TrainLoop
 from .common import load_run_data, recorded_config, run_fingerprint, versions
@@ -34,9 +34,7 @@ def prepare(trainer: Any, dataset: Any, tokenizer: Any, config: Any, name: str) 
     try:
         return trainer._prepare_dataset(dataset, tokenizer, config, name)
     except (ValueError, RuntimeError, TypeError, KeyError) as exc:
-        text = str(exc).strip()
-        message = text.splitlines()[0] if text else type(exc).__name__
-        raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
 
 
 def list_lengths(prepared: Any, *columns: str) -> list[list[int]]:
@@ -83,6 +81,7 @@ def prepare_run(
     train_rows, dropped = prepare_rows(data.train, data.tokenizer, config, "train")
     epoch_batches, loop = train_schedule(args, len(train_rows))
     info = RunInfo(
+        method=args.method,
         rows=len(train_rows),
         pad_to_multiple_of=config.pad_to_multiple_of,
         dropped_rows=dropped,

@@ -9,7 +9,13 @@ from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from ..plan.reward import plan_reward
 from .common import apply_chat_template_path
-from .preference import check_columns, check_not_empty, list_lengths, prepare, prepare_run
+from .preference import (
+    check_columns,
+    check_not_empty,
+    list_lengths,
+    prepare,
+    prepare_run,
+)
 from .trl_args import TrainingArgs
 
 # Text (or messages) to tokenize, or rows tokenized already.

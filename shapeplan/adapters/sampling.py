@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-RankBatches = list[list[list[int]]]
+from ..plan.batches import RankBatches
 
 # The train_sampling_strategy values `train_batches` draws orders for.
 TRAIN_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")

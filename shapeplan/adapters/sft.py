@@ -7,14 +7,21 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from ..errors import DatasetError, ModelError, UsageError
+from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths, stream
-from .common import RunData, apply_chat_template_path, load_run_data, recorded_config, run_fingerprint, versions
+from .common import (
+    RunData,
+    apply_chat_template_path,
+    load_run_data,
+    recorded_config,
+    run_fingerprint,
+    versions,
+)
 from .loop import check_strategy, eval_schedule, eval_steps_of, train_schedule
 from .trl_args import TrainingArgs
 
@@ -42,7 +49,10 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
     """An `SFTTrainer` with only the attributes `_prepare_dataset` reads, set as `SFTTrainer.__init__` sets them."""
     from trl import SFTTrainer
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        has_generation_markers,
+    )
     from trl.data_utils import is_conversational
 
     trainer = SFTTrainer.__new__(SFTTrainer)
@@ -94,8 +104,7 @@ def _trl_preparing(name: str) -> Iterator[None]:
     try:
         yield
     except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatasetError(f"TRL could not prepare the {name} dataset: {message}") from exc
+        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
 
 
 def _preparer(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> Any:
@@ -190,8 +199,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                         "order can produce, with the most micro-batches and the earliest step each can have")
     epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
     info = RunInfo(
-        rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped, exact=exact,
-        config=recorded_config(args, argv), versions=versions(),
+        method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped,
+        exact=exact, config=recorded_config(args, argv), versions=versions(),
         fingerprint=run_fingerprint(data),
         warnings=warnings,
     )
@@ -229,9 +238,9 @@ def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFT
     passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
     warnings.append(f"streaming: the run reads the first {len(train_rows)} prepared train rows{passes} "
                     f"({train_reader.rows_read} source rows read to plan them)")
-    info = RunInfo(rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, exact=True,
-                   config=recorded_config(args, argv), versions=versions(), fingerprint=run_fingerprint(data),
-                   warnings=warnings)
+    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+                   exact=True, config=recorded_config(args, argv), versions=versions(),
+                   fingerprint=run_fingerprint(data), warnings=warnings)
     if data.eval is None:
         return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: batches,
                         info=info)

@@ -14,21 +14,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import UsageError, first_line
+from ..trainers import trainer_spec
 
-# The values TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example.
+if TYPE_CHECKING:
+    from trl import ModelConfig
+
+    from ..plan.model import Method
+
+# The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
+# method's dataset: `TrainerSpec.default_dataset`).
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-DEFAULT_DATASETS = {
-    "sft": "trl-lib/Capybara",
-    "grpo": "trl-lib/tldr",
-    "rloo": "trl-lib/tldr",
-    "dpo": "trl-lib/ultrafeedback_binarized",
-    "kto": "trl-lib/kto-mix-14k",
-    "reward": "trl-lib/ultrafeedback_binarized",
-    "distillation": "trl-lib/ultrafeedback-prompt",  # TRL's distillation script example
-}
 # TRL resolves pad_to_multiple_of="auto" to 128 on a `neuron` device; planning for Trainium means 128.
 NEURON_PAD_TO_MULTIPLE_OF = 128
 
@@ -37,17 +35,17 @@ NEURON_PAD_TO_MULTIPLE_OF = 128
 class TrainingArgs:
     """What `trl <method>` would have parsed, plus the launch settings that change batching."""
 
-    method: str
+    method: Method
     script: Any  # ScriptArguments (or GRPOScriptArguments, ...)
     training: Any  # SFTConfig, GRPOConfig, ...
-    model: Any  # ModelConfig
+    model: ModelConfig
     dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
 
 
 def make_parser(method: str) -> argparse.ArgumentParser:
-    module = importlib.import_module(f"trl.scripts.{method}")
+    module = importlib.import_module(trainer_spec(method).script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
@@ -96,7 +94,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     if "model_name_or_path" not in given:
         argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
     if "dataset_name" not in given and "datasets" not in given:
-        argv = ["--dataset_name", DEFAULT_DATASETS[method], *argv]
+        argv = ["--dataset_name", trainer_spec(method).default_dataset, *argv]
     if "output_dir" not in given:
         argv = ["--output_dir", "shapeplan-output", *argv]
     if "report_to" not in given:
@@ -117,11 +115,11 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"invalid TRL option: {_first_line(exc)}; see `trl {method} --help`") from exc
+        raise UsageError(f"invalid TRL option: {first_line(exc)}; see `trl {method} --help`") from exc
     script, training, model, *rest = parsed
     _check_positive(training)
     return TrainingArgs(
-        method=method,
+        method=trainer_spec(method).name,
         script=script,
         training=training,
         model=model,
@@ -159,9 +157,11 @@ def _world_size(num_processes: int) -> Iterator[None]:
         TrainingArguments.world_size = original  # type: ignore[method-assign]
 
 
-# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple).
+# Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple) or plans
+# nonsense with (a negative max_length truncates every row to nothing).
 _POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size")
+             "pad_to_multiple_of", "num_generations", "steps_per_generation", "generation_batch_size", "max_length",
+             "max_prompt_length", "max_completion_length")
 
 
 def _check_positive(training: Any) -> None:
@@ -169,6 +169,9 @@ def _check_positive(training: Any) -> None:
         value = getattr(training, name, None)
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be a positive integer, got {value}")
+    # without max_steps the epochs set the run's length: none (or fewer) trains nothing
+    if getattr(training, "max_steps", -1) <= 0 and training.num_train_epochs <= 0:
+        raise UsageError(f"--num_train_epochs must be positive (or --max_steps set), got {training.num_train_epochs}")
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:
@@ -191,7 +194,7 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     try:
         launch_args = resolve_accelerate_config_argument(leftovers)
     except ValueError as exc:
-        raise UsageError(f"{_first_line(exc)}") from exc
+        raise UsageError(f"{first_line(exc)}") from exc
     parser = launch_command_parser()
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
@@ -207,16 +210,13 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
         raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
                          "pass TRL options as --name value")
     if known.num_processes is not None:
+        if known.num_processes < 1:
+            raise UsageError(f"--num_processes must be at least 1, got {known.num_processes}")
         return int(known.num_processes)
     if known.config_file:
         return int(_read_yaml(known.config_file).get("num_processes", 1) or 1)
     default = Path.home() / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
     return int(_read_yaml(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | None, list[str]]:

@@ -1,14 +1,20 @@
 """Portable compile caches, for baking into machine images: a warmed cache dir with its manifest, a checksum per
 file and the environment its code was compiled in, as one .tar.gz.
 
-The archive holds `shapeplan-archive.json` first (schema, environment, sha256 of every file), then the cache dir's
-files under `cache/`. Importing checks the environment against this machine's before extracting anything, extracts
-into a temporary folder next to the target, checks every file against its checksum, and only then renames the
-folder into place: an import either leaves a complete cache or nothing.
+The archive holds `shapeplan-archive.json` first (schema, environment, sha256 of every file, their expanded total),
+then the cache dir's files under `cache/`. Importing reads that metadata and checks the environment and the size
+limits before extracting anything; it extracts into a staging folder inside the target (so that the last step is a
+rename on one filesystem, which also works on an empty mount point), checks every file against its checksum and
+the manifest, then moves the staged files into the target and writes a completion marker last. An import killed
+before the marker leaves a staging folder without a marker: `warm` refuses such a dir and the next import clears it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import gzip
 import hashlib
 import io
 import json
@@ -19,18 +25,25 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..warm.runner import MANIFEST
+from ..host import installed_versions
+from ..plan.io import temp_file, write_atomic
+from ..warm.manifest import MANIFEST
+from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
-ARCHIVE_SCHEMA = 1
+ARCHIVE_SCHEMA = 2  # 2: records the expanded total
 PREFIX = "cache"
 PACKAGES = ("torch", "trl", "transformers", "accelerate")
 _CHUNK = 1 << 20
+# In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
+# writes last.
+STAGING_PREFIX = ".shapeplan-importing-"
+IMPORT_MARKER = ".shapeplan-import-complete"
+_HEADER_LIMIT = 1 << 20  # a pax or GNU long-name header holds a path, never more than this
 # In-flight writes: TorchNeuron's `<name>.tmp.XXXXXX` (renamed into place when done), `*.tmp` of its Python compile
 # path and of shapeplan's own atomic writes.
 _TEMPORARY = re.compile(r"(\.tmp\.[A-Za-z0-9_]{6}|\.tmp)$")
@@ -39,13 +52,13 @@ _TEMPORARY = re.compile(r"(\.tmp\.[A-Za-z0-9_]{6}|\.tmp)$")
 def is_temporary(name: str) -> bool:
     return bool(_TEMPORARY.search(name))
 
-
 @dataclass(frozen=True, slots=True)
 class ArchiveInfo:
     path: str
     environment: dict[str, Any]  # {"versions": {...}, "compiler": backend settings}
     files: dict[str, str]  # path under the cache dir -> sha256
     shapes: int  # warmed shapes the manifest records
+    expanded: int = 0  # the files' total size in bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"archive": self.path, "environment": self.environment, "files": len(self.files),
@@ -63,6 +76,8 @@ def _sha256(path: Path) -> str:
 def _cache_files(cache_dir: Path) -> Iterator[Path]:
     """The cache's files, sorted; lock files and in-progress temporaries are left out."""
     for path in sorted(cache_dir.rglob("*")):
+        if path.name == IMPORT_MARKER or any(part.startswith(STAGING_PREFIX) for part in path.parts):
+            continue
         if path.is_symlink():
             raise CacheError(f"{path} is a symbolic link; a cache to export must hold only files and folders")
         name = path.name
@@ -73,7 +88,7 @@ def _cache_files(cache_dir: Path) -> Iterator[Path]:
 
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
     """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count."""
-    from ..warm.runner import Manifest
+    from ..warm.manifest import Manifest
 
     manifest_path = cache_dir / MANIFEST
     if not manifest_path.is_file():
@@ -91,12 +106,18 @@ def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
 def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     """Write `cache_dir` (a warmed cache) to `archive` atomically."""
     cache_dir = cache_dir.resolve()
+    refuse_incomplete_import(cache_dir)
     environment, shapes = cache_environment(cache_dir)
-    files = {path.relative_to(cache_dir).as_posix(): _sha256(path) for path in _cache_files(cache_dir)}
-    meta = json.dumps({"schema": ARCHIVE_SCHEMA, "environment": environment, "files": files}, indent=2,
-                      sort_keys=True).encode()
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    paths = list(_cache_files(cache_dir))
+    files = {path.relative_to(cache_dir).as_posix(): _sha256(path) for path in paths}
+    expanded = sum(path.stat().st_size for path in paths)
+    meta = json.dumps({"schema": ARCHIVE_SCHEMA, "environment": environment, "files": files, "expanded": expanded},
+                      indent=2, sort_keys=True).encode()
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = temp_file(archive)
+    except OSError as exc:
+        raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             entry = tarfile.TarInfo(ARCHIVE_META)
@@ -106,36 +127,133 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
             for name in files:
                 tar.add(cache_dir / name, arcname=f"{PREFIX}/{name}", recursive=False)
         os.replace(tmp, archive)
-    except OSError as exc:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
-    return ArchiveInfo(str(archive), environment, files, shapes)
+        if isinstance(exc, OSError):
+            raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
+        raise
+    return ArchiveInfo(str(archive), environment, files, shapes, expanded)
 
 
-def _open(archive: Path) -> tarfile.TarFile:
+class _Counted(io.RawIOBase):
+    """The decompressed stream, refusing to yield more than `cap` bytes in all (so no header or member can make an
+    import read, hold or write more than the limits allow)."""
+
+    def __init__(self, source: gzip.GzipFile, cap: int, archive: Path) -> None:
+        self.source, self.cap, self.archive, self.count = source, cap, archive, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.cap - self.count + 1 if size < 0 else min(size, self.cap - self.count + 1)
+        data = self.source.read(size)
+        self.count += len(data)
+        if self.count > self.cap:
+            raise CacheError(f"{self.archive} expands beyond the import limits; raise --max-gib / --max-files if "
+                             "it is genuine")
+        return data
+
+    def drain(self) -> None:
+        """Read to the end of the gzip stream, which checks its CRC and length: a truncated stream raises."""
+        while self.read(_CHUNK):
+            pass
+
+
+_EXTENDED_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                     tarfile.SOLARIS_XHDTYPE)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    def _proc_member(self, tar: Any) -> tarfile.TarInfo:
+        # tarfile reads a pax or GNU long-name header whole into memory before handing out its member
+        if self.type in _EXTENDED_HEADERS and self.size > _HEADER_LIMIT:
+            raise tarfile.HeaderError(f"a {self.size}-byte extended header")
+        return super()._proc_member(tar)  # type: ignore[misc]  # tarfile's private hook, unchanged since Python 3.2
+
+
+@contextlib.contextmanager
+def _open(archive: Path, cap: int) -> Iterator[tuple[tarfile.TarFile, _Counted]]:
+    """The archive as a tar stream (read front to back, once) over at most `cap` decompressed bytes."""
     try:
-        return tarfile.open(archive, mode="r:gz")
+        raw = open(archive, "rb")  # noqa: SIM115  # closed by the `with` below; only the open's errors differ
     except FileNotFoundError:
         raise CacheError(f"archive {archive} does not exist; pass a file written by `shapeplan cache export`") \
             from None
+    except OSError as exc:
+        raise CacheError(f"cannot read archive {archive} ({exc.strerror}); pass a readable file") from None
+    with raw, gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+        counted = _Counted(unzipped, cap, archive)
+        try:
+            tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo)  # noqa: SIM115  # `with tar` below
+        except EOFError as exc:  # a gzip stream cut short
+            raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+        except gzip.BadGzipFile:
+            raise CacheError(f"{archive} is not a shapeplan cache archive (not a gzip file); pass a file written by "
+                             "`shapeplan cache export`") from None
+        except (OSError, tarfile.TarError) as exc:
+            raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
+                             "`shapeplan cache export`") from None
+        with tar:
+            yield tar, counted
+
+
+def _read_meta(tar: tarfile.TarFile, archive: Path, limits: Limits) -> ArchiveInfo:
+    """The archive's first member, checked: its size, encoding, JSON structure and the limits it declares."""
+    not_ours = (f"{archive} is not a shapeplan cache archive (no readable {ARCHIVE_META}); pass a file written by "
+                "`shapeplan cache export`")
+    first = tar.next()
+    if first is None or first.name != ARCHIVE_META or not first.isfile():
+        raise CacheError(not_ours)
+    if first.size > limits.max_metadata:
+        raise CacheError(f"{archive} has a {first.size}-byte {ARCHIVE_META}, over the {limits.max_metadata}-byte "
+                         "limit; raise --max-metadata-mib if it is genuine", limit=limits.max_metadata,
+                         value=first.size)
+    handle = tar.extractfile(first)
+    try:
+        meta = json.loads(handle.read().decode("utf-8")) if handle is not None else None
+    except ValueError:  # bad JSON or not UTF-8
+        raise CacheError(not_ours) from None
+    if not isinstance(meta, dict) or "schema" not in meta:
+        raise CacheError(not_ours)
+    if meta["schema"] != ARCHIVE_SCHEMA:
+        raise CacheError(f"{archive} has archive schema {meta['schema']!r}, this shapeplan reads {ARCHIVE_SCHEMA}; "
+                         "export it again with this version")
+    environment, files, expanded = meta.get("environment"), meta.get("files"), meta.get("expanded")
+    if not (isinstance(environment, dict) and all(isinstance(environment.get(k), dict)
+                                                  for k in ("versions", "compiler"))
+            and isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+            and type(expanded) is int and expanded >= 0):
+        raise CacheError(f"{archive} has a malformed {ARCHIVE_META} (environment, files or expanded size); export "
+                         "it again")
+    if len(files) > limits.max_files:
+        raise CacheError(f"{archive} holds {len(files)} files, over the limit of {limits.max_files}; raise "
+                         "--max-files if it is genuine", limit=limits.max_files, value=len(files))
+    if expanded > limits.max_bytes:
+        raise CacheError(f"{archive} expands to {expanded} bytes, over the limit of {limits.max_bytes}; raise "
+                         "--max-gib if it is genuine", limit=limits.max_bytes, value=expanded)
+    return ArchiveInfo(str(archive), environment, files, shapes=0, expanded=expanded)
+
+
+def _cap(limits: Limits) -> int:
+    """Decompressed bytes an archive within `limits` can hold: metadata, files, and per member two 512-byte
+    headers, padding and a pax header."""
+    return limits.max_metadata + limits.max_bytes + (limits.max_files + 1) * 4096 + 20 * 512
+
+
+def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
+    """The archive's environment and file list (its first member), without extracting anything."""
+    try:
+        with _open(archive, _cap(limits)) as (tar, _):
+            return _read_meta(tar, archive, limits)
+    except EOFError as exc:  # a gzip stream cut short
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+    except gzip.BadGzipFile:
+        raise CacheError(f"{archive} is not a shapeplan cache archive (not a gzip file); pass a file written by "
+                         "`shapeplan cache export`") from None
     except (OSError, tarfile.TarError) as exc:
         raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
                          "`shapeplan cache export`") from None
-
-
-def read_info(archive: Path) -> ArchiveInfo:
-    """The archive's environment and file list (its first member), without extracting anything."""
-    with _open(archive) as tar:
-        first = tar.next()
-        handle = tar.extractfile(first) if first is not None and first.name == ARCHIVE_META else None
-        try:
-            meta = json.loads(handle.read()) if handle is not None else None
-        except (ValueError, tarfile.TarError, OSError):
-            meta = None
-    if not isinstance(meta, dict) or meta.get("schema") != ARCHIVE_SCHEMA or not isinstance(meta.get("files"), dict):
-        raise CacheError(f"{archive} is not a shapeplan cache archive (no readable {ARCHIVE_META}); pass a file "
-                         "written by `shapeplan cache export`")
-    return ArchiveInfo(str(archive), meta["environment"], meta["files"], shapes=0)
 
 
 def machine_environment(device: str) -> dict[str, Any]:
@@ -147,12 +265,7 @@ def machine_environment(device: str) -> dict[str, Any]:
         compiler = make_backend(device).settings()
     except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
         raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "none"
+    versions = {name: version or "none" for name, version in installed_versions(PACKAGES).items()}
     return {"versions": versions, "compiler": compiler}
 
 
@@ -175,52 +288,176 @@ def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:
     name = PurePosixPath(member.name)
     if name.is_absolute() or ".." in name.parts or name.parts[:1] != (PREFIX,):
         raise CacheError(f"{archive} has a member outside the cache ({member.name}); refusing it")
+    if any(part.startswith(STAGING_PREFIX) or part == IMPORT_MARKER for part in name.parts):
+        raise CacheError(f"{archive} has a member with a name shapeplan reserves ({member.name}); refusing it")
     if member.isdir():
         return None
-    if not member.isfile() or len(name.parts) < 2:
+    if not member.isfile() or member.issparse() or len(name.parts) < 2:
         raise CacheError(f"{archive} has a link or special file ({member.name}); refusing it")
     return PurePosixPath(*name.parts[1:]).as_posix()
 
 
-def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None) -> ArchiveInfo:
-    """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine."""
-    info = read_info(archive)
-    here = machine_environment(device or info.environment.get("compiler", {}).get("device", "cpu"))
+def refuse_incomplete_import(cache_dir: Path) -> None:
+    """Refuse a cache dir an import is filling, or was filling when it was killed."""
+    if cache_dir.is_dir() and not (cache_dir / IMPORT_MARKER).exists() \
+            and any(cache_dir.glob(f"{STAGING_PREFIX}*")):
+        raise CacheError(f"{cache_dir} holds an unfinished `shapeplan cache import` (running, or killed); wait for "
+                         "it, or run the import again, which clears it")
+
+
+def _clear_stale_import(target: Path) -> None:
+    """Under the import lock: remove what a killed import left. Without its completion marker, everything in the
+    folder was written by that import (an import starts on an empty folder and holds the lock throughout)."""
+    stale = list(target.glob(f"{STAGING_PREFIX}*"))
+    if not stale:
+        return
+    complete = (target / IMPORT_MARKER).exists()
+    for path in target.iterdir() if not complete else stale:
+        if path.name == "lost+found" and os.path.ismount(target):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, limits: Limits = DEFAULT_LIMITS,
+                 follow_symlink: bool = False) -> ArchiveInfo:
+    """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine: all or
+    nothing."""
+    if cache_dir.is_symlink() and not follow_symlink:
+        raise CacheError(f"{cache_dir} is a symbolic link (to {os.readlink(cache_dir)}); pass --follow-symlink to "
+                         "import through it, or a real folder as --cache-dir")
+    info = read_info(archive, limits)
+    here = machine_environment(device or info.environment["compiler"].get("device", "cpu"))
     differences = mismatches(info.environment, here)
     if differences:
         raise CacheMismatchError(f"{archive} was compiled for another environment: {'; '.join(differences)}; "
-                                 "warm this machine's own cache with `shapeplan warm` instead")
+                                 "warm this machine's own cache with `shapeplan warm` instead",
+                                 differences=differences)
     target = cache_dir.resolve()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and not target.is_dir():
         raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.importing-", dir=target.parent))
     try:
-        seen = _extract(archive, info, staging)
+        target.mkdir(parents=True)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as exc:
+        raise CacheError(f"cannot create {target} ({exc.strerror}); import into a writable --cache-dir") from None
+    try:
+        try:
+            with _locked(target):
+                shapes = _import_locked(archive, info, target, limits)
+        except PermissionError as exc:
+            raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") \
+                from None
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):  # not empty: a racing import took it over
+                target.rmdir()
+        raise
+    return ArchiveInfo(info.path, info.environment, info.files, shapes, info.expanded)
+
+
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """An exclusive lock on the target folder itself (no lock file: a refused import leaves the folder as it was),
+    released by the kernel if the process dies."""
+    busy = CacheError(f"another `shapeplan cache import` is filling {target}; wait for it to finish")
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(target))
+        except FileNotFoundError:
+            same = False
+        if not same:  # the import we waited on failed and removed the folder it had created
+            raise busy
+        yield
+    finally:
+        os.close(fd)
+
+
+def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits) -> int:
+    """The import, holding the target's lock; returns the number of warmed shapes imported."""
+    _clear_stale_import(target)
+    # a freshly formatted ext4 volume holds lost+found at its root: that mount point counts as empty
+    if any(p.name != "lost+found" or not os.path.ismount(target) for p in target.iterdir()):
+        raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
+    free = shutil.disk_usage(target).free
+    if info.expanded > free:
+        raise CacheError(f"{target} has {free} bytes free, {archive} needs {info.expanded}; free space or import "
+                         "elsewhere")
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
+    try:
+        seen = _extract(archive, info, staging, limits)
         missing = sorted(name for name in set(info.files) - seen if not is_temporary(name))
         if missing:
             raise CacheError(f"{archive} is damaged: {missing[0]} is listed but missing; export it again")
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is read by whoever trains
-        if target.exists():
-            target.rmdir()
-        os.rename(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return ArchiveInfo(info.path, info.environment, info.files, cache_environment(target)[1])
-
-
-def _extract(archive: Path, info: ArchiveInfo, staging: Path) -> set[str]:
-    seen: set[str] = set()
-    with _open(archive) as tar:
         try:
+            environment, shapes = cache_environment(staging)
+        except CacheError:
+            raise CacheError(f"{archive} is damaged: its {MANIFEST} is missing, unreadable or holds several "
+                             "environments; export it again") from None
+        if environment != {"versions": info.environment["versions"], "compiler": info.environment["compiler"]}:
+            raise CacheError(f"{archive} is damaged: its {MANIFEST} records another environment than the archive; "
+                             "export it again")
+        _move_in(staging, target, info)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return shapes
+
+
+def _move_in(staging: Path, target: Path, info: ArchiveInfo) -> None:
+    """Rename the staged entries into the target (one filesystem), then write the marker that makes them one step;
+    on failure take back what was moved. (A kill -9 in between leaves the staging folder, which marks the import
+    unfinished.)"""
+    moved: list[Path] = []
+    try:
+        for entry in sorted(staging.iterdir()):
+            os.rename(entry, target / entry.name)
+            moved.append(target / entry.name)
+        write_atomic(target / IMPORT_MARKER, json.dumps({"archive": info.path, "files": len(info.files)}) + "\n")
+    except BaseException as exc:
+        for path in moved:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise CacheError(f"cannot finish the import into {target} ({exc.strerror}); nothing was imported, "
+                             "check the folder and import again") from None
+        raise
+
+
+def _extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) -> set[str]:
+    """Every file member, written under `staging` with its mode, checked against its checksum; never more bytes
+    than the archive declares or more members than the limit."""
+    seen: set[str] = set()
+    written = members = 0
+    try:
+        with _open(archive, _cap(limits)) as (tar, counted):
+            if _read_meta(tar, archive, limits) != info:
+                raise CacheError(f"{archive} changed while it was imported; import it again")
             for member in tar:
+                members += 1
+                if members > limits.max_files * 2:  # files and their folders
+                    raise CacheError(f"{archive} has more than {limits.max_files * 2} members; raise --max-files "
+                                     "if it is genuine")
                 relative = _member_path(member, archive)
                 if relative is None or is_temporary(relative):  # an older export may hold temporaries
                     continue
                 expected = info.files.get(relative)
                 if expected is None or relative in seen:
                     raise CacheError(f"{archive} is damaged: {relative} is not in its checksum list; export it again")
+                written += member.size
+                if written > info.expanded:
+                    raise CacheError(f"{archive} is damaged: its files expand beyond the {info.expanded} bytes it "
+                                     "declares; export it again")
                 destination = staging / relative
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 digest = hashlib.sha256()
@@ -232,7 +469,14 @@ def _extract(archive: Path, info: ArchiveInfo, staging: Path) -> set[str]:
                         out.write(chunk)
                 if digest.hexdigest() != expected:
                     raise CacheError(f"{archive} is damaged: {relative} does not match its checksum; export it again")
+                destination.chmod(member.mode & 0o777)  # compiled .so files keep their exec bit
                 seen.add(relative)
-        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-            raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+            counted.drain()
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # writing, not reading, failed
+            raise CacheError(f"{staging.parent} ran out of space importing {archive} ({exc.strerror}); free space "
+                             "or import elsewhere") from None
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+    except (tarfile.TarError, EOFError, ValueError) as exc:
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
     return seen

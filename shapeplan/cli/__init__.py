@@ -8,6 +8,7 @@ import click
 
 from .. import __version__
 from ..errors import ShapeplanError
+from .advise import advise_command
 from .analyze import analyze_command
 from .cache import cache_group
 from .doctor import doctor_command
@@ -35,6 +36,7 @@ def cli() -> None:
 
 
 cli.add_command(analyze_command)
+cli.add_command(advise_command)
 cli.add_command(warm_command)
 cli.add_command(verify_command)
 cli.add_command(cache_group)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..errors import UsageError
+from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..plan.model import METHODS
+from ..trainers import METHODS
 from .output import emit_plan, progress_bars_on_terminals_only
 
 
@@ -57,9 +60,11 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Plan afresh, neither reading nor writing the plan and row-length caches "
                    "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
+@click.option("--histogram", is_flag=True,
+              help="Also print a histogram of the data's token lengths per pad bucket (on stderr under --json).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
-                    no_cache: bool) -> None:
+                    no_cache: bool, histogram: bool) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -92,3 +97,13 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         if key is not None:
             plan_cache.store(key, plan)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
+    if histogram:
+        from ..adapters.row_lengths import KINDS, train_lengths
+        from ..advice_report import histogram as render_histogram
+
+        lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
+                                use_cache=not no_cache)
+        cap = plan.config.get("max_length") if method == "sft" else None
+        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, cap, what=KINDS[method]), err=as_json)
+    for caveat in caveats(plan, os.environ):
+        click.echo(f"warning: {caveat}", err=True)

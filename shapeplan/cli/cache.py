@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from .warm import DEVICES
+from ..cache.limits import DEFAULT_LIMITS, Limits
+from ..warm.backends import DEVICES
 
 
 @click.group("cache")
@@ -56,15 +57,27 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
 @click.option("--device", type=click.Choice(DEVICES), default=None,
               help="The compiler stack to check against. Default: the archive's.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
-def import_command(archive: str, cache_dir: str, device: str | None, as_json: bool) -> None:
+@click.option("--follow-symlink", is_flag=True, help="Import into DIR even if it is a symbolic link.")
+@click.option("--max-gib", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_LIMITS.max_bytes / 2**30,
+              show_default=True, help="Refuse an archive whose files expand to more than this.")
+@click.option("--max-files", type=click.IntRange(min=1), default=DEFAULT_LIMITS.max_files, show_default=True,
+              help="Refuse an archive holding more files than this.")
+@click.option("--max-metadata-mib", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_LIMITS.max_metadata / 2**20, show_default=True,
+              help="Refuse an archive whose metadata (checksum list) is larger than this.")
+def import_command(archive: str, cache_dir: str, device: str | None, as_json: bool, follow_symlink: bool,
+                   max_gib: float, max_files: int, max_metadata_mib: float) -> None:
     """Check ARCHIVE against this machine and extract it into DIR, all or nothing.
 
     Refused (nothing written) when its package versions or compiler settings differ from this machine's (exit
-    3), or when a file is missing, added or does not match its checksum, or a member would land outside DIR (1).
+    3), or when a file is missing, added or does not match its checksum, its manifest is unusable, a member would
+    land outside DIR, it exceeds the limits below, or another import is filling DIR (1).
     """
     from ..cache.archive import import_cache
 
-    info = import_cache(Path(archive), Path(cache_dir), device=device)
+    limits = Limits(max_bytes=int(max_gib * 2**30), max_files=max_files,
+                    max_metadata=int(max_metadata_mib * 2**20))
+    info = import_cache(Path(archive), Path(cache_dir), device=device, limits=limits, follow_symlink=follow_symlink)
     _emit(info, f"imported {_summary(info)} into {Path(cache_dir).resolve()}", as_json)
 
 

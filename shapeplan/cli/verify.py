@@ -18,10 +18,13 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     per shape whether anything compiled (cache misses). The cache dir is only read (it may be read-only): the run
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
-    from ..warm.runner import existing_cache_dir, scratch_view, warm
+    from ..cache.archive import refuse_incomplete_import
+    from ..warm.cachedir import existing_cache_dir, scratch_view
+    from ..warm.runner import warm
 
     backend, path = choose_backend(device, cache_dir)
     cache = existing_cache_dir(path)
+    refuse_incomplete_import(cache)
     with scratch_view(cache) as scratch:
         backend.prepare(scratch / "cache", scratch=scratch)
         quiet_libraries()

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..errors import PlanFileError, UsageError
+from ..errors import PlanFileError, ShapeplanError, UsageError
+from ..warm.backends import DEVICES
 from .analyze import run_options, split_run_arguments
-
-DEVICES = ("neuron", "cuda", "cpu")
 
 
 def device_option(command):  # type: ignore[no-untyped-def]
@@ -28,12 +29,14 @@ def device_option(command):  # type: ignore[no-untyped-def]
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir (created if needed, proven writable), set up before torch is imported (backends
-    read env vars at import)."""
-    from ..warm.runner import check_cache_dir
+    """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
+    created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
+    from ..cache.archive import refuse_incomplete_import
+    from ..warm.cachedir import check_cache_dir_can_exist
 
-    backend, path = choose_backend(device, cache_dir)
-    cache = check_cache_dir(path)
+    backend, cache = choose_backend(device, cache_dir)
+    check_cache_dir_can_exist(cache)
+    refuse_incomplete_import(cache)
     backend.prepare(cache)
     quiet_libraries()
     return backend, cache
@@ -42,10 +45,10 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from ..warm.backends import default_device, make_backend
-    from ..warm.runner import default_cache_dir
+    from ..warm.cachedir import default_cache_dir
 
     device = device or default_device()
-    return make_backend(device), Path(cache_dir) if cache_dir else default_cache_dir(device)
+    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
 
 
 def quiet_libraries() -> None:
@@ -54,6 +57,21 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
+    """Importing torch creates the compile cache dir named in its environment, before the run is known to be
+    valid: a refused command removes it again if it made it and nothing was written into it."""
+    existed = cache.exists()
+    try:
+        yield
+    except ShapeplanError:
+        if not existed:
+            for folder in sorted((p for p in [cache, *cache.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):  # not empty: keep it
+                    folder.rmdir()
+        raise
 
 
 def device_argv(argv: list[str], device: str) -> list[str]:
@@ -65,38 +83,43 @@ def device_argv(argv: list[str], device: str) -> list[str]:
     return ["--use_cpu", "false", *argv]
 
 
-def check_config(plan: Any, args: Any, argv: list[str]) -> None:
-    """The run described on the command line must be the one the plan was made for."""
+def check_config(plan: Any, args: Any, names: set[str]) -> None:
+    """The options named on the command line (`names`, TRL field names) must have the values the plan was made
+    with; the plan supplies every option not named."""
     from ..adapters.common import recorded_config
 
-    given = json.loads(json.dumps(recorded_config(args, argv), default=str))
+    given = json.loads(json.dumps(recorded_config(args, []), default=str))
     # the model first: with another model every other difference is beside the point
-    for name, value in sorted(given.items(), key=lambda item: (item[0] != "model_name_or_path", item[0])):
+    for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
         if name == "argv" or name not in plan.config:
             continue
-        if plan.config[name] != value:
-            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has {value!r}; "
-                                "re-create the plan with `shapeplan analyze ... -o PLAN` for this run")
+        if plan.config[name] != given[name]:
+            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
+                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
+                                "run", field=name, planned=plan.config[name], given=given[name])
 
 
 def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
              trl_args: tuple[str, ...], device: str) -> tuple[Any, Any]:
     """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
-    training option, the guide's example). The warmer comes first: a run it cannot warm is refused before
+    training option, the guide's example). With a plan, options given on the command line are checked against it
+    and the plan's own arguments supply the rest. The warmer comes first: a run it cannot warm is refused before
     planning, and before any model loads."""
     from ..adapters.grpo import with_guide_example
-    from ..adapters.trl_args import parse_training_args
+    from ..adapters.trl_args import given_options, parse_training_args
     from ..analyze import analyze
     from ..plan.io import load_plan
+    from ..warm.identity import check_plan_fits_model
     from ..warm.runner import make_warmer
 
-    described = bool(trl_args or model or split or eval_dataset)
     plan = None
+    named: set[str] = set()
     if plan_path is not None:
         plan = load_plan(plan_path)
         method = plan.method
-        argv = split_run_arguments(method, trl_args, model, split) if described else \
-            list(plan.config.get("argv", []))
+        given = split_run_arguments(method, trl_args, model, split)
+        named = given_options(given)
+        argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
     else:
         argv = split_run_arguments(method, trl_args, model, split)
     run_argv = device_argv(argv, device)
@@ -104,13 +127,14 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
     warmer = make_warmer(method, args)
     if plan is None:
         plan = analyze(method, argv, eval_source=eval_dataset)
-    elif described:
-        check_config(plan, args, argv)
+    elif named:
+        check_config(plan, args, named)
+    check_plan_fits_model(plan, args)
     return plan, warmer
 
 
 def render(report: Any, *, verify: bool) -> str:
-    from ..warm.runner import result_row
+    from ..warm.tracker import result_row
 
     lines = [result_row(r) for r in report.results]
     summary = report.to_dict()["summary"]
@@ -162,15 +186,18 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
+    from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
 
     backend, cache = prepare(device, cache_dir)
-    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    count = worker_count(workers, backend.device, worker_memory)
-    if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
-        raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of processes, "
-                         "whose ranks share the shapes; drop --workers")
+    with refused_leaves_no_cache_dir(cache):
+        plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
+        count = worker_count(workers, backend.device, worker_memory)
+        if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
+            raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
+                             "processes, whose ranks share the shapes; drop --workers")
+    check_cache_dir(cache)
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
@@ -180,12 +207,14 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 
 def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
     """The plan, written for the workers to read, warmed by `count` worker processes."""
+    import os
     import tempfile
 
-    from ..plan.io import write_plan
+    from ..plan.io import remove_stale, write_plan
     from ..warm.parallel import run_workers
 
-    with tempfile.TemporaryDirectory(prefix="shapeplan-workers-") as folder:
+    remove_stale(Path(tempfile.gettempdir()), "shapeplan-workers-")  # folders of killed warm-ups
+    with tempfile.TemporaryDirectory(prefix=f"shapeplan-workers-{os.getpid()}-") as folder:
         plan_file = Path(folder) / "plan.json"
         write_plan(plan, plan_file)
         return run_workers(plan_file, count=count, device=device, cache_dir=cache)

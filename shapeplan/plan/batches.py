@@ -8,14 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .counter import ShapeCounter
-from .model import Plan, PlanStats
+from .model import Method, Phase, Plan, PlanStats
 from .rows import BatchShape
 from .schedule import TrainLoop, micro_batches
 
 # rank -> batches -> row indices, for one epoch (train) or one pass (eval, precompute)
 RankBatches = Sequence[Sequence[Sequence[int]]]
 # row indices of one batch -> the (phase, shape) of every forward the trainer runs on it
-Forwards = Callable[[Sequence[int]], Sequence[tuple[str, BatchShape]]]
+Forwards = Callable[[Sequence[int]], Sequence[tuple[Phase, BatchShape]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,7 @@ class Pass:
 class RunInfo:
     """What a plan records besides its shapes."""
 
+    method: Method
     rows: int  # rows of the prepared train dataset
     pad_to_multiple_of: int | None
     dropped_rows: int = 0
@@ -43,7 +44,6 @@ class RunInfo:
 
 
 def plan_batches(
-    method: str,
     *,
     loop: TrainLoop,
     epoch_batches: Callable[[int], RankBatches],
@@ -85,7 +85,7 @@ def plan_batches(
         if evaluates:
             evaluations, eval_rows = len(p.steps), len(rows)
     return Plan(
-        method=method,
+        method=info.method,
         exact=info.exact,
         pad_to_multiple_of=info.pad_to_multiple_of,
         shapes=counter.shapes(),
@@ -99,7 +99,7 @@ def plan_batches(
     )
 
 
-def _add(counter: ShapeCounter, phase: str, shape: BatchShape, step: int, count: int) -> None:
+def _add(counter: ShapeCounter, phase: Phase, shape: BatchShape, step: int, count: int) -> None:
     counter.add(phase, shape.batch, shape.seq, step, count=count,
                 cu_seq_lens=shape.cu_seq_lens, max_length_q=shape.max_length_q,
                 completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows, unpadded=shape.unpadded)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model import PHASES, Shape
+from .model import PHASES, Phase, Shape, ShapeKey
 
 
 @dataclass(slots=True)
@@ -24,11 +24,11 @@ class ShapeCounter:
     """Counts each distinct shape and remembers the first step that met it."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[object, ...], _Entry] = {}
+        self._entries: dict[ShapeKey, _Entry] = {}
 
     def add(
         self,
-        phase: str,
+        phase: Phase,
         batch: int,
         seq: int,
         step: int,
@@ -44,7 +44,7 @@ class ShapeCounter:
         chosen_rows: int | None = None,
         unpadded: bool = False,
     ) -> None:
-        key = (phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
+        key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(count=0, first_step=step, certain=certain)
@@ -66,15 +66,15 @@ class ShapeCounter:
     def shapes(self) -> tuple[Shape, ...]:
         out = [
             Shape(
-                phase=key[0],  # type: ignore[arg-type]
-                batch=key[1],  # type: ignore[arg-type]
-                seq=key[2],  # type: ignore[arg-type]
+                phase=key.phase,
+                batch=key.batch,
+                seq=key.seq,
                 count=e.count,
                 first_step=e.first_step,
                 certain=e.certain,
-                cache_len=key[3],  # type: ignore[arg-type]
-                max_new_tokens=key[4],  # type: ignore[arg-type]
-                logits_to_keep=key[5],  # type: ignore[arg-type]
+                cache_len=key.cache_len,
+                max_new_tokens=key.max_new_tokens,
+                logits_to_keep=key.logits_to_keep,
                 cu_seq_lens=tuple(sorted(e.cu_seq_lens)),
                 max_length_q=tuple(sorted(e.max_length_q)),
                 varlen_pairs=tuple(sorted(e.varlen_pairs)),

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
-from .model import Plan
+from .model import Phase, Plan
 from .preference import PairedRows, completion_tokens, stacked_batch
 from .rows import BatchShape
 from .schedule import TrainLoop
@@ -40,22 +40,22 @@ def plan_dpo(
     precompute_batches: RankBatches = (),
     eval_precompute_batches: RankBatches = (),
 ) -> Plan:
-    def forwards(rows: PairedRows, phases: tuple[str, ...]) -> Forwards:
-        def run(batch: Sequence[int]) -> list[tuple[str, BatchShape]]:
+    def forwards(rows: PairedRows, phases: tuple[Phase, ...]) -> Forwards:
+        def run(batch: Sequence[int]) -> list[tuple[Phase, BatchShape]]:
             shape = stacked_batch(rows, batch, info.pad_to_multiple_of, layout.max_length)
             # the policy's step computes the metrics that select completion tokens; the reference forwards do not
             policy = replace(shape, completion_tokens=_completion_counts(rows, batch, layout))
             return [(phase, policy if phase in ("train", "eval") else shape) for phase in phases]
         return run
 
-    train_phases = ("train",) if layout.precompute_ref else ("train", "ref")
+    train_phases: tuple[Phase, ...] = ("train",) if layout.precompute_ref else ("train", "ref")
     passes = []
     if layout.precompute_ref:
         passes.append(Pass(precompute_batches, (0,), forwards(train_rows, ("ref_precompute",))))
     if eval_rows is not None:
-        eval_phases = ("eval",) if layout.precompute_ref else ("eval", "eval_ref")
+        eval_phases: tuple[Phase, ...] = ("eval",) if layout.precompute_ref else ("eval", "eval_ref")
         passes.append(Pass(eval_batches, tuple(eval_steps), forwards(eval_rows, eval_phases)))
         if layout.precompute_ref:
             passes.append(Pass(eval_precompute_batches, (0,), forwards(eval_rows, ("ref_precompute",))))
-    return plan_batches("dpo", loop=loop, epoch_batches=epoch_batches,
+    return plan_batches(loop=loop, epoch_batches=epoch_batches,
                         train_forwards=forwards(train_rows, train_phases), passes=passes, info=info)

@@ -13,15 +13,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .batches import RankBatches
 from .buckets import round_up
 from .counter import ShapeCounter
-from .model import Plan, PlanStats, Shape
+from .model import GENERATE_PHASES, Method, Phase, Plan, PlanStats, Shape
 from .schedule import TrainLoop, micro_batches
-
-# rank -> batches -> row indices, for one epoch (train) or one pass (eval)
-RankBatches = Sequence[Sequence[Sequence[int]]]
-
-GENERATE_PHASES = ("generate", "eval_generate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +38,9 @@ class GenerationLayout:
     max_new_tokens: int
     static_cache: bool
     max_cache_len: int | None  # generation_config.max_cache_len: a floor for the static cache length
-    round_forwards: tuple[str, ...]
+    round_forwards: tuple[Phase, ...]
     eval_batch_size: int  # per_device_eval_batch_size: the chunk size of the eval batches' no-grad forwards
-    eval_forwards: tuple[str, ...]
+    eval_forwards: tuple[Phase, ...]
 
     @property
     def generate_every(self) -> int:
@@ -97,19 +93,19 @@ class _Counting:
         self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
         self.certain = len(self.buckets) == 1
 
-    def forwards(self, phase: str, rows: int, prompt_bucket: int, step: int) -> None:
+    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int) -> None:
         for completion in self.buckets:
             self.counter.add(phase, rows, prompt_bucket + completion, step, certain=self.certain,
                              logits_to_keep=completion)
 
-    def generate(self, phase: str, rows: int, prompt_bucket: int, cache_len: int | None, step: int) -> None:
+    def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache_len: int | None, step: int) -> None:
         self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len,
                          max_new_tokens=self.layout.max_new_tokens)
 
 
 def plan_generation(
     *,
-    method: str,
+    method: Method,
     prompt_lengths: Sequence[int],
     layout: GenerationLayout,
     loop: TrainLoop,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlanFileError
-from .model import Plan, PlanStats, Shape
+from .model import METHODS, PHASES, Plan, PlanStats, Shape
 
 PLAN_SCHEMA = 1
 
@@ -63,62 +66,187 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def plan_from_dict(data: dict[str, Any]) -> Plan:
+# Bounds no real run reaches; beyond them a value is a typo or an attack (a 10^9-token seq exhausts host memory).
+_MAX_SEQ = 1 << 24
+_MAX_BATCH = 1 << 20
+_MAX_COUNT = 1 << 62
+
+
+def _malformed(where: str, problem: str, value: Any = None) -> PlanFileError:
+    return PlanFileError(f"malformed plan: {where} {problem}; re-create it with `shapeplan analyze -o PLAN`",
+                         field=where, value=value)
+
+
+def _int(value: Any, where: str, low: int, high: int = _MAX_COUNT) -> int:
+    """A JSON integer (not a bool, float or string) in [low, high]."""
+    if type(value) is not int:
+        raise _malformed(where, f"must be an integer, not {type(value).__name__}", value)
+    if not low <= value <= high:
+        shown = value if abs(value) < 10 ** 30 else f"a {len(str(abs(value)))}-digit number"
+        raise _malformed(where, f"is {shown}, outside {low}..{high}", value)
+    return value
+
+
+def _ints(value: Any, where: str, low: int, high: int = _MAX_COUNT) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _malformed(where, f"must be a list of integers, not {type(value).__name__}")
+    return tuple(_int(v, f"{where}[{i}]", low, high) for i, v in enumerate(value))
+
+
+def _optional_int(value: Any, where: str, low: int) -> int | None:
+    return None if value is None else _int(value, where, low, _MAX_SEQ)
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _malformed(where, f"must be a {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
+    _typed(s, dict, where)
+    for name in ("phase", "batch", "seq", "count", "first_step"):
+        if name not in s:
+            raise _malformed(where, f"has no {name!r}")
+    phase = s["phase"]
+    if phase not in PHASES:
+        raise _malformed(f"{where}.phase", f"is {phase!r}, not one of {', '.join(PHASES)}")
+    seq = _int(s["seq"], f"{where}.seq", 1, _MAX_SEQ)
+    if multiple is not None and seq % multiple:
+        raise _malformed(f"{where}.seq", f"is {seq}, not a multiple of the plan's pad_to_multiple_of {multiple}", seq)
+    pairs = s.get("varlen_pairs", [])
+    if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+        raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
+    return Shape(
+        phase=phase,
+        batch=_int(s["batch"], f"{where}.batch", 1, _MAX_BATCH),
+        seq=seq,
+        count=_int(s["count"], f"{where}.count", 1),
+        first_step=_int(s["first_step"], f"{where}.first_step", 0),
+        certain=_typed(s.get("certain", True), bool, f"{where}.certain"),
+        cache_len=_optional_int(s.get("cache_len"), f"{where}.cache_len", 1),
+        max_new_tokens=_optional_int(s.get("max_new_tokens"), f"{where}.max_new_tokens", 1),
+        logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),
+        cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, _MAX_SEQ),
+        max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, _MAX_SEQ),
+        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, _MAX_SEQ),
+                            _int(q, f"{where}.varlen_pairs", 1, _MAX_SEQ)) for c, q in pairs),
+        unpadded=_int(s.get("unpadded", 0), f"{where}.unpadded", 0),
+        completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
+        chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
+    )
+
+
+def plan_from_dict(data: Any) -> Plan:
+    """The plan `data` describes, every field checked for type, sign and range."""
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PlanFileError(f"not a shapeplan plan (schema {found!r}, expected {PLAN_SCHEMA}); "
                             "write one with `shapeplan analyze ... -o PLAN`")
-    try:
-        shapes = tuple(
-            Shape(
-                phase=s["phase"],
-                batch=int(s["batch"]),
-                seq=int(s["seq"]),
-                count=int(s["count"]),
-                first_step=int(s["first_step"]),
-                certain=bool(s.get("certain", True)),
-                cache_len=s.get("cache_len"),
-                max_new_tokens=s.get("max_new_tokens"),
-                logits_to_keep=s.get("logits_to_keep"),
-                cu_seq_lens=tuple(s.get("cu_seq_lens", ())),
-                max_length_q=tuple(s.get("max_length_q", ())),
-                varlen_pairs=tuple((int(c), int(q)) for c, q in s.get("varlen_pairs", ())),
-                unpadded=int(s.get("unpadded", 0)),
-                completion_tokens=tuple(s.get("completion_tokens", ())),
-                chosen_rows=tuple(s.get("chosen_rows", ())),
-            )
-            for s in data["shapes"]
-        )
-        st = data["stats"]
-        stats = PlanStats(rows=st["rows"], dropped_rows=st["dropped_rows"], micro_batches=st["micro_batches"],
-                          optimizer_steps=st["optimizer_steps"], tokens=st["tokens"],
-                          padded_tokens=st["padded_tokens"], evaluations=int(st.get("evaluations", 0)),
-                          eval_rows=int(st.get("eval_rows", 0)))
-        return Plan(
-            method=data["method"],
-            exact=bool(data["exact"]),
-            pad_to_multiple_of=data["pad_to_multiple_of"],
-            shapes=shapes,
-            stats=stats,
-            config=dict(data.get("config", {})),
-            versions=dict(data.get("versions", {})),
-            fingerprint=dict(data.get("fingerprint", {})),
-            warnings=tuple(data.get("warnings", ())),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanFileError(f"malformed plan: {exc!r} is missing or invalid; re-create it with `shapeplan analyze`") \
-            from exc
+    for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes"):
+        if name not in data:
+            raise _malformed("the plan", f"has no {name!r}")
+    method = data["method"]
+    if method not in METHODS:
+        raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")
+    multiple = data["pad_to_multiple_of"]
+    if multiple is not None:
+        multiple = _int(multiple, "pad_to_multiple_of", 1, _MAX_SEQ)
+    shape_list = _typed(data["shapes"], list, "shapes")
+    if not shape_list:
+        raise _malformed("shapes", "is empty: a plan lists at least one shape")
+    shapes = tuple(_shape_from_dict(s, f"shapes[{i}]", multiple) for i, s in enumerate(shape_list))
+    seen: dict[tuple[Any, ...], int] = {}
+    for i, shape in enumerate(shapes):
+        if shape.key in seen:
+            raise _malformed(f"shapes[{i}]", f"repeats shapes[{seen[shape.key]}] ({shape.phase} {shape.batch}x"
+                             f"{shape.seq})")
+        seen[shape.key] = i
+    st = _typed(data["stats"], dict, "stats")
+    for name in ("rows", "dropped_rows", "micro_batches", "optimizer_steps", "tokens", "padded_tokens"):
+        if name not in st:
+            raise _malformed("stats", f"has no {name!r}")
+    stats = PlanStats(**{name: _int(st[name], f"stats.{name}", 0) for name in (
+        "rows", "dropped_rows", "micro_batches", "optimizer_steps", "tokens", "padded_tokens")},
+        evaluations=_int(st.get("evaluations", 0), "stats.evaluations", 0),
+        eval_rows=_int(st.get("eval_rows", 0), "stats.eval_rows", 0))
+    warnings = _typed(data.get("warnings", []), list, "warnings")
+    if not all(isinstance(w, str) for w in warnings):
+        raise _malformed("warnings", "must be a list of strings")
+    return Plan(
+        method=method,
+        exact=_typed(data["exact"], bool, "exact"),
+        pad_to_multiple_of=multiple,
+        shapes=shapes,
+        stats=stats,
+        config=dict(_typed(data.get("config", {}), dict, "config")),
+        versions=dict(_typed(data.get("versions", {}), dict, "versions")),
+        fingerprint=dict(_typed(data.get("fingerprint", {}), dict, "fingerprint")),
+        warnings=tuple(warnings),
+    )
 
 
 def dumps(plan: Plan) -> str:
     return json.dumps(plan_to_dict(plan), indent=2) + "\n"
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale(directory: Path, prefix: str) -> None:
+    """Remove what processes that died before cleaning up left in `directory`: entries named `prefix` + their pid
+    + "." or "-" + anything (see `temp_file`), whose process is gone."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        match = re.match(r"(\d+)[.-]", path.name[len(prefix):]) if path.name.startswith(prefix) else None
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def temp_file(target: Path) -> tuple[int, str]:
+    """A new temporary file next to `target` (fd, path), to be renamed onto it: named after this process so that
+    the next writer of `target` removes it if this process is killed first, and with the mode a plain open()
+    gives (mkstemp's 0600 would keep a cache baked by root from the training user)."""
+    directory = target.parent if str(target.parent) else Path(".")
+    remove_stale(directory, f".{target.name}.")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the new one, never a partial one."""
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    fd, tmp = temp_file(target)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -143,9 +271,32 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     except OSError as exc:
         raise PlanFileError(f"cannot read plan {path}: {exc.strerror}; pass a file written by "
                             "`shapeplan analyze -o`") from exc
+    except UnicodeDecodeError as exc:
+        raise PlanFileError(f"plan {path} is not UTF-8 text (byte {exc.start}); re-create it with "
+                            "`shapeplan analyze -o`") from exc
     try:
-        data = json.loads(text)
+        data = strict_json(text)
     except json.JSONDecodeError as exc:
         raise PlanFileError(f"plan {path} is not valid JSON (line {exc.lineno}); re-create it with "
                             "`shapeplan analyze -o`") from exc
+    except ValueError as exc:  # a duplicate key, NaN/Infinity, or an integer too long to convert
+        raise PlanFileError(f"plan {path} is not valid plan JSON ({exc}); re-create it with "
+                            "`shapeplan analyze -o`") from exc
     return plan_from_dict(data)
+
+
+def strict_json(text: str) -> Any:
+    """JSON as the standard defines it: ValueError on a duplicate key or NaN/Infinity (which Python accepts)."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"duplicate key {key!r}")
+            out[key] = value
+        return out
+
+    return json.loads(text, parse_constant=constant, object_pairs_hook=unique)

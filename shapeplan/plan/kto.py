@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
-from .model import Plan
+from .model import Phase, Plan
 from .preference import completion_tokens, padded_rows
 from .rows import BatchShape
 from .schedule import TrainLoop
@@ -53,8 +53,8 @@ def plan_kto(
     precompute_batches: RankBatches = (),
     eval_precompute_batches: RankBatches = (),
 ) -> Plan:
-    def forwards(rows: UnpairedRows, *, main: tuple[str, ...], kl: tuple[str, ...]) -> Forwards:
-        def run(batch: Sequence[int]) -> list[tuple[str, BatchShape]]:
+    def forwards(rows: UnpairedRows, *, main: tuple[Phase, ...], kl: tuple[Phase, ...]) -> Forwards:
+        def run(batch: Sequence[int]) -> list[tuple[Phase, BatchShape]]:
             shape = padded_rows([rows.lengths[i] for i in batch], info.pad_to_multiple_of, layout.max_length)
             # the policy's step selects the desirable rows and the completion tokens of each kind for its loss and
             # metrics; the reference forwards do not
@@ -81,4 +81,4 @@ def plan_kto(
         if layout.precompute_ref:
             passes.append(Pass(eval_precompute_batches, (0,), forwards(eval_rows, main=("ref_precompute",),
                                                                        kl=("ref_precompute",))))
-    return plan_batches("kto", loop=loop, epoch_batches=epoch_batches, train_forwards=train, passes=passes, info=info)
+    return plan_batches(loop=loop, epoch_batches=epoch_batches, train_forwards=train, passes=passes, info=info)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, get_args
 
+# The TRL methods shapeplan knows; shapeplan.trainers holds what it knows about each.
 Method = Literal["sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"]
-METHODS: tuple[str, ...] = ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")
 
 # What the model runs on a shape. `train` is forward + backward; every other phase is a no-grad forward
 # (`generate` and `eval_generate`: a static-cache `generate` call). `eval_*` phases run inside the eval loop, so
@@ -15,10 +15,22 @@ Phase = Literal[
     "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
     "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 ]
-PHASES: tuple[str, ...] = (
-    "train", "eval", "generate", "eval_generate", "old_logprob", "ref", "eval_ref", "ref_precompute", "kl", "eval_kl",
-    "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
-)
+PHASES: tuple[Phase, ...] = get_args(Phase)  # in report order
+METHODS: tuple[Method, ...] = get_args(Method)  # shapeplan.trainers holds one TrainerSpec for each
+
+# The phases that are a static-cache `generate` call (train side and eval side): a generate size each.
+GENERATE_PHASES: tuple[Phase, ...] = ("generate", "eval_generate")
+
+
+class ShapeKey(NamedTuple):
+    """What makes two shapes the same compiled graph: the phase, the dimensions and the generate sizes."""
+
+    phase: Phase
+    batch: int
+    seq: int
+    cache_len: int | None = None
+    max_new_tokens: int | None = None
+    logits_to_keep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +52,7 @@ class Shape:
     undesirable rows), and `chosen_rows`: the numbers of desirable rows its batches had, which KTO's loss selects.
     """
 
-    phase: str
+    phase: Phase
     batch: int
     seq: int
     count: int
@@ -57,9 +69,8 @@ class Shape:
     chosen_rows: tuple[int, ...] = ()
 
     @property
-    def key(self) -> tuple[Any, ...]:
-        """What makes two entries the same compiled graph (phase, dimensions and generate sizes)."""
-        return (self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep)
+    def key(self) -> ShapeKey:
+        return ShapeKey(self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +101,7 @@ class Plan:
     `fingerprint` identifies the model, tokenizer and data the plan was made from.
     """
 
-    method: str
+    method: Method
     exact: bool
     pad_to_multiple_of: int | None
     shapes: tuple[Shape, ...]
@@ -100,7 +111,7 @@ class Plan:
     fingerprint: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
-    def by_phase(self, phase: str) -> tuple[Shape, ...]:
+    def by_phase(self, phase: Phase) -> tuple[Shape, ...]:
         return tuple(s for s in self.shapes if s.phase == phase)
 
     @property

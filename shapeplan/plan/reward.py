@@ -26,6 +26,6 @@ def plan_reward(
     if eval_rows is not None:
         passes.append(Pass(eval_batches, tuple(eval_steps),
                            lambda batch: [("eval", stacked_batch(eval_rows, batch, multiple))]))
-    return plan_batches("reward", loop=loop, epoch_batches=epoch_batches,
+    return plan_batches(loop=loop, epoch_batches=epoch_batches,
                         train_forwards=lambda batch: [("train", stacked_batch(train_rows, batch, multiple))],
                         passes=passes, info=info)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from .batches import Forwards, Pass, RankBatches, RunInfo, plan_batches
 from .counter import ShapeCounter, shape_sort_key
-from .model import Plan
+from .model import Phase, Plan
 from .rows import BatchShape, Rows, padded_batch, padding_free_batch, reachable_seqs
 from .schedule import TrainLoop, micro_batches
 
@@ -28,7 +28,7 @@ class SFTLayout:
         seqs = reachable_seqs(rows, size, self.pad_to_multiple_of, padding_free=self.padding_free)
         return tuple((1 if self.padding_free else size, seq) for seq in seqs)
 
-    def forwards(self, rows: Rows, phase: str) -> Forwards:
+    def forwards(self, rows: Rows, phase: Phase) -> Forwards:
         """SFT runs one forward per batch: the model on the collated batch."""
         return lambda batch: [(phase, self.shape(rows, batch))]
 
@@ -75,7 +75,7 @@ def plan_sft(
     """The SFT plan. `info.exact=False`: `epoch_batches` is one order the sampler can draw, not the run's; the train
     shapes are then the bound of `bound_train` and the token counts those of that order."""
     passes = [] if eval_rows is None else [Pass(eval_batches, tuple(eval_steps), layout.forwards(eval_rows, "eval"))]
-    plan = plan_batches("sft", loop=loop, epoch_batches=epoch_batches,
+    plan = plan_batches(loop=loop, epoch_batches=epoch_batches,
                         train_forwards=layout.forwards(train_rows, "train"), passes=passes, info=info)
     if info.exact:
         return plan

@@ -1,8 +1,8 @@
 """The Distillation warmer: the real `DistillationTrainer` (student and teacher), built as `trl distillation` builds
-it, trains through `Trainer.train()` on synthetic prompts, warmed as GRPO is (shapeplan/warm/grpo.py): one task per
-planned `generate` size, its rounds decoding to the full max_completion_length, running TRL's post-processing for
-every generated length, and one round per planned completion bucket C, whose micro-steps run the student (`train`)
-and teacher (`teacher`) forwards on (B, P + C).
+it, trains through `Trainer.train()` on synthetic prompts, warmed as GRPO is (shapeplan/warm/generation.py): one
+task per planned `generate` size, its rounds decoding to the full max_completion_length, running TRL's
+post-processing for every generated length, and one round per planned completion bucket C, whose micro-steps run
+the student (`train`) and teacher (`teacher`) forwards on (B, P + C).
 
 What differs from GRPO is the trainer's own: one generation per prompt, a generation batch of B * GA prompts trained
 for GA micro-steps, no reward functions, and the teacher built from --teacher_model_name_or_path.
@@ -12,16 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .grpo import GenerationWarmer
+from ..plan.model import Phase
+from ..trainers import trainer_spec
+from .generation import GenerationWarmer
 
 # The forwards of a round; eval-side phases (eval_generate, eval, eval_teacher) are refused as for GRPO.
-ROUND_PHASES = ("train", "teacher")
+ROUND_PHASES: tuple[Phase, ...] = ("train", "teacher")
 
 
 class DistillationWarmer(GenerationWarmer):
     """Warms Distillation shapes with `DistillationTrainer` (see the module docstring)."""
 
     round_phases = ROUND_PHASES
+
+    def _reward_functions(self) -> list[Any]:
+        return []  # the teacher's log-probabilities are the signal
 
     def _generations_per_prompt(self) -> int:
         return 1
@@ -38,7 +43,7 @@ class DistillationWarmer(GenerationWarmer):
                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
         teacher_init_kwargs.update(cfg.teacher_model_init_kwargs or {})
         cfg.teacher_model_init_kwargs = teacher_init_kwargs
-        return trl.DistillationTrainer(
+        return trainer_spec(self.method).trainer()(
             model=model_args.model_name_or_path,
             teacher_model=cfg.teacher_model_name_or_path,
             args=cfg,

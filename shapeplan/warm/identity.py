@@ -1,14 +1,21 @@
-"""What every warmer checks and loads the same way: the run's tokenizer, and that a plan was made for this run."""
+"""What every warmer checks and loads the same way: the run's tokenizer, that a plan was made for this run, and the
+run's environment (the manifest key)."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanFileError
+from ..host import installed_versions
 from ..plan.model import Plan
 
+if TYPE_CHECKING:
+    from ..adapters.trl_args import TrainingArgs
 
-def load_run_tokenizer(args: Any) -> Any:
+
+def load_run_tokenizer(args: TrainingArgs) -> Any:
     """The tokenizer of the run's model, loaded as the planning adapters load it."""
     from ..adapters.data import load_tokenizer
 
@@ -26,3 +33,55 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
     if planned is not None and planned != tokenizer_fingerprint(tokenizer):
         raise PlanFileError(f"the plan was made with another tokenizer than {model}'s; re-create it with "
                             f"`shapeplan analyze ... --model {model} -o PLAN`")
+
+
+def check_plan_fits_model(plan: Plan, args: Any) -> None:
+    """Every planned sequence must fit the model's position embeddings (when its config states them)."""
+    from transformers import AutoConfig
+
+    model = args.model.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(model, revision=args.model.model_revision,
+                                            trust_remote_code=bool(args.training.trust_remote_code))
+    except (OSError, ValueError):  # no readable config here: loading the model reports it, with its own fix
+        return
+    limit = getattr(config, "max_position_embeddings", None)
+    longest = max(plan.shapes, key=lambda s: s.seq)
+    if isinstance(limit, int) and longest.seq > limit:
+        raise PlanFileError(f"the plan has a {longest.phase} shape of seq {longest.seq}, beyond {model}'s "
+                            f"max_position_embeddings {limit}; re-create the plan with a --max_length that fits")
+
+
+# Config fields that never change what is compiled (paths, logging, schedule lengths, data choice, batch sizes,
+# which the shapes carry). Everything else enters the config hash: a change there means re-warming.
+_NOT_COMPILED = {
+    "output_dir", "overwrite_output_dir", "run_name", "report_to", "seed", "data_seed", "num_train_epochs",
+    "max_steps", "learning_rate", "resume_from_checkpoint", "disable_tqdm", "do_train", "do_eval", "do_predict",
+    "per_device_train_batch_size", "per_device_eval_batch_size", "eval_strategy", "eval_steps", "eval_delay",
+    "eval_on_start", "eval_packing", "train_sampling_strategy", "shuffle_dataset", "load_best_model_at_end",
+    "metric_for_best_model", "greater_is_better", "ignore_data_skip", "skip_memory_metrics", "dataset_num_proc",
+    "dataset_text_field", "dataset_kwargs", "logging_dir", "project", "trackio_space_id", "use_cpu",
+}
+_NOT_COMPILED_PREFIXES = ("logging_", "save_", "hub_", "push_to_hub", "warmup_", "lr_scheduler", "dataloader_",
+                          "include_")
+# The section the hashed training config sits under, for every method: the name is part of the manifest key, so
+# it stays what the first (SFT) warmer wrote, or every existing cache would stop matching.
+_CONFIG_SECTION = "sft"
+
+
+def environment(args: TrainingArgs) -> dict[str, Any]:
+    """What besides the backend shapes the compiled code of the run `args` (its TrainingArgs): method, model,
+    dtype, world size, versions and a hash of the config. It keys the manifest: keep its value stable."""
+    config, model_args = args.training, args.model
+    values = {k: v for k, v in config.to_dict().items()
+              if k not in _NOT_COMPILED and not k.startswith(_NOT_COMPILED_PREFIXES)}
+    model = {k: v for k, v in vars(model_args).items() if k != "model_name_or_path"}
+    hashed = {_CONFIG_SECTION: values, "model": model}
+    return {
+        "method": args.method,
+        "model": model_args.model_name_or_path,
+        "dtype": {"model": str(model_args.dtype), "bf16": bool(config.bf16), "fp16": bool(config.fp16)},
+        "world_size": args.num_processes,
+        "versions": installed_versions(("torch", "trl", "transformers", "accelerate")),
+        "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16],
+    }

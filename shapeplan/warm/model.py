@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # compiled: something was compiled; cached: it ran and everything came from the cache; failed: it raised;
 # skipped: the manifest already records it as warmed in the same environment.
 STATUSES: tuple[str, ...] = ("compiled", "cached", "failed", "skipped")
+
+
+class Task(Protocol):
+    """What the runner, the tracker and the report need of a warmer's task (a `WarmTask`, or the generation
+    warm-up's `GenerateTask`): a planned shape, and its stable id in the manifest."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +78,12 @@ class WarmTask:
 class WarmResult:
     """What happened to one task: status, wall seconds and the compile counters' change while it ran."""
 
-    task: WarmTask
+    task: Task
     status: str
     seconds: float
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    steady_seconds: float | None = None  # one micro-batch run again after compiling (`shapeplan advise --calibrate`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +95,13 @@ class ManifestEntry:
     status: str
     seconds: float
     counters: dict[str, int] = field(default_factory=dict)
+    steady_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+        out = {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+        if self.steady_seconds is not None:
+            out["steady_seconds"] = round(self.steady_seconds, 4)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
-"""The DPO, KTO and Reward warmers: the real trainers, built as `trl dpo|kto|reward` build them,
-train on synthetic prepared rows through `Trainer.train()`, with the SFT warmer's loop (fixed batches, per-shape
-accounting, the eval pass carried by `eval_on_start`).
+"""The DPO, KTO and Reward warmers: the real trainers, built as `trl dpo|kto|reward` build them, train on synthetic
+prepared rows through `Trainer.train()`, with the trainer-loop warm-up (shapeplan/warm/trainer_loop.py: fixed
+batches, per-shape accounting, the eval pass carried by `eval_on_start`).
 
 The DPO and Reward collators stack a batch's chosen sequences, then its rejected ones, and pad them together: a
 planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic layout of that shape. DPO's step
@@ -13,14 +13,15 @@ pass (the runner refuses such a plan) and Reward's optional `margin` column.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .identity import load_run_tokenizer
+from ..plan.model import Phase, Plan
 from .model import WarmTask
-from .sft import SFTWarmer, script_config
 from .synthetic import SyntheticBatch, padded_batches, token_ids
+from .trainer_loop import TrainerLoopWarmer
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +59,26 @@ def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> Paired
     return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:]))))
 
 
-class _PreferenceWarmer(SFTWarmer):
+def taking_prepared_rows(trainer: Any) -> Any:
+    """A subclass of TRL's `trainer` that takes the synthetic rows as `_prepare_dataset`'s output (DPO and KTO have
+    no option to skip their preparation)."""
+
+    class Prepared(trainer):  # type: ignore[misc]  # TRL's class, known at run time only
+        def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+            return dataset
+
+    Prepared.__name__ = Prepared.__qualname__ = f"Prepared{trainer.__name__}"
+    return Prepared
+
+
+class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
     """What DPO and Reward share: paired rows, two sequences per row, no padding-free batches."""
 
+    # TRL 1.16's preference collators always pad (DPO's padding_free falls back to padding): the base's
+    # `_padding_free` (False) holds.
     rows_per_example = 2
-    trainer_class = ""  # the TRL trainer's name
 
-    def _padding_free(self) -> bool:
-        return False  # TRL 1.16's preference collators always pad (DPO's padding_free falls back to padding)
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = load_run_tokenizer(self.args)
-        return self._tokenizer
-
-    def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
+    def layouts(self, task: WarmTask) -> list[PairedBatch]:
         """The task's padded layouts (with padding, and without where reachable), none longer than max_length:
         the plan's seq is at most R(max_length), so capping keeps the batch's length."""
         cap = self.config.max_length
@@ -83,7 +88,7 @@ class _PreferenceWarmer(SFTWarmer):
             out.append(paired_layouts(SyntheticBatch(lengths)))
         return out
 
-    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:  # type: ignore[override]
+    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:
         """One eval pass shaped as the real one: `per_pass` batches of each shape, the short last batch at the end
         (the loop concatenates the losses batch by batch, and their sizes are ops of their own). The real pass
         meets at most two completion-token counts per batch, so the counted batches fit; padded layouts fill the
@@ -95,49 +100,23 @@ class _PreferenceWarmer(SFTWarmer):
             out += [(task, layouts[i % len(layouts)]) for i in range(task.per_pass)]
         return out
 
-    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
-        """One prepared dataset row with these token counts."""
-        raise NotImplementedError
+    @abstractmethod
+    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
+        """One prepared dataset row with these token counts (a `PairedBatch` row)."""
 
-    def rows(self, batches: Sequence[PairedBatch]) -> tuple[  # type: ignore[override]
-            list[dict[str, Any]], list[list[int]]]:
+    def rows(self, batches: Sequence[PairedBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
         rows: list[dict[str, Any]] = []
         index: list[list[int]] = []
         for batch in batches:
             index.append(list(range(len(rows), len(rows) + len(batch.rows))))
-            rows += [self.example(*counts, offset=len(rows) + i) for i, counts in enumerate(batch.rows)]
+            rows += [self.example(counts, offset=len(rows) + i) for i, counts in enumerate(batch.rows)]
         return rows, index
-
-    def trainer_type(self) -> Any:
-        import trl
-
-        return getattr(trl, self.trainer_class)
-
-    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
-        """The trainer as `trl <method>`'s main() builds it, on already prepared synthetic rows."""
-        import datasets
-        from transformers import PrinterCallback
-        from trl import get_peft_config, get_quantization_config
-
-        script_config(self.config, self.args.model)
-        trainer = self.trainer_type()(
-            model=self.args.model.model_name_or_path,
-            args=self.config,
-            train_dataset=datasets.Dataset.from_list(train_rows),
-            eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
-            quantization_config=get_quantization_config(self.args.model),
-            peft_config=get_peft_config(self.args.model),
-        )
-        trainer.remove_callback(PrinterCallback)  # it prints every log dict; the warm-up reports for itself
-        return trainer
 
 
 class DPOWarmer(_PreferenceWarmer):
-    method = "dpo"
-    trainer_class = "DPOTrainer"
     inner_phases = {"ref": "train", "eval_ref": "eval"}
 
-    def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
+    def layouts(self, task: WarmTask) -> list[PairedBatch]:
         """One batch per two planned completion-token counts (chosen half, rejected half), as long as the padded
         layout's longest row (or `seq` where the counts need full rows), then the padded layouts."""
         padded = super().layouts(task)
@@ -149,21 +128,14 @@ class DPOWarmer(_PreferenceWarmer):
             counted.append(batch or counted_batch(len(padded[0].rows), task.seq, chosen, rejected))
         return [b for b in counted if b is not None] + padded
 
-    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
+    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
+        prompt, chosen, rejected = counts
         vocab = self.tokenizer.vocab_size
         return {"prompt_ids": token_ids(prompt, vocab, offset), "chosen_ids": token_ids(chosen, vocab, offset + 1),
                 "rejected_ids": token_ids(rejected, vocab, offset + 2)}
 
     def trainer_type(self) -> Any:
-        from trl import DPOTrainer
-
-        class PreparedDPOTrainer(DPOTrainer):
-            """Takes the synthetic rows as `_prepare_dataset`'s output (DPO has no option to skip it)."""
-
-            def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
-                return dataset
-
-        return PreparedDPOTrainer
+        return taking_prepared_rows(super().trainer_type())
 
 
 def kto_batch(rows: int, longest: int, kl_longest: int | None, desirable: int, counts: tuple[int, int]
@@ -205,24 +177,23 @@ class KTOWarmer(_PreferenceWarmer):
     `kl` (`eval_kl`) shape is run by the `train` (`eval`) step of a shape with as many rows: each such shape's
     batches take the KL lengths in turn."""
 
-    method = "kto"
-    trainer_class = "KTOTrainer"
     inner_phases = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval", "eval_kl": "eval",
                     "eval_ref_kl": "eval"}
     rows_per_example = 1
 
-    def bind(self, plan: Any) -> int:
+    def bind(self, plan: Plan) -> None:
         # (host phase, batch, seq) -> the KL seqs its batches carry: every KL shape goes to a host shape of its rows
         self._kl: dict[tuple[str, int, int], list[int]] = {}
-        for host, kl_phase in (("train", "kl"), ("eval", "eval_kl")):
+        hosts_of: tuple[tuple[Phase, Phase], ...] = (("train", "kl"), ("eval", "eval_kl"))
+        for host, kl_phase in hosts_of:
             for batch in {s.batch for s in plan.by_phase(host)}:
                 hosts = sorted(s.seq for s in plan.by_phase(host) if s.batch == batch)
                 kls = sorted(s.seq for s in plan.by_phase(kl_phase) if s.batch == batch)
                 for i, seq in enumerate(kls):
                     self._kl.setdefault((host, batch, hosts[i % len(hosts)]), []).append(seq)
-        return super().bind(plan)
+        super().bind(plan)
 
-    def layouts(self, task: WarmTask) -> list[PairedBatch]:  # type: ignore[override]
+    def layouts(self, task: WarmTask) -> list[PairedBatch]:
         """Batches that meet every planned desirable-row count, completion-token count and KL length of the task:
         the counts in pairs (the large with the small, so that the carrier row's completion fits), then a batch for
         each value no pair could place."""
@@ -264,29 +235,21 @@ class KTOWarmer(_PreferenceWarmer):
                 place(kl_seqs[0], chosen, [(v, w) for w in values] + [(w, v) for w in values])
         return out
 
-    def example(self, prompt: int, completion: int, kl_completion: int, desirable: int,  # type: ignore[override]
-                offset: int) -> dict[str, Any]:
+    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
+        prompt, completion, kl_completion, desirable = counts
         vocab = self.tokenizer.vocab_size
         return {"prompt_ids": token_ids(prompt, vocab, offset), "completion_ids": token_ids(completion, vocab, offset),
                 "KL_completion_ids": token_ids(kl_completion, vocab, offset + 1), "label": bool(desirable)}
 
     def trainer_type(self) -> Any:
-        from trl import KTOTrainer
-
-        class PreparedKTOTrainer(KTOTrainer):
-            """Takes the synthetic rows as `_prepare_dataset`'s output (KTO has no option to skip it)."""
-
-            def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
-                return dataset
-
-        return PreparedKTOTrainer
+        return taking_prepared_rows(super().trainer_type())
 
 
 class RewardWarmer(_PreferenceWarmer):
-    method = "reward"
-    trainer_class = "RewardTrainer"  # skips its preparation for rows that have chosen_ids/rejected_ids
+    """Reward: TRL's RewardTrainer skips its preparation for rows that have chosen_ids/rejected_ids."""
 
-    def example(self, prompt: int, chosen: int, rejected: int, offset: int) -> dict[str, Any]:
+    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
+        prompt, chosen, rejected = counts
         vocab = self.tokenizer.vocab_size
         return {"chosen_ids": token_ids(prompt + chosen, vocab, offset),
                 "rejected_ids": token_ids(prompt + rejected, vocab, offset + 1)}

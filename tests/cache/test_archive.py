@@ -14,10 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.cache.archive import ARCHIVE_META, machine_environment
+from shapeplan.cache.archive import (
+    ARCHIVE_META,
+    IMPORT_MARKER,
+    STAGING_PREFIX,
+    machine_environment,
+    read_info,
+)
 from shapeplan.cli import main
+from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key
 from shapeplan.warm.model import ManifestEntry
-from shapeplan.warm.runner import MANIFEST, Manifest, environment_key
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.fake_neuron import FakeNeuron
 from tests.warm.harness import run_argv
@@ -49,19 +55,33 @@ def _export(cache: Path, archive: Path) -> None:
     assert main(["cache", "export", "--cache-dir", str(cache), "-o", str(archive)]) == 0
 
 
-def test_round_trip_restores_every_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _modes(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_mode & 0o777 for p in folder.rglob("*") if p.is_file()}
+
+
+def test_round_trip_restores_every_file_and_its_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cache = _warmed_cache(tmp_path / "cache")
     (cache / f"{MANIFEST}.lock").write_text("")  # the manifest's lock file is not part of the cache
+    (cache / "fxgraph/ab/graph.bin").chmod(0o755)  # a compiled .so keeps its exec bit
+    (cache / "aotautograd/cd/entry").chmod(0o640)
     archive = tmp_path / "images" / "cache.tar.gz"
     _export(cache, archive)
     capsys.readouterr()
-    assert main(["cache", "import", str(archive), "--cache-dir", str(tmp_path / "imported"), "--json"]) == 0
+    imported = tmp_path / "imported"
+    assert main(["cache", "import", str(archive), "--cache-dir", str(imported), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == {"archive": str(archive), "environment": machine_environment("cpu"), "files": 3, "shapes": 1}
     expected = _tree(cache)
     del expected[f"{MANIFEST}.lock"]
-    assert _tree(tmp_path / "imported") == expected
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "images", "imported"]  # no staging left
+    got = _tree(imported)
+    assert set(got) - set(expected) == {IMPORT_MARKER}  # no staging left
+    assert {name: got[name] for name in expected} == expected
+    modes = _modes(imported)
+    assert modes["fxgraph/ab/graph.bin"] == 0o755 and modes["aotautograd/cd/entry"] == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "images", "imported"]
+    # the imported dir exports again, without the marker or the lock
+    _export(imported, tmp_path / "again.tar.gz")
+    assert read_info(tmp_path / "again.tar.gz").files == read_info(archive).files
 
 
 def test_import_into_a_non_empty_dir_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,11 +111,13 @@ def _rewrite(archive: Path, out: Path, *, change: dict[str, bytes] = {}, add: li
     return out
 
 
-def _refused(archive: Path, target: Path, capsys: pytest.CaptureFixture[str], code: int = 1) -> str:
+def _refused(archive: Path, target: Path, capsys: pytest.CaptureFixture[str], code: int = 1,
+             options: tuple[str, ...] = ()) -> str:
+    """The import's one error line; the target was not created."""
     capsys.readouterr()
-    assert main(["cache", "import", str(archive), "--cache-dir", str(target)]) == code
+    assert main(["cache", "import", str(archive), "--cache-dir", str(target), *options]) == code
     (line,) = _error(capsys)
-    assert not target.exists() and not list(target.parent.glob(f".{target.name}.importing-*"))
+    assert not target.exists()
     return line
 
 
@@ -256,3 +278,308 @@ def test_imported_torch_compile_cache_compiles_nothing(tmp_path: Path) -> None:
     assert check["counters"]["fxgraph_cache_hit"] == result["counters"]["fxgraph_cache_miss"]
     assert check["counters"]["autograd_cache_hit"] == result["counters"]["autograd_cache_miss"]
     assert "fxgraph_cache_miss" not in check["counters"] and "autograd_cache_miss" not in check["counters"]
+
+
+def _forge(archive: Path, out: Path, *, files: dict[str, bytes | None], meta_pad: int = 0,
+           expanded: int | None = None) -> Path:
+    """`archive` with the cache files in `files` replaced (None: dropped) and its metadata made to match them, as a
+    tamperer who recomputes the checksums would; `expanded` overrides the declared total."""
+    import hashlib
+
+    with tarfile.open(archive, "r:gz") as source:
+        meta = json.loads(source.extractfile(ARCHIVE_META).read())
+        members = [(m, source.extractfile(m).read() if m.isfile() else b"") for m in source]
+    data = {m.name.removeprefix("cache/"): d for m, d in members if m.isfile() and m.name != ARCHIVE_META}
+    for name, value in files.items():
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
+    meta["files"] = {name: hashlib.sha256(d).hexdigest() for name, d in data.items()}
+    meta["expanded"] = sum(len(d) for d in data.values()) if expanded is None else expanded
+    with tarfile.open(out, "w:gz") as target:
+        encoded = json.dumps(meta).encode() + b" " * meta_pad
+        entry = tarfile.TarInfo(ARCHIVE_META)
+        entry.size = len(encoded)
+        target.addfile(entry, io.BytesIO(encoded))
+        for name, d in data.items():
+            entry = tarfile.TarInfo(f"cache/{name}")
+            entry.size, entry.mode = len(d), 0o644
+            target.addfile(entry, io.BytesIO(d))
+    return out
+
+
+def _two_environments(cache: Path) -> bytes:
+    other = {"method": "sft", **machine_environment("cpu")}
+    other["versions"] = {**other["versions"], "torch": "2.12.0"}
+    manifest = Manifest(cache / MANIFEST)
+    manifest.record(ManifestEntry(environment_key(other), "train 2x128", "compiled", 1.0), other)
+    return (cache / MANIFEST).read_bytes()
+
+
+@pytest.mark.parametrize("case", ["missing", "bad JSON", "not UTF-8", "two environments", "wrong structure"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_unusable_manifest_leaves_the_target_as_it_was(case: str, existing: bool, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The files pass their checksums, but the manifest does not: the target stays absent, or empty."""
+    cache = _warmed_cache(tmp_path / "cache")
+    _export(cache, tmp_path / "a.tar.gz")
+    manifest = {"missing": None, "bad JSON": b'{"schema": 1, "environ', "not UTF-8": b'{"schema": 1, "x": "\xff"}',
+                "two environments": _two_environments(cache),
+                "wrong structure": b'{"schema": 1, "environments": []}'}[case]
+    bad = _forge(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", files={MANIFEST: manifest})
+    target = tmp_path / "t"
+    if existing:
+        target.mkdir()
+        assert main(["cache", "import", str(bad), "--cache-dir", str(target)]) == 1
+        (line,) = _error(capsys)
+        assert list(target.iterdir()) == []
+    else:
+        line = _refused(bad, target, capsys)
+    assert line == (f"Error: {bad} is damaged: its {MANIFEST} is missing, unreadable or holds several "
+                    "environments; export it again")
+
+
+@pytest.mark.parametrize("meta", [b'{"schema": 2, "x": "\xff"}', b'[1, 2]',
+                                  b'{"schema": 2, "environment": [], "files": {}, "expanded": 0}',
+                                  b'{"schema": 2, "environment": {"versions": {}, "compiler": "O2"}, "files": {}, '
+                                  b'"expanded": 0}',
+                                  b'{"schema": 2, "environment": {"versions": {}, "compiler": {}}, "files": {}, '
+                                  b'"expanded": -1}'])
+def test_malformed_archive_metadata_is_one_line(meta: bytes, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    bad = _rewrite(tmp_path / "a.tar.gz", tmp_path / "bad.tar.gz", change={ARCHIVE_META: meta})
+    line = _refused(bad, tmp_path / "t", capsys)
+    assert line.startswith(f"Error: {bad} ") and ("not a shapeplan cache archive" in line or "malformed" in line)
+    assert main(["cache", "inspect", str(bad)]) == 1
+    assert len(_error(capsys)) == 1
+
+
+def test_import_onto_a_mount_point_never_renames_onto_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A mount point cannot be renamed (EBUSY): the import moves the staged contents into it instead."""
+    import errno
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    real_rename = os.rename
+
+    def rename(source: object, destination: object) -> None:
+        if Path(str(source)).resolve() == mount.resolve() or Path(str(destination)).resolve() == mount.resolve():
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", rename)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(mount)]) == 0
+    assert _tree(mount)["fxgraph/ab/graph.bin"] == FILES["fxgraph/ab/graph.bin"]
+
+
+def test_import_into_an_empty_tmpfs_mount_point(tmp_path: Path) -> None:
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        (mount / "lost+found").mkdir()  # as on a freshly formatted ext4 volume
+        _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+        done = _console("cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(mount))
+        assert done.returncode == 0, done.stderr
+        assert _tree(mount)["fxgraph/ab/graph.bin"] == FILES["fxgraph/ab/graph.bin"]
+        assert (mount / IMPORT_MARKER).is_file() and not list(mount.glob(f"{STAGING_PREFIX}*"))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def _console(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, with this checkout's code."""
+    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def test_racing_imports_one_wins_the_other_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import fcntl
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    target = tmp_path / "t"
+    target.mkdir()
+    fd = os.open(target, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # an import holding the target right now
+    try:
+        assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 1
+        assert _error(capsys) == [f"Error: another `shapeplan cache import` is filling {target.resolve()}; wait for "
+                                  "it to finish"]
+    finally:
+        os.close(fd)
+    assert list(target.iterdir()) == []
+    # and two real processes started together: one imports, the other says why not in one line
+    argv = [str(Path(sys.executable).parent / "shapeplan"), "cache", "import", str(tmp_path / "a.tar.gz"),
+            "--cache-dir", str(tmp_path / "raced")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    racers = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    results = sorted((r.wait(timeout=300), r.stderr.read()) for r in racers)
+    assert [code for code, _ in results] == [0, 1]
+    (line,) = results[1][1].splitlines()
+    assert line.startswith("Error: ") and ("another `shapeplan cache import`" in line or "not an empty folder" in line)
+    assert _tree(tmp_path / "raced")["aotautograd/cd/entry"] == FILES["aotautograd/cd/entry"]
+
+
+def test_symlinked_target_needs_follow_symlink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(link)]) == 1
+    assert _error(capsys) == [f"Error: {link} is a symbolic link (to {real}); pass --follow-symlink to import "
+                              "through it, or a real folder as --cache-dir"]
+    assert list(real.iterdir()) == []
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(link), "--follow-symlink"]) == 0
+    assert (real / "fxgraph/ab/graph.bin").read_bytes() == FILES["fxgraph/ab/graph.bin"]
+
+
+def test_size_bomb_is_refused_before_extracting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """8 MiB of zeros compress to a few KiB: the declared total is checked against the limit before writing."""
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    bomb = _forge(tmp_path / "a.tar.gz", tmp_path / "bomb.tar.gz", files={"zeros": bytes(8 << 20)})
+    assert bomb.stat().st_size < 64 << 10
+    limit = ("--max-gib", str(1 / 1024))  # 1 MiB
+    assert _refused(bomb, tmp_path / "t", capsys, options=limit) == \
+        (f"Error: {bomb} expands to {(8 << 20) + sum(map(len, FILES.values())) + _manifest_size(tmp_path)} bytes, "
+         f"over the limit of {1 << 20}; raise --max-gib if it is genuine")
+    # an archive that under-declares its total is stopped at the member that exceeds it: nothing of it is written
+    liar = _forge(tmp_path / "a.tar.gz", tmp_path / "liar.tar.gz", files={"zeros": bytes(8 << 20)}, expanded=4096)
+    assert _refused(liar, tmp_path / "t", capsys, options=limit) == \
+        f"Error: {liar} is damaged: its files expand beyond the 4096 bytes it declares; export it again"
+
+
+def _manifest_size(tmp_path: Path) -> int:
+    return (tmp_path / "cache" / MANIFEST).stat().st_size
+
+
+def test_metadata_and_header_bombs_are_refused_before_reading_them(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    padded = _forge(tmp_path / "a.tar.gz", tmp_path / "meta.tar.gz", files={}, meta_pad=2 << 20)
+    line = _refused(padded, tmp_path / "t", capsys, options=("--max-metadata-mib", "1"))
+    assert line.startswith(f"Error: {padded} has a ") and line.endswith(
+        f"-byte {ARCHIVE_META}, over the {1 << 20}-byte limit; raise --max-metadata-mib if it is genuine")
+    # a 4 MiB pax header (tarfile would read it whole into memory)
+    pax = tarfile.TarInfo("cache/x")
+    pax.pax_headers = {"comment": "x" * (4 << 20)}
+    with tarfile.open(tmp_path / "a.tar.gz", "r:gz") as source, \
+            tarfile.open(tmp_path / "pax.tar.gz", "w:gz", format=tarfile.PAX_FORMAT) as out:
+        for member in source:
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        out.addfile(pax, io.BytesIO(b""))
+    line = _refused(tmp_path / "pax.tar.gz", tmp_path / "t", capsys)
+    assert line.startswith(f"Error: {tmp_path / 'pax.tar.gz'} is damaged (") and "extended header" in line
+
+
+def test_truncated_gzip_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes((tmp_path / "a.tar.gz").read_bytes()[:-10])
+    line = _refused(cut, tmp_path / "t", capsys)
+    assert line.startswith(f"Error: {cut} is damaged (") and line.endswith("; export it again")
+
+
+def test_killed_import_is_refused_by_warm_and_cleared_by_the_next_import(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kill -9 after the staged files were moved in, before the completion marker: `warm` refuses the dir, the
+    next import clears it and imports."""
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    target = tmp_path / "t"
+    killer = ("import os, sys; import shapeplan.cache.archive as a\n"
+              "def killed(*args, **kwargs): os.kill(os.getpid(), 9)\n"
+              "a.write_atomic = killed\n"
+              "from shapeplan.cli import main; sys.exit(main(sys.argv[1:]))")
+    killed = subprocess.run([sys.executable, "-c", killer, "cache", "import", str(tmp_path / "a.tar.gz"),
+                             "--cache-dir", str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert killed.returncode == -9
+    assert (target / "fxgraph/ab/graph.bin").exists() and list(target.glob(f"{STAGING_PREFIX}*"))
+    assert not (target / IMPORT_MARKER).exists()
+    capsys.readouterr()
+    assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir", str(target)]) == 1
+    assert _error(capsys) == [f"Error: {target} holds an unfinished `shapeplan cache import` (running, or killed); "
+                              "wait for it, or run the import again, which clears it"]
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 0
+    assert (target / IMPORT_MARKER).is_file() and not list(target.glob(f"{STAGING_PREFIX}*"))
+    assert _tree(target)["fxgraph/ab/graph.bin"] == FILES["fxgraph/ab/graph.bin"]
+    # a second import into the complete one is refused and changes nothing
+    before = _tree(target)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 1
+    assert _tree(target) == before
+
+
+def test_target_whose_parent_is_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    parent = tmp_path / "ro"
+    parent.mkdir(mode=0o555)
+    if os.access(parent, os.W_OK):  # root writes anyway: make the folder behave as read-only
+        def refuse(self: Path, *args: object, **kwargs: object) -> None:
+            raise PermissionError(13, "Permission denied", str(self))
+
+        monkeypatch.setattr(Path, "mkdir", refuse)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(parent / "t")]) == 1
+    assert _error(capsys) == [f"Error: cannot create {parent / 't'} (Permission denied); import into a writable "
+                              "--cache-dir"]
+    assert list(parent.iterdir()) == []
+
+
+def test_export_killed_midway_leaves_a_partial_the_next_export_removes(tmp_path: Path) -> None:
+    cache = _warmed_cache(tmp_path / "cache")
+    out = tmp_path / "out"
+    killer = ("import os, sys, tarfile\n"
+              "def killed(*args, **kwargs): os.kill(os.getpid(), 9)\n"
+              "tarfile.TarFile.add = killed\n"
+              "from shapeplan.cli import main; sys.exit(main(sys.argv[1:]))")
+    argv = ["cache", "export", "--cache-dir", str(cache), "-o", str(out / "a.tar.gz")]
+    killed = subprocess.run([sys.executable, "-c", killer, *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            timeout=300)
+    assert killed.returncode == -9
+    assert [p.name for p in out.iterdir()][0].startswith(".a.tar.gz.")  # the killed export's partial
+    previous = os.umask(0o022)
+    try:
+        assert main(argv) == 0
+    finally:
+        os.umask(previous)
+    assert [p.name for p in out.iterdir()] == ["a.tar.gz"]
+    assert (out / "a.tar.gz").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failure_while_moving_in_takes_back_what_was_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    target = tmp_path / "t"
+    target.mkdir()
+    real_rename, calls = os.rename, []
+
+    def rename(source: object, destination: object) -> None:
+        calls.append(destination)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", rename)
+    assert main(["cache", "import", str(tmp_path / "a.tar.gz"), "--cache-dir", str(target)]) == 1
+    assert _error(capsys) == [f"Error: cannot finish the import into {target} (Input/output error); nothing was "
+                              "imported, check the folder and import again"]
+    assert list(target.iterdir()) == []
+
+
+def test_not_enough_free_space_is_refused_before_extracting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
+    expanded = read_info(tmp_path / "a.tar.gz").expanded
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 100))
+    assert _refused(tmp_path / "a.tar.gz", tmp_path / "t", capsys) == \
+        (f"Error: {tmp_path / 't'} has 100 bytes free, {tmp_path / 'a.tar.gz'} needs {expanded}; free space or "
+         "import elsewhere")

@@ -28,7 +28,6 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
     import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, StaticCache
-
     from trl import DistillationTrainer
     from trl.scripts.distillation import make_parser
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shapeplan.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
-
-_TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,7 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, StaticCache
 
-    import trl
-
-    parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
+    parser = importlib.import_module(TRAINERS[method].script).make_parser()
     output_dir = tempfile.mkdtemp(prefix="shapeplan-oracle-")
     _, config, *_ = parser.parse_args_and_config([
         "--output_dir", output_dir, "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
@@ -56,7 +53,7 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     train = load_dataset("json", data_files=str(train_path), split="train")
     eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
-    trainer = getattr(trl, _TRAINERS[method])(model=model, reward_funcs=[completion_length_reward], args=config,
+    trainer = TRAINERS[method].trainer()(model=model, reward_funcs=[completion_length_reward], args=config,
                                               train_dataset=train, eval_dataset=eval_ds)
     seen: list[Forward] = []
     state: dict[str, Any] = {"in_generate": False, "cache": None, "logits_to_keep": None}

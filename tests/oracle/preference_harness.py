@@ -42,7 +42,11 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
     """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed."""
     import trl
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     # The tiny model's ops are too small to share across threads; on a busy 2-core box threads triple the time.
     torch.set_num_threads(1)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from shapeplan.analyze import analyze
+from shapeplan.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
 from tests.oracle.preference_harness import run_preference
 from tests.oracle.test_preference_oracle import CONVERSATIONAL, EXPLICIT, UNPAIRED
@@ -34,14 +35,12 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_metric_sizes_equal_real_trainer(name: str) -> None:
-    import trl
-
     method, data, argv, eval_data = CONFIGS[name]
     plan = analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), *argv],
                    eval_source=str(eval_data) if eval_data else None)
     tokens: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     chosen_rows: dict[tuple[str, int, int], set[int]] = defaultdict(set)
-    trainer_class = {"dpo": trl.DPOTrainer, "kto": trl.KTOTrainer}[method]
+    trainer_class = TRAINERS[method].trainer()
     compute_loss = trainer_class._compute_loss
 
     def recording(self: Any, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:

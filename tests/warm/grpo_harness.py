@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
+from shapeplan.trainers import TRAINERS
 from shapeplan.warm.backends.inductor import InductorBackend
-from shapeplan.warm.grpo import GenerationWarmer
+from shapeplan.warm.generation import GenerationWarmer
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.runner import warm
 from tests.conftest import TINY_MODEL
@@ -34,13 +34,13 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
     import trl
     from datasets import load_dataset
 
-    script, config, model_args, _ = importlib.import_module(f"trl.scripts.{method}").make_parser() \
+    script, config, model_args, _ = importlib.import_module(TRAINERS[method].script).make_parser() \
         .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
     config.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
                                     attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
     module_path, name = script.reward_funcs[0].rsplit(".", 1)
     reward = getattr(importlib.import_module(module_path), name)
-    trainer_class = trl.GRPOTrainer if method == "grpo" else trl.RLOOTrainer
+    trainer_class = TRAINERS[method].trainer()
     trainer = trainer_class(model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
                             train_dataset=load_dataset("json", data_files=str(data), split="train"),
                             peft_config=trl.get_peft_config(model_args))
@@ -60,10 +60,10 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]
     """The device-op signatures `fn(*args)` dispatches (tests/warm/placement.py tells host from device); with
     everything=True also the signatures of every op, host ones included."""
-    import trl.trainer.grpo_trainer
-    import trl.trainer.rloo_trainer
+    import importlib
 
+    trainers = [importlib.import_module(f"trl.trainer.{name}_trainer") for name in ("grpo", "rloo")]
     recorder = DeviceOpRecorder()
-    with tracking(recorder, sys.modules["trl.trainer.grpo_trainer"], sys.modules["trl.trainer.rloo_trainer"]):
+    with tracking(recorder, *trainers):
         fn(*args)
     return (recorder.signatures, recorder.everything) if everything else recorder.signatures

@@ -9,9 +9,10 @@ from typing import Any
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.warm.backends.inductor import InductorBackend
+from shapeplan.warm.cachedir import check_cache_dir
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.opsig import OpRecorder, Signature, outside_data_loading
-from shapeplan.warm.runner import check_cache_dir, warm
+from shapeplan.warm.runner import warm
 from shapeplan.warm.sft import SFTWarmer
 from tests.conftest import TINY_MODEL
 

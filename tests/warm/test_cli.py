@@ -23,6 +23,8 @@ def _error(capsys: pytest.CaptureFixture[str]) -> list[str]:
 def test_unwritable_cache_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
+    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), tmp_path / "plan.json")
+    capsys.readouterr()
     assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir",
                  str(blocker / "cache")]) == 1
     assert _error(capsys) == [f"Error: cache dir {blocker / 'cache'} is not writable (Not a directory); pass a "
@@ -39,6 +41,27 @@ def test_plan_for_another_config(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 1
     assert _error(capsys) == ["Error: the plan was made for max_length=256, but this run has 512; re-create the "
                               "plan with `shapeplan analyze ... -o PLAN` for this run"]
+
+
+def test_options_given_with_a_plan_are_checked_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`warm --plan P --model M` need not repeat the plan's other options: the plan supplies them; a real conflict
+    names the field and both values."""
+    from shapeplan.cli.warm import load_run
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), plan)
+    _, warmer = load_run(str(plan), "sft", str(TINY_MODEL), None, None, (), "cpu")
+    args = warmer.args
+    assert (args.training.max_length, args.training.max_steps, args.model.model_name_or_path) == \
+        (256, 2, str(TINY_MODEL))
+    _, warmer = load_run(str(plan), "sft", None, None, None, ("--max_steps", "2"), "cpu")
+    assert warmer.args.training.max_length == 256
+    capsys.readouterr()
+    assert main(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
+                 "--max_length", "512"]) == 1
+    assert _error(capsys) == ["Error: the plan was made for max_length=256, but this run has 512; re-create the "
+                              "plan with `shapeplan analyze ... -o PLAN` for this run"]
+    assert not (tmp_path / "c").exists()
 
 
 def test_plan_for_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,3 +88,23 @@ def test_warm_plans_first_from_run_arguments(tmp_path: Path, capsys: pytest.Capt
         (s.phase, s.batch, s.seq, "cached") for s in planned.shapes]
     assert report["device"] == "cpu" and report["script_lines"] == []  # eager: nothing for the script to set
     assert (tmp_path / "cache" / "shapeplan-manifest.json").is_file()
+
+
+def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Removed when the warm-up exits; one left by a killed warm-up is removed by the next."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_plan_core import dead_pid
+
+    stale = tmp_path / f"shapeplan-warm-{dead_pid()}-abc123"
+    stale.mkdir()
+    (stale / "trainer_state.json").write_text("{}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "from shapeplan.warm.trainer_loop import _scratch_output_dir as s; "
+                           "import os; print(os.path.isdir(s()))"], env=env, capture_output=True, text=True,
+                          check=True, timeout=300)
+    assert done.stdout.strip() == "True"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("shapeplan-warm-")] == []

@@ -4,7 +4,6 @@ NEFF cache is keyed on) is dispatched by the warm-up of its plan (host work left
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,10 +75,10 @@ def _warm(plan, cache_dir: Path) -> None:  # type: ignore[no-untyped-def]
 
 
 def _device_ops(fn, *args):  # type: ignore[no-untyped-def]
-    import trl.trainer.distillation_trainer
+    import importlib
 
     recorder = DeviceOpRecorder()
-    with tracking(recorder, sys.modules["trl.trainer.distillation_trainer"]):
+    with tracking(recorder, importlib.import_module("trl.trainer.distillation_trainer")):
         fn(*args)
     return recorder.signatures
 

@@ -17,8 +17,10 @@ from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.warm.backends import default_device, make_backend
 from shapeplan.warm.backends.base import counter_delta
 from shapeplan.warm.backends.neuron import NeuronBackend
+from shapeplan.warm.manifest import MANIFEST, environment_key
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.runner import MANIFEST, Tracker, environment_key, warm
+from shapeplan.warm.runner import tasks_from_plan, warm
+from shapeplan.warm.tracker import Tracker
 from tests.warm.fake_neuron import FakeNeuron, fake_env, xla_site
 
 
@@ -188,14 +190,17 @@ class FakeWarmer:
     """Stands in for a method warmer: a shape compiles the first time the fake cache meets it."""
 
     torch_compile = False
-    inner_phases: dict[str, str] = {}
+    shares = None
 
     def __init__(self, fake: FakeNeuron) -> None:
         self.fake = fake
         self.warnings: list[str] = []
 
-    def bind(self, plan: Plan) -> int:
-        return 1
+    def bind(self, plan: Plan) -> None:
+        pass
+
+    def tasks(self, plan: Plan) -> tuple[WarmTask, ...]:
+        return tasks_from_plan(plan, eval_passes=1)
 
     def environment(self) -> dict[str, Any]:
         return {"method": "sft", "model": "tiny"}

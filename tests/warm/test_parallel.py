@@ -15,10 +15,17 @@ import pytest
 from shapeplan.errors import UsageError
 from shapeplan.warm import parallel
 from shapeplan.warm.backends import neuron
-from shapeplan.warm.grpo import Call, GenerateTask, Round, lockstep
+from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.parallel import Part, core_groups, current_part, split, worker_count, worker_env
-from shapeplan.warm.runner import MANIFEST
+from shapeplan.warm.parallel import (
+    Part,
+    core_groups,
+    current_part,
+    split,
+    worker_count,
+    worker_env,
+)
+from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
 from tests.warm.harness import run_argv as sft_argv

@@ -4,14 +4,16 @@ completion-token counts; and a DPO plan with a reference precompute pass is refu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.cli import main
 from shapeplan.plan.io import write_plan
+from shapeplan.trainers import TRAINERS
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.preference import DPOWarmer, KTOWarmer, RewardWarmer, counted_batch, kto_batch
+from shapeplan.warm.preference import counted_batch, kto_batch
 from tests.conftest import ROOT, TINY_MODEL
 from tests.warm.trainer_harness import plan_for
 
@@ -27,15 +29,15 @@ def test_counted_batch_holds_the_counts_and_the_longest_row() -> None:
     assert counted_batch(3, 100, 3 * 99 + 1, 0) is None
 
 
-def _warmer(cls, argv: list[str]):  # type: ignore[no-untyped-def]
-    return cls(parse_training_args(cls.method, ["--model_name_or_path", str(TINY_MODEL), *argv]))
+def _warmer(method: str, argv: list[str]) -> Any:
+    return TRAINERS[method].warmer(parse_training_args(method, ["--model_name_or_path", str(TINY_MODEL), *argv]))
 
 
 @pytest.mark.parametrize("max_length", [None, 300])
 def test_dpo_batches_have_the_task_shape_and_counts(max_length: int | None) -> None:
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-    warmer = _warmer(DPOWarmer, [] if max_length is None else ["--max_length", str(max_length)])
+    warmer = _warmer("dpo", [] if max_length is None else ["--max_length", str(max_length)])
     task = WarmTask(phase="train", batch=6, seq=384, completion_tokens=(5, 400, 500, 897))
     collator = DataCollatorForPreference(pad_token_id=0, max_length=max_length, pad_to_multiple_of=128)
     layouts = warmer.layouts(task)
@@ -52,7 +54,7 @@ def test_dpo_batches_have_the_task_shape_and_counts(max_length: int | None) -> N
 def test_reward_batches_have_the_task_shape() -> None:
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
-    warmer = _warmer(RewardWarmer, ["--max_length", "300"])
+    warmer = _warmer("reward", ["--max_length", "300"])
     collator = DataCollatorForPreference(pad_token_id=0, pad_to_multiple_of=128)
     rows, index = warmer.rows(warmer.layouts(WarmTask(phase="eval", batch=4, seq=384)))
     assert all(len(rows[i]["chosen_ids"]) <= 300 and len(rows[i]["rejected_ids"]) <= 300 for m in index for i in m)
@@ -63,7 +65,7 @@ def test_reward_batches_have_the_task_shape() -> None:
 def test_kto_batches_have_the_shapes_and_counts(kl_seq: int, chosen: int, counts: tuple[int, int]) -> None:
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
-    warmer = _warmer(KTOWarmer, [])
+    warmer = _warmer("kto", [])
     warmer._kl = {("train", 3, 384): [kl_seq]}
     task = WarmTask(phase="train", batch=3, seq=384, chosen_rows=(chosen,), completion_tokens=counts)
     rows, index = warmer.rows(warmer.layouts(task))

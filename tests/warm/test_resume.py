@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.warm.runner import MANIFEST
+from shapeplan.warm.manifest import MANIFEST
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.harness import run_argv
 

@@ -11,7 +11,7 @@ import pytest
 
 from shapeplan.errors import CacheError
 from shapeplan.warm.backends.neuron import NeuronBackend
-from shapeplan.warm.runner import existing_cache_dir, scratch_view
+from shapeplan.warm.cachedir import existing_cache_dir, scratch_view
 from tests.warm.fake_neuron import FakeNeuron
 
 

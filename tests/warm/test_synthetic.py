@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from shapeplan.warm.synthetic import SyntheticBatch, dataset_rows, padded_batches, padded_layouts, \
-    padding_free_batches, padding_free_documents
+from shapeplan.warm.synthetic import (
+    SyntheticBatch,
+    dataset_rows,
+    padded_batches,
+    padded_layouts,
+    padding_free_batches,
+    padding_free_documents,
+)
 from tests.conftest import CAPYBARA
 from tests.warm.harness import plan_for
 

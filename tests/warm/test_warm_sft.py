@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.model import Shape
-from shapeplan.warm.runner import MANIFEST
+from shapeplan.warm.manifest import MANIFEST
 from tests.conftest import CAPYBARA
 from tests.warm.harness import plan_for, warm_plan
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
+from shapeplan.trainers import TRAINERS
 from shapeplan.warm.backends.inductor import InductorBackend
+from shapeplan.warm.cachedir import check_cache_dir
 from shapeplan.warm.model import WarmReport
-from shapeplan.warm.runner import check_cache_dir, make_warmer, warm
+from shapeplan.warm.runner import make_warmer, warm
 from tests.warm.harness import run_argv
-
-_TRAINERS = {"dpo": "DPOTrainer", "reward": "RewardTrainer", "kto": "KTOTrainer"}
 
 
 def plan_for(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> Plan:
@@ -26,7 +26,7 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
     import trl
     from datasets import load_dataset
 
-    parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
+    parser = importlib.import_module(TRAINERS[method].script).make_parser()
     script_args, training_args, model_args, *_ = parser.parse_args_and_config(
         ["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
     model_init_kwargs = dict(
@@ -35,7 +35,7 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
     dataset = load_dataset("json", data_files={"train": str(data)})
-    trainer = getattr(trl, _TRAINERS[method])(
+    trainer = TRAINERS[method].trainer()(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=dataset[script_args.dataset_train_split],

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
+
+from ...host import installed_only
 
 # (counter group, name) pairs read from torch._dynamo.utils.counters
 COUNTERS = (
@@ -77,11 +78,7 @@ class InductorBackend:
         out = {"backend": "inductor", "device": self.device, "torch": torch.__version__}
         if self.device == "cuda" and torch.cuda.is_available():
             out["gpu"] = torch.cuda.get_device_name(0)
-        for name in ("triton",):
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                continue
+        out.update(installed_only(("triton",)))
         return out
 
     def script_lines(self, cache_dir: Path, *, torch_compile: bool, graphs: int) -> tuple[str, ...]:

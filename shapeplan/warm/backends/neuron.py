@@ -14,11 +14,11 @@ import importlib.util
 import os
 import tempfile
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ...errors import CacheError, UsageError
+from ...host import installed_versions
 
 # The `torch_neuronx.metrics` counters read (totals of this process); with the private
 # `_C._get_compilation_cache_stats()` dict's keys, the names that mean a compile or a persistent-cache hit.
@@ -99,10 +99,7 @@ def visible_cores() -> list[int] | None:
 
 
 def installed_version() -> str | None:
-    try:
-        return metadata.version("torch-neuronx")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_versions(("torch-neuronx",))["torch-neuronx"]
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -207,11 +204,8 @@ class NeuronBackend:
         sees as equal (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
         target = platform_target()
         out = {"backend": "neuron", "device": "neuron", "target": target}
-        for name in ("torch", "torch-neuronx", "neuronx-cc"):
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                out[name] = "none"
+        out.update((name, version or "none")
+                   for name, version in installed_versions(("torch", "torch-neuronx", "neuronx-cc")).items())
         out["NEURON_CC_FLAGS"] = os.environ.get("NEURON_CC_FLAGS", "")
         out["NEURON_LOGICAL_NC_CONFIG"] = logical_nc_config(target)
         out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL") or "default"

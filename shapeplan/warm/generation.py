@@ -27,171 +27,28 @@ padding its share with repeats of work already warmed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import metadata
+from functools import cached_property
 from typing import Any
 
-from ..errors import PlanFileError, UsageError
-from ..plan.buckets import round_up
+from ..errors import UsageError, first_line
 from ..plan.model import Plan
-from .identity import check_plan_identity, load_run_tokenizer
-from .runner import Tracker
-
-GENERATE_PHASES = ("generate",)
-# Phases the rounds of a generate task run; eval-side phases are not warmed yet.
-ROUND_PHASES = ("train", "old_logprob", "ref")
-_TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateTask:
-    """A planned generate size, and the completion buckets whose forwards and train step its rounds run."""
-
-    phase: str
-    batch: int  # rows of one generation batch
-    seq: int  # prompt bucket P
-    cache_len: int | None
-    max_new_tokens: int
-    completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
-
-    @property
-    def key(self) -> str:
-        parts = [self.phase, f"{self.batch}x{self.seq}", f"cache={self.cache_len}", f"new={self.max_new_tokens}"]
-        if self.completions:
-            parts.append(f"C={','.join(map(str, self.completions))}")
-        return " ".join(parts)
-
-    @property
-    def label(self) -> str:
-        return f"{self.phase} ({self.batch}, {self.seq})"
-
-    @property
-    def cost(self) -> float:
-        """Estimated compile minutes (plan/cost.py's rates): the generate graphs and one train shape per C."""
-        from ..plan.cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
-
-        return GENERATE_SHAPE_MINUTES + TRAIN_SHAPE_MINUTES * len(self.completions)
-
-
-def generation_tasks(plan: Plan, round_phases: tuple[str, ...] = ROUND_PHASES) -> tuple[GenerateTask, ...]:
-    """One task per planned train-side generate size, in plan order; `round_phases`: the forwards of a round."""
-    unsupported = sorted({s.phase for s in plan.shapes} - set(GENERATE_PHASES) - set(round_phases))
-    if unsupported:
-        raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
-                            f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
-    completions: dict[int, set[int]] = {}
-    for shape in plan.shapes:
-        if shape.phase in round_phases and shape.logits_to_keep is not None:
-            completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
-    generate = [s for s in plan.shapes if s.phase in GENERATE_PHASES]
-    tasks, trained = [], set()
-    for shape in generate:
-        assert shape.max_new_tokens is not None
-        buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
-        trained.add(shape.seq)
-        tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
-                                  max_new_tokens=shape.max_new_tokens, completions=buckets))
-    return tuple(tasks)
-
-
-# -- what each round does -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One `trainer._generate` call: B prompts of bucket P; `length` None runs the model's own `generate` (decoded
-    to max_new_tokens), else `generate` returns `length` tokens per row, the first `eos_rows` rows ending in EOS.
-
-    `unpadded`: every prompt is P tokens long (else the batch is padded on the left); `short`: every row but the
-    first ends at its first token (completions of mixed lengths, so the completion mask has padding).
-    """
-
-    rows: int
-    prompt: int
-    length: int | None = None
-    eos_rows: int = 0
-    unpadded: bool = False
-    short: bool = False
-    cache_len: int | None = None  # the static cache length the model's own generate must use
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One generation round: `before` calls (post-processing of every generated length), then the round's own."""
-
-    task: GenerateTask | None  # None: a round that repeats warmed work (rank padding)
-    own: Call
-    before: tuple[Call, ...] = ()
-    last: bool = False  # the task's last round
-
-
-def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) -> int:
-    """A generated length L with R(L) == bucket."""
-    length = min(bucket, max_new_tokens)
-    if round_up(length, multiple) != bucket:
-        raise PlanFileError(f"completion bucket {bucket} cannot come from at most {max_new_tokens} new tokens; "
-                            "re-create the plan with `shapeplan analyze ... -o PLAN`")
-    return length
-
-
-def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[bool, ...]:
-    """Whether a generation batch's prompts arrive padded (False) or not (True), as far as the plan can tell.
-
-    A batch whose rows repeat one prompt has no left padding when that prompt's length is a multiple of the padding
-    multiple (always, without one); then a batch of full-length completions has no padding at all and attention
-    skips its mask (other ops). Batches of several prompts are taken to be padded (equal lengths are unlikely).
-    """
-    if rows > generations:
-        return (False,)
-    return (True,) if multiple in (None, 1) else (False, True)
-
-
-def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,)) -> list[Round]:
-    """The rounds of `task`, for each prompt layout."""
-    b, p, new = task.batch, task.seq, task.max_new_tokens
-    before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
-    before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
-    rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
-              for i, u in enumerate(layouts)]
-    for bucket in task.completions:
-        length = completion_length(bucket, new, multiple)
-        eos_rows = b if length < new else 0
-        for unpadded in layouts:
-            rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=unpadded)))
-            if unpadded and length > 1:
-                rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=True, short=True)))
-    return [Round(r.task, r.own, r.before, last=i == len(rounds) - 1) for i, r in enumerate(rounds)]
-
-
-def lockstep(shares: Sequence[Sequence[Round]]) -> list[list[Round]]:
-    """Pad every rank's rounds to the same count, and each round's calls to the same count, with repeats of warmed
-    work (a rank with nothing to warm repeats another rank's last round)."""
-    count = max(len(s) for s in shares)
-    template = next(s for s in shares if s)
-    out = []
-    for rounds in shares:
-        filler = (rounds or template)[-1].own
-        out.append(list(rounds) + [Round(None, Call(filler.rows, filler.prompt, filler.length or 1, filler.rows))
-                                   for _ in range(count - len(rounds))])
-    for i in range(count):
-        calls = max(len(r[i].before) for r in out)
-        for r in out:
-            own = r[i].own
-            spare = Call(own.rows, own.prompt, 1, own.rows)
-            r[i] = Round(r[i].task, own, r[i].before + (spare,) * (calls - len(r[i].before)), r[i].last)
-    return out
-
-
-# -- the warmer -----------------------------------------------------------------------------------------------
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+from ..trainers import trainer_spec
+from .identity import check_plan_identity, environment, load_run_tokenizer
+from .rounds import (
+    ROUND_PHASES,
+    Call,
+    GenerateTask,
+    Round,
+    generation_tasks,
+    lockstep,
+    prompt_layouts,
+    task_rounds,
+)
+from .tracker import Tracker
+from .trainer_loop import callback_base, run_logs, script_config
 
 
 @dataclass
@@ -214,45 +71,26 @@ class GenerationWarmer:
         self.logs = False
         self.multiple: int | None = None
         self.warnings: list[str] = []
-        self.inner_phases: dict[str, str] = {}
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
-        self._tokenizer: Any = None
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
-        self.reward_funcs = _stand_in_rewards(args.script) if self.method in _TRAINERS else []
+        self.reward_funcs = self._reward_functions()
 
     # -- identity ---------------------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = load_run_tokenizer(self.args)
-        return self._tokenizer
+        return load_run_tokenizer(self.args)
 
     def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
         return generation_tasks(plan, self.round_phases)
 
-    def bind(self, plan: Plan) -> int:
-        from .sft import SFTWarmer
-
+    def bind(self, plan: Plan) -> None:
         check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
         self.multiple = plan.pad_to_multiple_of
-        self.logs = SFTWarmer._run_logs(self, plan.stats.optimizer_steps)  # type: ignore[arg-type]
-        return 0
+        self.logs = run_logs(self.config, plan.stats.optimizer_steps)
 
     def environment(self) -> dict[str, Any]:
-        from .sft import _hashed_config
-
-        versions = {name: metadata.version(name) for name in ("torch", "trl", "transformers", "accelerate")}
-        hashed = _hashed_config(self.config, self.args.model)
-        return {
-            "method": self.method,
-            "model": self.args.model.model_name_or_path,
-            "dtype": {"model": str(self.args.model.dtype), "bf16": bool(self.config.bf16),
-                      "fp16": bool(self.config.fp16)},
-            "world_size": self.args.num_processes,
-            "versions": versions,
-            "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16],
-        }
+        return environment(self.args)
 
     # -- rounds -----------------------------------------------------------------------------------------------
 
@@ -274,14 +112,16 @@ class GenerationWarmer:
         """How many micro-steps train on one generation batch."""
         return self.config.steps_per_generation * self.config.num_iterations
 
+    def _reward_functions(self) -> list[Any]:
+        """Stand-ins for the run's reward functions (refusing a run without one, or with a reward model)."""
+        return _stand_in_rewards(self.args.script)
+
     # -- the run ----------------------------------------------------------------------------------------------
 
     def _build_trainer(self, rows: list[dict[str, Any]]) -> Any:
         """The trainer as the method's `trl` main() builds it, on synthetic prompt rows."""
         import datasets
         from transformers import PrinterCallback
-
-        from .sft import script_config
 
         script_config(self.config, self.args.model)
         self.config.log_completions = False
@@ -293,7 +133,7 @@ class GenerationWarmer:
         import trl
 
         model_args = self.args.model
-        return getattr(trl, _TRAINERS[self.method])(
+        return trainer_spec(self.method).trainer()(
             model=model_args.model_name_or_path,
             reward_funcs=self.reward_funcs,
             args=self.config,
@@ -313,7 +153,7 @@ class GenerationWarmer:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # a failure stops the lockstep; every task not finished failed with it
-                error = _first_line(exc)
+                error = first_line(exc, named=True)
                 for task in tracker.pending(tasks):
                     tracker.fail(task, error)
 
@@ -447,14 +287,9 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         del model.generate, trainer._tokenize_prompts, trainer._generate
 
 
-def _callback_base():  # type: ignore[no-untyped-def]
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class _Progress(_callback_base()):  # type: ignore[misc]
-    """Starts the clock when training starts; steers logging, saving and evaluation as the SFT warmer does."""
+class _Progress(callback_base()):  # type: ignore[misc]
+    """Starts the clock when training starts; steers logging, saving and evaluation as the trainer-loop warmer
+    does."""
 
     def __init__(self, tracker: Tracker, state: _State, *, logs: bool) -> None:
         self.tracker = tracker

@@ -1,0 +1,142 @@
+"""What the generating trainers' adapters share (GRPO, RLOO: shapeplan/adapters/grpo.py; Distillation:
+shapeplan/adapters/distillation.py): the options planning refuses, the generation settings as the trainer builds
+them, prompt lengths from the trainer's own `_tokenize_prompts`, the eval order from TRL's own `RepeatSampler`, and
+the call into `plan_generation`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DatasetError, UsageError, first_line
+from ..plan.grpo import GenerationLayout, plan_generation
+from ..plan.model import Plan
+from ..plan.schedule import TrainLoop
+from ..trainers import trainer_spec
+from .common import RunData, run_fingerprint, versions
+from .loop import eval_steps_of
+from .sampling import RankBatches, ordered_batches
+from .trl_args import TrainingArgs
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
+    from trl import DistillationConfig, GRPOConfig, RLOOConfig
+
+    GenerationTrainingConfig = GRPOConfig | RLOOConfig | DistillationConfig
+
+_TOKENIZE_CHUNK = 1000
+
+
+def refuse_unplannable(args: TrainingArgs) -> None:
+    """Refuse the options whose generation or order planning cannot follow."""
+    if args.training.use_vllm:
+        raise UsageError("use_vllm=True is not planned: vLLM does not run on Neuron; drop --use_vllm to generate "
+                         "with transformers")
+    if getattr(args.script, "dataset_streaming", False):
+        raise UsageError(f"--dataset_streaming is not planned yet for {args.method}: TRL replaces its RepeatSampler "
+                         "with a buffered shuffle of the stream (repeat_iterable_dataset), which shapeplan does not "
+                         "replay; drop --dataset_streaming")
+
+
+def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
+    """The `GenerationConfig` the trainer builds (the options that size `generate`; sampling ones do not)."""
+    from transformers import GenerationConfig
+
+    kwargs: dict[str, Any] = {"max_new_tokens": config.max_completion_length,
+                              "cache_implementation": config.cache_implementation}
+    kwargs.update(config.generation_kwargs or {})
+    try:
+        generation = GenerationConfig(**kwargs, disable_compile=True)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"invalid generation_kwargs: {first_line(exc)}") from exc
+    if max(generation.num_beams or 1, generation.num_return_sequences or 1) != 1 \
+            or generation.prefill_chunk_size is not None:
+        raise UsageError("generation_kwargs with num_beams, num_return_sequences or prefill_chunk_size is not "
+                         "planned; drop them from --generation_kwargs")
+    return generation
+
+
+def static_cache(generation: GenerationConfig) -> bool:
+    """Whether `generate` runs with a static cache (a cache length per size) under these settings."""
+    from transformers.generation.configuration_utils import (
+        ALL_STATIC_CACHE_IMPLEMENTATIONS,
+    )
+
+    return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
+
+
+def bare_trainer(method: str, tokenizer: Any, config: GenerationTrainingConfig) -> Any:
+    """A trainer with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them for a text model."""
+    trainer_class = trainer_spec(method).trainer()
+    trainer = trainer_class.__new__(trainer_class)
+    trainer.processing_class = tokenizer
+    trainer._is_vlm = False
+    trainer.environment_factories = None
+    trainer.tools = []
+    trainer.chat_template = None
+    trainer.chat_template_kwargs = config.chat_template_kwargs or {}
+    return trainer
+
+
+def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
+    """Token counts of every row's prompt, tokenized by the trainer's own `_tokenize_prompts` (never truncated)."""
+    if "prompt" not in dataset.column_names:
+        raise DatasetError(f"the {name} dataset has no 'prompt' column (it has {', '.join(dataset.column_names)}); "
+                           "GRPO, RLOO and Distillation generate from 'prompt': rename the column or pass another "
+                           "dataset")
+    prompts = dataset["prompt"]
+    lengths: list[int] = []
+    for start in range(0, len(prompts), _TOKENIZE_CHUNK):
+        try:
+            ids, _, _ = trainer._tokenize_prompts(list(prompts[start:start + _TOKENIZE_CHUNK]))
+        except Exception as exc:  # the tokenizer raises many types for unusable prompts
+            raise DatasetError(f"cannot tokenize the {name} prompts: {first_line(exc)}") from exc
+        lengths.extend(len(row) for row in ids)
+    return tuple(lengths)
+
+
+@dataclass(frozen=True)
+class EvalLoop:
+    """The eval prompts' lengths, the per-rank order of one evaluation, and the steps after which it runs (all
+    empty without an eval dataset)."""
+
+    lengths: tuple[int, ...] = ()
+    order: RankBatches = ()
+    steps: tuple[int, ...] = ()
+
+
+def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, generations: int) -> EvalLoop:
+    """The eval loop of the run: `_get_eval_sampler` is a fresh `RepeatSampler` per evaluation, seeded alike, so
+    every evaluation walks the same order; `generations` completions per prompt."""
+    if data.eval is None:
+        return EvalLoop()
+    from trl.trainer.utils import RepeatSampler
+
+    config = args.training
+    lengths = prompt_lengths(data.eval, trainer, "eval")
+    order = list(RepeatSampler(range(len(lengths)), mini_repeat_count=generations, seed=config.seed))
+    batches = ordered_batches(order, batch_size=config.per_device_eval_batch_size, num_processes=args.num_processes,
+                              drop_last=config.dataloader_drop_last)
+    return EvalLoop(lengths, batches, tuple(eval_steps_of(args, loop)))
+
+
+def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...], layout: GenerationLayout,
+             loop: TrainLoop, epoch_batches: Callable[[int], RankBatches], evals: EvalLoop, config: dict[str, Any],
+             warnings: Sequence[str] = ()) -> Plan:
+    """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run."""
+    return plan_generation(
+        method=args.method,
+        prompt_lengths=train_lengths,
+        layout=layout,
+        loop=loop,
+        epoch_batches=epoch_batches,
+        eval_prompt_lengths=evals.lengths,
+        eval_batches=evals.order,
+        eval_steps=list(evals.steps),
+        generation_kwargs=args.training.generation_kwargs or {},
+        config=config,
+        versions=versions(),
+        fingerprint=run_fingerprint(data),
+        warnings=warnings,
+    )

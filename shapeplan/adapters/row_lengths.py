@@ -1,0 +1,34 @@
+"""The data's token lengths as the trainer tokenizes them, untruncated: for histograms and advice."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import UsageError
+from .common import apply_chat_template_path, load_run_data
+from .trl_args import parse_training_args
+
+# method -> what its lengths count
+KINDS = {"sft": "rows", "grpo": "prompts", "rloo": "prompts", "distillation": "prompts"}
+
+
+def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None = None,
+                  use_cache: bool = True) -> tuple[int, ...]:
+    """SFT: the prepared train rows without max_length or packing (through the length cache, so the plans that
+    follow re-derive theirs from the same tokenization); generation trainers: the train prompts."""
+    if method not in KINDS:
+        raise UsageError(f"token lengths are read for {', '.join(KINDS)}, not {method}; drop --histogram")
+    if method == "sft":
+        from .sft import prepare_rows
+
+        args = parse_training_args(method, [*argv, "--max_length", "none", "--packing", "false"])
+        data = load_run_data(args, eval_source=eval_source)
+        apply_chat_template_path(data.tokenizer, args.training.chat_template_path)
+        rows, _ = prepare_rows(data.train, data.tokenizer, args.training, packing=False, name="train",
+                               use_cache=use_cache)
+        return rows.lengths
+    from .generation import bare_trainer, prompt_lengths
+
+    args = parse_training_args(method, argv)
+    data = load_run_data(args, eval_source=eval_source)
+    return prompt_lengths(data.train, bare_trainer(method, data.tokenizer, args.training), "train")

@@ -1,0 +1,167 @@
+"""`advise`: the run as given and every what-if, each an exact plan from `analyze`, costed and ranked.
+
+The alternatives re-plan with changed TRL options. They share one tokenization (`adapters.lengths.
+shared_tokenization`): the untruncated lengths are read first, and every plan whose options change only batching,
+padding, packing or max_length re-derives its rows from those token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .analyze import analyze
+from .errors import CacheError, ShapeplanError, UsageError
+from .plan.advice import (
+    Candidate,
+    CostModel,
+    Measurement,
+    Option,
+    Settings,
+    calibrated,
+    candidates,
+    data_loss,
+    plan_cost,
+    ranked,
+    recommendation,
+)
+from .plan.caveats import caveats
+from .plan.grpo import cache_pin
+from .plan.model import Plan
+
+ADVISED = ("sft", "grpo", "rloo", "distillation")
+
+
+@dataclass(frozen=True)
+class Advice:
+    method: str
+    argv: tuple[str, ...]  # the baseline's TRL options
+    lengths: tuple[int, ...]  # untruncated train rows (SFT) or prompts, in tokens
+    baseline: Option
+    options: tuple[Option, ...]  # the alternatives, fastest first
+    skipped: tuple[tuple[str, str], ...]  # (alternative, why TRL or the planner refused it)
+    model: CostModel
+    recommended: Option | None
+    recommendation: str
+    warnings: tuple[str, ...]
+
+
+def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
+           calibrate: Path | None = None, allow_truncation: bool = False) -> Advice:
+    if method not in ADVISED:
+        raise UsageError(f"advise covers {', '.join(ADVISED)}, not {method}; use `shapeplan analyze --method "
+                         f"{method}` to plan it")
+    from .adapters.lengths import shared_tokenization
+
+    with shared_tokenization():
+        return _advise(method, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
+                       allow_truncation=allow_truncation)
+
+
+def _advise(method: str, argv: list[str], *, eval_source: str | None, use_cache: bool, calibrate: Path | None,
+            allow_truncation: bool) -> Advice:
+    from .adapters.row_lengths import train_lengths
+
+    argv = _effective_argv(method, argv)
+    lengths = train_lengths(method, argv, eval_source=eval_source, use_cache=use_cache)
+    base_plan = analyze(method, argv, eval_source=eval_source, use_cache=use_cache)
+    model = calibrated_model(calibrate, torch_compile=bool(base_plan.config.get("torch_compile"))) \
+        if calibrate is not None else CostModel()
+    baseline = Option(candidate=None, plan=base_plan, cost=plan_cost(base_plan, model))
+    options, skipped = [], []
+    for candidate in candidates(settings_of(base_plan, lengths)):
+        try:
+            plan = analyze(method, with_flags(argv, candidate), eval_source=eval_source, use_cache=use_cache)
+        except ShapeplanError as exc:
+            skipped.append((candidate.label, str(exc)))
+            continue
+        loss = data_loss(base_plan, plan, candidate, lengths=lengths,
+                         baseline_max_length=base_plan.config.get("max_length"))
+        options.append(Option(candidate=candidate, plan=plan, cost=plan_cost(plan, model), loss=loss))
+    recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
+    return Advice(method=method, argv=tuple(argv), lengths=lengths, baseline=baseline,
+                  options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
+                  recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)))
+
+
+def _effective_argv(method: str, argv: list[str]) -> list[str]:
+    """`argv`, with the guide's example options spelled out when the planner would plan the example: an
+    alternative adds options, which would otherwise switch the example off."""
+    from .adapters.grpo import with_guide_example
+    from .adapters.trl_args import parse_training_args
+    from .trainers import trainer_spec
+
+    example = trainer_spec(method).guide_options
+    if not example:
+        return argv
+    _, notes = with_guide_example(parse_training_args(method, argv), argv)
+    return [*example, *argv] if notes else argv
+
+
+def settings_of(plan: Plan, lengths: Sequence[int]) -> Settings:
+    config = plan.config
+    pin = cache_pin(plan.shapes)
+    return Settings(
+        method=plan.method,
+        pad_to_multiple_of=plan.pad_to_multiple_of,
+        per_device_train_batch_size=int(config["per_device_train_batch_size"]),
+        gradient_accumulation_steps=int(config["gradient_accumulation_steps"]),
+        max_length=config.get("max_length"),
+        packing=bool(config.get("packing")),
+        packing_strategy=str(config.get("packing_strategy") or "bfd"),
+        padding_free=bool(config.get("padding_free")),
+        longest_row=max(lengths, default=0),
+        max_completion_length=config.get("max_new_tokens") if plan.method != "sft" else None,
+        generation_kwargs=config.get("generation_kwargs") or {},
+        pin_cache_len=pin.max_cache_len if pin is not None else None,
+    )
+
+
+def with_flags(argv: Sequence[str], candidate: Candidate) -> list[str]:
+    """`argv` with the candidate's options replacing any given value (`--name value`, `--name=value` or a bare
+    boolean `--name`); TRL's parser lets the command line override a `--config` file."""
+    names = {name for name, _ in candidate.flags}
+    out: list[str] = []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
+        if name in names:
+            has_value = "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            i += 2 if has_value else 1
+            continue
+        out.append(token)
+        i += 1
+    return out + candidate.argv()
+
+
+def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:
+    """The cost model fitted to what `shapeplan warm` measured in `cache_dir` (its manifest)."""
+    from .warm.manifest import MANIFEST
+
+    path = cache_dir / MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CacheError(f"{cache_dir} has no {MANIFEST}; pass a cache dir `shapeplan warm` wrote") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CacheError(f"manifest {path} is unreadable ({exc}); pass a cache dir `shapeplan warm` wrote") from exc
+    measurements = []
+    for section in (data.get("environments") or {}).values():
+        for key, entry in (section.get("shapes") or {}).items():
+            compiled = entry.get("status") == "compiled"
+            if not compiled and entry.get("steady_seconds") is None:
+                continue
+            phase, dims = key.split()[:2]
+            batch, seq = (int(x) for x in dims.split("x"))
+            measurements.append(Measurement(phase=phase, batch=batch, seq=seq,
+                                            compile_s=float(entry["seconds"]) if compiled else None,
+                                            steady_s=entry.get("steady_seconds")))
+    if not measurements:
+        raise CacheError(f"the manifest in {cache_dir} records no measured shape to calibrate with; warm a plan "
+                         "into an empty cache dir first")
+    return calibrated(measurements, torch_compile=torch_compile, source=f"calibrated from {cache_dir}")

@@ -1,0 +1,67 @@
+"""`shapeplan advise`: what each choice costs in compile minutes, training minutes and data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..errors import ShapeplanError
+from .analyze import run_options, split_run_arguments
+from .output import progress_bars_on_terminals_only
+
+
+@click.command(
+    "advise",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+)
+@run_options
+@click.option("--calibrate", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="CACHE_DIR",
+              help="Cost compiles and steps with what `shapeplan warm` measured in CACHE_DIR instead of the guide's "
+                   "figures.")
+@click.option("--json", "as_json", is_flag=True, help="Print the advice, cost model included, as JSON on stdout.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also write one self-contained HTML page (histogram, what-if table, shapes) to FILE.")
+@click.option("--allow-truncation", "allow_truncation", is_flag=True,
+              help="Let the recommendation lose data (truncated or dropped rows, shorter completions).")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Tokenize afresh, neither reading nor writing the row-length cache.")
+def advise_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
+                   trl_args: tuple[str, ...], calibrate: Path | None, as_json: bool, html_file: str | None,
+                   allow_truncation: bool, no_cache: bool) -> None:
+    """Weigh what to change so the run compiles less and trains faster.
+
+    Plans the run as given (the baseline) and every alternative: pad_to_multiple_of 64/128/256/512/none,
+    max_length at each bucket edge below the current one, packing or padding-free, batch size x gradient
+    accumulation pairs with the same effective batch, and for GRPO/RLOO/Distillation a pinned static cache length
+    and max_completion_length at each bucket edge. Each is an exact plan; they are ranked by compile + training
+    minutes, with the TRL flags, the change and the data lost. Takes the same DATASET and TRL options as
+    `shapeplan analyze`.
+
+    \b
+    Examples:
+      shapeplan advise data.jsonl --model ./my-model --max_length 2048
+      shapeplan advise --method grpo trl-lib/tldr --html advice.html
+      shapeplan advise data.jsonl --calibrate /var/cache/shapeplan --json
+    """
+    from ..advice_report import advice_to_dict, render_advice, render_html
+    from ..advise import advise
+    from ..plan.io import write_atomic
+
+    progress_bars_on_terminals_only()
+    argv = split_run_arguments(method, trl_args, model, split)
+    advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
+                    allow_truncation=allow_truncation)
+    if html_file is not None:
+        try:
+            write_atomic(html_file, render_html(advice))
+        except OSError as exc:
+            raise ShapeplanError(f"cannot write {html_file}: {exc.strerror}; choose a writable path with --html") \
+                from exc
+    if as_json:
+        click.echo(json.dumps(advice_to_dict(advice), indent=2))
+    else:
+        click.echo(render_advice(advice))
+        if html_file is not None:
+            click.echo(f"page written to {html_file}", err=True)

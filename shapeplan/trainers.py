@@ -1,0 +1,190 @@
+"""The registry of TRL trainers shapeplan plans and warms: one `TrainerSpec` per method.
+
+Every place that needs to know the methods (the CLI's choices, `analyze`, the default datasets, the warm runner,
+the tests) reads `TRAINERS`. The plan functions and warmers are imported only when a spec's `plan()` or `warmer()`
+is called, so reading the registry imports neither torch nor TRL (the CLI's `--help` stays fast).
+Adding a trainer: see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import UsageError
+from .plan.model import Method, Phase, Plan
+
+if TYPE_CHECKING:
+    from .adapters.trl_args import TrainingArgs
+    from .warm.runner import Warmer
+
+# `plan(args, argv, *, eval_source, use_cache) -> Plan`, the shape of every adapter's entry point. Only SFT keeps a
+# row-length cache so far (its datasets are the large ones); the others take `use_cache` so that every adapter has
+# the same signature.
+PlanFunction = Callable[..., Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerSpec:
+    """What shapeplan knows about one TRL method.
+
+    `script`: the `trl.scripts` module whose parser reads the run's options (`trl <name>`); `trainer_class` and
+    `config_class`: TRL's names (attributes of `trl`). `default_dataset` and `guide_options`: what TRL's Trainium
+    guide runs, planned when the user gives no dataset / no training option; `guide_reward_funcs`: the guide
+    example's reward functions (Python functions of its script, not TRL registry names: the warm-up keeps only
+    their number, which sizes the rewards tensor). `phases`: every phase its plans can
+    hold. `lockstep`: its warmer can run under `accelerate launch`, every rank stepping with the others.
+    """
+
+    name: Method
+    script: str
+    trainer_class: str
+    config_class: str
+    default_dataset: str
+    plan_function: Callable[[], PlanFunction]
+    warmer_class: Callable[[], Callable[[Any], Warmer[Any]]]
+    phases: tuple[Phase, ...]
+    guide_options: tuple[str, ...] = ()
+    guide_reward_funcs: tuple[str, ...] = ()
+    lockstep: bool = False
+
+    def plan(self, args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
+             use_cache: bool = True) -> Plan:
+        return self.plan_function()(args, argv, eval_source=eval_source, use_cache=use_cache)
+
+    def warmer(self, args: Any) -> Warmer[Any]:
+        """The method's warmer for the run `args` (its TrainingArgs)."""
+        return self.warmer_class()(args)
+
+    def trainer(self) -> Any:
+        """TRL's trainer class."""
+        import trl
+
+        return getattr(trl, self.trainer_class)
+
+    def config(self) -> Any:
+        """TRL's config class."""
+        import trl
+
+        return getattr(trl, self.config_class)
+
+
+# -- plan functions and warmer classes, imported when used ---------------------------------------------------------
+
+
+def _sft_plan() -> PlanFunction:
+    from .adapters.sft import plan
+
+    return plan
+
+
+def _generation_plan() -> PlanFunction:
+    from .adapters.grpo import plan
+
+    return plan
+
+
+def _dpo_plan() -> PlanFunction:
+    from .adapters.dpo import plan
+
+    return plan
+
+
+def _kto_plan() -> PlanFunction:
+    from .adapters.kto import plan
+
+    return plan
+
+
+def _reward_plan() -> PlanFunction:
+    from .adapters.reward import plan
+
+    return plan
+
+
+def _distillation_plan() -> PlanFunction:
+    from .adapters.distillation import plan
+
+    return plan
+
+
+def _sft_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.sft import SFTWarmer
+
+    return SFTWarmer
+
+
+def _generation_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.generation import GenerationWarmer
+
+    return GenerationWarmer
+
+
+def _dpo_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.preference import DPOWarmer
+
+    return DPOWarmer
+
+
+def _kto_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.preference import KTOWarmer
+
+    return KTOWarmer
+
+
+def _reward_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.preference import RewardWarmer
+
+    return RewardWarmer
+
+
+def _distillation_warmer() -> Callable[[Any], Warmer[Any]]:
+    from .warm.distillation import DistillationWarmer
+
+    return DistillationWarmer
+
+
+_GENERATION_PHASES: tuple[Phase, ...] = ("generate", "eval_generate", "train", "eval", "old_logprob", "ref")
+
+_SPECS = (
+    TrainerSpec(name="sft", script="trl.scripts.sft", trainer_class="SFTTrainer", config_class="SFTConfig",
+                default_dataset="trl-lib/Capybara", plan_function=_sft_plan, warmer_class=_sft_warmer,
+                phases=("train", "eval")),
+    TrainerSpec(name="grpo", script="trl.scripts.grpo", trainer_class="GRPOTrainer", config_class="GRPOConfig",
+                default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
+                phases=_GENERATION_PHASES, lockstep=True,
+                guide_options=("--per_device_train_batch_size", "4", "--num_generations", "4",
+                               "--max_completion_length", "128", "--cache_implementation", "static", "--bf16",
+                               "true"),
+                # TRL's trl-lib/tldr example rewards completions close to 20 characters
+                guide_reward_funcs=("reward_len",)),
+    TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
+                default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
+                phases=_GENERATION_PHASES, lockstep=True),
+    TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
+                default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
+                warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute")),
+    TrainerSpec(name="kto", script="trl.scripts.kto", trainer_class="KTOTrainer", config_class="KTOConfig",
+                default_dataset="trl-lib/kto-mix-14k", plan_function=_kto_plan, warmer_class=_kto_warmer,
+                phases=("train", "eval", "ref", "eval_ref", "kl", "eval_kl", "ref_kl", "eval_ref_kl",
+                        "ref_precompute")),
+    TrainerSpec(name="reward", script="trl.scripts.reward", trainer_class="RewardTrainer",
+                config_class="RewardConfig", default_dataset="trl-lib/ultrafeedback_binarized",
+                plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval")),
+    TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
+                config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
+                plan_function=_distillation_plan, warmer_class=_distillation_warmer,
+                phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True),
+)
+
+TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}
+METHODS: tuple[str, ...] = tuple(TRAINERS)
+
+
+def trainer_spec(method: str) -> TrainerSpec:
+    """The spec of `method`; UsageError naming the known methods for any other name."""
+    spec = TRAINERS.get(method)
+    if spec is None:
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return spec

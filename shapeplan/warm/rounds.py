@@ -1,0 +1,156 @@
+"""The rounds of the generation warm-up (GRPO, RLOO, Distillation), planned without torch: one task per planned
+`generate` size, each a list of rounds of `_generate` calls (see shapeplan/warm/generation.py), and the lockstep
+that keeps the ranks of a multi-process warm-up stepping together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import PlanFileError
+from ..plan.buckets import round_up
+from ..plan.model import Phase, Plan
+
+# The phase of a task: the train-side generate (eval-side generation is not warmed yet).
+_GENERATE: Phase = "generate"
+# Phases the rounds of a generate task run (GRPO, RLOO); eval-side phases are not warmed yet.
+ROUND_PHASES: tuple[Phase, ...] = ("train", "old_logprob", "ref")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateTask:
+    """A planned generate size, and the completion buckets whose forwards and train step its rounds run."""
+
+    phase: str
+    batch: int  # rows of one generation batch
+    seq: int  # prompt bucket P
+    cache_len: int | None
+    max_new_tokens: int
+    completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
+
+    @property
+    def key(self) -> str:
+        parts = [self.phase, f"{self.batch}x{self.seq}", f"cache={self.cache_len}", f"new={self.max_new_tokens}"]
+        if self.completions:
+            parts.append(f"C={','.join(map(str, self.completions))}")
+        return " ".join(parts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} ({self.batch}, {self.seq})"
+
+    @property
+    def cost(self) -> float:
+        """Estimated compile minutes (plan/cost.py's rates): the generate graphs and one train shape per C."""
+        from ..plan.cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
+
+        return GENERATE_SHAPE_MINUTES + TRAIN_SHAPE_MINUTES * len(self.completions)
+
+
+def generation_tasks(plan: Plan, round_phases: tuple[str, ...] = ROUND_PHASES) -> tuple[GenerateTask, ...]:
+    """One task per planned train-side generate size, in plan order; `round_phases`: the forwards of a round."""
+    unsupported = sorted({s.phase for s in plan.shapes} - {_GENERATE} - set(round_phases))
+    if unsupported:
+        raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
+                            f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
+    completions: dict[int, set[int]] = {}
+    for shape in plan.shapes:
+        if shape.phase in round_phases and shape.logits_to_keep is not None:
+            completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
+    generate = [s for s in plan.shapes if s.phase == _GENERATE]
+    tasks, trained = [], set()
+    for shape in generate:
+        assert shape.max_new_tokens is not None
+        buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
+        trained.add(shape.seq)
+        tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
+                                  max_new_tokens=shape.max_new_tokens, completions=buckets))
+    return tuple(tasks)
+
+
+# -- what each round does -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One `trainer._generate` call: B prompts of bucket P; `length` None runs the model's own `generate` (decoded
+    to max_new_tokens), else `generate` returns `length` tokens per row, the first `eos_rows` rows ending in EOS.
+
+    `unpadded`: every prompt is P tokens long (else the batch is padded on the left); `short`: every row but the
+    first ends at its first token (completions of mixed lengths, so the completion mask has padding).
+    """
+
+    rows: int
+    prompt: int
+    length: int | None = None
+    eos_rows: int = 0
+    unpadded: bool = False
+    short: bool = False
+    cache_len: int | None = None  # the static cache length the model's own generate must use
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One generation round: `before` calls (post-processing of every generated length), then the round's own."""
+
+    task: GenerateTask | None  # None: a round that repeats warmed work (rank padding)
+    own: Call
+    before: tuple[Call, ...] = ()
+    last: bool = False  # the task's last round
+
+
+def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) -> int:
+    """A generated length L with R(L) == bucket."""
+    length = min(bucket, max_new_tokens)
+    if round_up(length, multiple) != bucket:
+        raise PlanFileError(f"completion bucket {bucket} cannot come from at most {max_new_tokens} new tokens; "
+                            "re-create the plan with `shapeplan analyze ... -o PLAN`")
+    return length
+
+
+def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[bool, ...]:
+    """Whether a generation batch's prompts arrive padded (False) or not (True), as far as the plan can tell.
+
+    A batch whose rows repeat one prompt has no left padding when that prompt's length is a multiple of the padding
+    multiple (always, without one); then a batch of full-length completions has no padding at all and attention
+    skips its mask (other ops). Batches of several prompts are taken to be padded (equal lengths are unlikely).
+    """
+    if rows > generations:
+        return (False,)
+    return (True,) if multiple in (None, 1) else (False, True)
+
+
+def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,)) -> list[Round]:
+    """The rounds of `task`, for each prompt layout."""
+    b, p, new = task.batch, task.seq, task.max_new_tokens
+    before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
+    before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
+    rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
+              for i, u in enumerate(layouts)]
+    for bucket in task.completions:
+        length = completion_length(bucket, new, multiple)
+        eos_rows = b if length < new else 0
+        for unpadded in layouts:
+            rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=unpadded)))
+            if unpadded and length > 1:
+                rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=True, short=True)))
+    return [Round(r.task, r.own, r.before, last=i == len(rounds) - 1) for i, r in enumerate(rounds)]
+
+
+def lockstep(shares: Sequence[Sequence[Round]]) -> list[list[Round]]:
+    """Pad every rank's rounds to the same count, and each round's calls to the same count, with repeats of warmed
+    work (a rank with nothing to warm repeats another rank's last round)."""
+    count = max(len(s) for s in shares)
+    template = next(s for s in shares if s)
+    out = []
+    for rounds in shares:
+        filler = (rounds or template)[-1].own
+        out.append(list(rounds) + [Round(None, Call(filler.rows, filler.prompt, filler.length or 1, filler.rows))
+                                   for _ in range(count - len(rounds))])
+    for i in range(count):
+        calls = max(len(r[i].before) for r in out)
+        for r in out:
+            own = r[i].own
+            spare = Call(own.rows, own.prompt, 1, own.rows)
+            r[i] = Round(r[i].task, own, r[i].before + (spare,) * (calls - len(r[i].before)), r[i].last)
+    return out

@@ -1,0 +1,97 @@
+"""Per-shape accounting of a warm-up: the time and compile-counter changes charged to each task, its status, and
+its entry in the manifest."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from .backends.base import Backend, counter_delta
+from .manifest import Manifest, environment_key
+from .model import ManifestEntry, Task, WarmResult
+
+TaskT = TypeVar("TaskT", bound=Task)
+
+
+class Tracker:
+    """Times each task and reads the compile counters around it; records finished tasks in the manifest."""
+
+    def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
+                 total: int, progress: bool) -> None:
+        self.backend = backend
+        self.manifest = manifest
+        self.environment = environment
+        self.env_key = environment_key(environment)
+        self.results: dict[Task, WarmResult] = {}
+        self._spent: dict[Task, tuple[float, dict[str, int]]] = {}
+        self._mark: tuple[float, dict[str, int]] | None = None
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="warming", unit="shape", file=sys.stderr, dynamic_ncols=True)
+
+    def start(self) -> None:
+        """Begin counting: what ran before (loading, set-up) is charged to no task."""
+        self._mark = (time.perf_counter(), self.backend.counters())
+
+    def charge(self, task: Task) -> None:
+        """Charge the time and counter changes since the last mark to `task`."""
+        assert self._mark is not None, "Tracker.start() must come first"
+        now, counters = time.perf_counter(), self.backend.counters()
+        seconds, delta = self._spent.get(task, (0.0, {}))
+        step = counter_delta(self._mark[1], counters)
+        merged = {k: delta.get(k, 0) + step.get(k, 0) for k in set(delta) | set(step)}
+        self._spent[task] = (seconds + now - self._mark[0], merged)
+        self._mark = (now, counters)
+
+    def finish(self, task: Task) -> None:
+        self.charge(task)
+        seconds, delta = self._spent.pop(task)
+        status = "compiled" if self.backend.compiled(delta) else "cached"
+        self._done(WarmResult(task=task, status=status, seconds=seconds, counters=delta))
+
+    def fail(self, task: Task, error: str) -> None:
+        if self._mark is not None:
+            self.charge(task)
+        seconds, delta = self._spent.pop(task, (0.0, {}))
+        self._done(WarmResult(task=task, status="failed", seconds=seconds, counters=delta, error=error))
+
+    def steady(self, task: Task, *, micro_batches: int) -> None:
+        """Record the seconds since the last mark, per micro-batch, as `task`'s steady-state seconds: a finished
+        task run once more, so nothing compiles. Charged to no task's warm-up time."""
+        assert self._mark is not None, "Tracker.start() must come first"
+        now = time.perf_counter()
+        result = replace(self.results[task], steady_seconds=(now - self._mark[0]) / micro_batches)
+        self.results[task] = result
+        self._mark = (now, self.backend.counters())
+        self._record(result)
+
+    def pending(self, tasks: Sequence[TaskT]) -> list[TaskT]:
+        return [t for t in tasks if t not in self.results]
+
+    def _done(self, result: WarmResult) -> None:
+        self.results[result.task] = result
+        self._record(result)
+        if self._bar is not None:
+            self._bar.write(result_row(result), file=sys.stderr)
+            self._bar.update(1)
+
+    def _record(self, result: WarmResult) -> None:
+        if self.manifest is not None:
+            self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
+                                               seconds=result.seconds, counters=result.counters,
+                                               steady_seconds=result.steady_seconds), self.environment)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def result_row(result: WarmResult) -> str:
+    counters = " ".join(f"{k}={v:+d}" for k, v in sorted(result.counters.items()))
+    text = f"{result.status:<9} {result.task.label:<22} {result.seconds:8.1f}s  {counters}"
+    return text + (f"  {result.error}" if result.error else "")
