@@ -28,6 +28,20 @@ os.environ["HF_DATASETS_CACHE"] = str(_SESSION_CACHE / "datasets")
 os.environ["HF_HOME"] = str(_SESSION_CACHE / "hf")
 
 
+def write_short_text_rows(path: Path, rows: int) -> Path:
+    """`rows` short plain-text rows (1 to 24 words), seeded: a stream long enough to cross TRL's 1000-row pack
+    batches with a few seconds of tokenization."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
+    with path.open("w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(1, 24)))}) + "\n")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _isolated_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))

@@ -110,7 +110,11 @@ BAD_INPUTS = {
     "unknown-method": ([str(TLDR), "--method", "ppo"], 2, "Invalid value for '--method'"),
     "unwritable-output": ([*RUN, "-o", "{bad}/no-folder/plan.json"], 1,
                           "cannot write plan to {bad}/no-folder/plan.json"),
-    "streaming": ([str(TLDR), *MODEL, "--dataset_streaming"], 2, "streaming datasets are not planned yet"),
+    "streaming-without-max-steps": ([str(TLDR), *MODEL, "--dataset_streaming"], 2,
+                                    "a streamed dataset has no length, so the Trainer refuses it without max_steps"),
+    "streaming-pass-shorter-than-ga": ([str(TLDR), *MODEL, "--dataset_streaming", "--max_steps", "100",
+                                        "--gradient_accumulation_steps", "9"], 2,
+                                       "the stream holds 8 batches per rank, fewer than gradient_accumulation_steps=9"),
     "unknown-sampling-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/sampling.yaml"], 2,
                                    "train_sampling_strategy='foo' is not one shapeplan plans"),
 }

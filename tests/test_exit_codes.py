@@ -69,6 +69,27 @@ def test_analyze(tmp_path: Path) -> None:
             "see `trl sft --help`")
 
 
+def test_analyze_streaming(tmp_path: Path) -> None:
+    """A streaming SFT run is planned; what the Trainer or TRL refuse on a stream, and what is not planned, exit 2."""
+    out = ok(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "2"))
+    assert "warning: streaming: the run reads the first 16 prepared train rows (16 source rows read" in out
+    refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming"), 2,
+            "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N")
+    refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "20",
+                      "--shuffle_dataset"), 2,
+            "the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, which is not "
+            "planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
+    preference = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
+    refused(shapeplan("analyze", "--method", "dpo", preference, "--model", TINY_MODEL, "--dataset_streaming",
+                      "--max_steps", "2", "--precompute_ref_log_probs"), 2,
+            "TRL's dpo trainer refuses precompute_ref_log_probs=True on a streamed dataset (an IterableDataset); "
+            "drop --precompute_ref_log_probs or --dataset_streaming")
+    refused(shapeplan("analyze", "--method", "reward", preference, "--model", TINY_MODEL, "--dataset_streaming",
+                      "--max_steps", "2"), 2,
+            "--dataset_streaming is planned for SFT only, not yet for reward; drop --dataset_streaming to plan the "
+            "map-style run of the same data")
+
+
 # -- warm ------------------------------------------------------------------------------------------------------
 
 
@@ -88,6 +109,13 @@ def test_warm(tmp_path: Path, eager_plan: Path) -> None:
             f"cannot read plan {missing}: No such file or directory; pass a file written by `shapeplan analyze -o`")
     refused(shapeplan("warm", "--plan", eager_plan, "--device", "tpu"), 2,
             "Invalid value for '--device': 'tpu' is not one of 'neuron', 'cuda', 'cpu'; see `shapeplan warm --help`")
+
+
+def test_warm_streaming_run(tmp_path: Path) -> None:
+    """Plan and warm a streaming run in one go: the warm-up builds the run's trainer and runs its planned shape."""
+    out = ok(shapeplan("warm", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", *EAGER, "--device", "cpu",
+                       "--cache-dir", tmp_path / "cache"))
+    assert "1 cached" in out
 
 
 def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:

@@ -58,20 +58,27 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
 
 def run_fingerprint(data: RunData) -> dict[str, str]:
     """What identifies the plan's inputs: the tokenizer and the datasets' own fingerprints."""
-    out = {"tokenizer": tokenizer_fingerprint(data.tokenizer), "train_dataset": data.train._fingerprint}
-    if data.eval is not None:
-        out["eval_dataset"] = data.eval._fingerprint
+    out = {"tokenizer": tokenizer_fingerprint(data.tokenizer)}
+    # A stream (IterableDataset) has no fingerprint: nothing identifies its content without reading it all.
+    for name, dataset in (("train_dataset", data.train), ("eval_dataset", data.eval)):
+        fingerprint = getattr(dataset, "_fingerprint", None)
+        if fingerprint is not None:
+            out[name] = fingerprint
     return out
 
 
-def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
-    """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them."""
+def load_run_data(args: TrainingArgs, *, eval_source: str | None, streams: bool = False) -> RunData:
+    """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them. With
+    --dataset_streaming, IterableDatasets read lazily, for a planner that `streams` them."""
     script = args.script
     mixture = args.dataset_mixture
-    if getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False):
-        # A stream has no length: the Trainer runs it in stream order for max_steps, not epochs of a sampler.
-        raise UsageError("streaming datasets are not planned yet; drop --dataset_streaming to plan the map-style "
-                         "run of the same data")
+    streaming = bool(getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False))
+    if streaming and not streams:
+        if getattr(args.training, "precompute_ref_log_probs", False):
+            raise UsageError(f"TRL's {args.method} trainer refuses precompute_ref_log_probs=True on a streamed dataset "
+                             "(an IterableDataset); drop --precompute_ref_log_probs or --dataset_streaming")
+        raise UsageError(f"--dataset_streaming is planned for SFT only, not yet for {args.method}; drop "
+                         "--dataset_streaming to plan the map-style run of the same data")
     if mixture is not None and getattr(mixture, "datasets", None):
         from trl import get_dataset
 
@@ -82,14 +89,15 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
         source = "dataset mixture"
     else:
         source = script.dataset_name
-        data = load_dataset_source(source, name=script.dataset_config)
+        data = load_dataset_source(source, name=script.dataset_config, streaming=streaming)
     train = select_split(data, script.dataset_train_split, source)
     check_rows(train, source)
 
     eval_data = None
     if getattr(args.training, "eval_strategy", "no") != "no":
         if eval_source is not None:
-            eval_data = _only_split(load_dataset_source(eval_source), script.dataset_test_split, eval_source)
+            eval_data = _only_split(load_dataset_source(eval_source, streaming=streaming), script.dataset_test_split,
+                                    eval_source)
         elif not isinstance(data, dict) or script.dataset_test_split in data:
             eval_data = select_split(data, script.dataset_test_split, source)
         else:
@@ -112,7 +120,7 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
 def _only_split(data: Any, preferred: str, source: str) -> Any:
     import datasets
 
-    if isinstance(data, datasets.Dataset):
+    if isinstance(data, (datasets.Dataset, datasets.IterableDataset)):
         return data
     if preferred in data:
         return data[preferred]

@@ -8,13 +8,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, ModelError, first_line
+from ..errors import DatasetError, ModelError, UsageError, first_line
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_dataset_source(source: str, *, name: str | None = None) -> Any:
-    """A `DatasetDict` (or `Dataset`) from a Hub id, a local data file or a `save_to_disk` folder."""
+def load_dataset_source(source: str, *, name: str | None = None, streaming: bool = False) -> Any:
+    """A `DatasetDict` (or `Dataset`) from a Hub id, a local data file or a `save_to_disk` folder; with `streaming`,
+    an `IterableDatasetDict` read lazily, as `load_dataset(..., streaming=True)` gives `trl <method>`."""
     import datasets
 
     path = Path(source)
@@ -30,6 +31,8 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
                                    "use .jsonl, .json, .parquet or .csv")
             if _blank(path):  # datasets' own error for an empty file names no cause
                 raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
+            if streaming:  # a stream reads the file as it goes: no Arrow cache to go stale
+                return datasets.load_dataset(builder, data_files=str(path), streaming=True)
             # datasets reuses its Arrow cache of a file while path, size and mtime are unchanged; naming the config
             # after the content makes a file rewritten in place (same size and mtime) load its new rows
             with open(path, "rb") as handle:
@@ -37,13 +40,17 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
             return datasets.load_dataset(builder, data_files=str(path), name=f"content-{content}")
         if path.is_dir():
             if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+                if streaming:
+                    raise UsageError(f"dataset {source} is a save_to_disk folder, which `load_dataset(..., "
+                                     "streaming=True)` does not read; stream a data file or a Hub id, or drop "
+                                     "--dataset_streaming")
                 return datasets.load_from_disk(str(path))
-            return datasets.load_dataset(str(path), name=name)
+            return datasets.load_dataset(str(path), name=name, streaming=streaming)
         if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
             raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
                                "Hub dataset id")
-        return datasets.load_dataset(source, name=name)
-    except DatasetError:
+        return datasets.load_dataset(source, name=name, streaming=streaming)
+    except (DatasetError, UsageError):
         raise
     except FileNotFoundError as exc:
         raise DatasetError(f"dataset {source} not found ({first_line(exc)}); pass a local .jsonl/.json/.parquet/.csv "
@@ -61,7 +68,7 @@ def load_dataset_source(source: str, *, name: str | None = None) -> Any:
 def select_split(data: Any, split: str, source: str) -> Any:
     import datasets
 
-    if isinstance(data, datasets.Dataset):
+    if isinstance(data, (datasets.Dataset, datasets.IterableDataset)):
         return data
     if split not in data:
         raise DatasetError(f"dataset {source} has no split {split!r} (it has {', '.join(data)}); "
@@ -70,7 +77,11 @@ def select_split(data: Any, split: str, source: str) -> Any:
 
 
 def check_rows(dataset: Any, source: str) -> None:
-    if len(dataset) == 0:
+    import datasets
+
+    # A stream has no length; reading its first row tells whether it has one.
+    empty = next(iter(dataset), None) is None if isinstance(dataset, datasets.IterableDataset) else len(dataset) == 0
+    if empty:
         raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
 
 

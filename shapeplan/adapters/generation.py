@@ -34,8 +34,9 @@ def refuse_unplannable(args: TrainingArgs) -> None:
         raise UsageError("use_vllm=True is not planned: vLLM does not run on Neuron; drop --use_vllm to generate "
                          "with transformers")
     if getattr(args.script, "dataset_streaming", False):
-        raise UsageError("dataset_streaming=True replaces TRL's RepeatSampler with a buffered shuffle that "
-                         "planning cannot replay; drop --dataset_streaming")
+        raise UsageError(f"--dataset_streaming is not planned yet for {args.method}: TRL replaces its RepeatSampler "
+                         "with a buffered shuffle of the stream (repeat_iterable_dataset), which shapeplan does not "
+                         "replay; drop --dataset_streaming")
 
 
 def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
+from ..plan.schedule import TrainLoop
 from ..plan.sft import SFTLayout, plan_sft
-from . import length_cache, lengths
+from . import length_cache, lengths, stream
 from .common import (
+    RunData,
     apply_chat_template_path,
     load_run_data,
     recorded_config,
     run_fingerprint,
     versions,
 )
-from .loop import check_strategy, eval_schedule, train_schedule
+from .loop import check_strategy, eval_schedule, eval_steps_of, train_schedule
 from .trl_args import TrainingArgs
 
 
@@ -74,15 +79,7 @@ def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) ->
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str,
                  use_cache: bool = True) -> tuple[Rows, int]:
     """The rows `SFTTrainer` trains on, as lengths; and how many input rows preparation dropped."""
-    first = next(iter(dataset))
-    fmt = _row_format(first, config.dataset_text_field)
-    if fmt == "conversational" and tokenizer.chat_template is None:
-        raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
-                         "--chat_template_path FILE.jinja or a model whose tokenizer has one")
-    if packing and config.max_length is None:
-        raise UsageError("packing needs max_length; pass --max_length N")
-    skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
-    trainer = None if skip else _bare_trainer(tokenizer, config, first)  # sets the EOS token: before the key
+    trainer = _preparer(dataset, tokenizer, config, packing=packing)  # sets the EOS token: before the key
     # --- lengths cache and fast path (shapeplan.adapters.length_cache, shapeplan.adapters.lengths) ---
     key = length_cache.length_key(dataset, tokenizer, config, packing=packing) if use_cache else None
     cached = length_cache.load(key) if key is not None else None
@@ -99,19 +96,57 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     return rows, dropped
 
 
+@contextmanager
+def _trl_preparing(name: str) -> Iterator[None]:
+    """TRL's preparation errors (a bad row, a template that fails) as one DatasetError line."""
+    from jinja2 import TemplateError
+
+    try:
+        yield
+    except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
+        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
+
+
+def _preparer(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> Any:
+    """The bare `SFTTrainer` whose `_prepare_dataset` prepares `dataset`, after the checks TRL's preparation would
+    fail on; None with skip_prepare_dataset."""
+    first = next(iter(dataset))
+    fmt = _row_format(first, config.dataset_text_field)
+    if fmt == "conversational" and tokenizer.chat_template is None:
+        raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
+                         "--chat_template_path FILE.jinja or a model whose tokenizer has one")
+    if packing and config.max_length is None:
+        raise UsageError("packing needs max_length; pass --max_length N")
+    skip = (config.dataset_kwargs or {}).get("skip_prepare_dataset", False)
+    return None if skip else _bare_trainer(tokenizer, config, first)
+
+
+def _stream_parts(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str, num_processes: int,
+                  per_rank: int | None, reader: stream.Reader) -> list[Rows]:
+    """The prepared rows of a stream that the run reads, one `Rows` per rank when accelerate shards it by files,
+    else one shared; `per_rank` rows of each (all rows when None)."""
+    trainer = _preparer(dataset, tokenizer, config, packing=packing)
+    parts = []
+    for part in stream.rank_streams(dataset, num_processes):
+        with _trl_preparing(name):
+            rows = stream.prepared_rows(part, tokenizer, config, trainer, packing=packing, name=name, reader=reader,
+                                        limit=per_rank)
+            parts.append(stream.take(rows, per_rank))
+        if not parts[-1].lengths:
+            raise DatasetError(f"every row of the {name} stream was dropped: no row keeps a trainable token within "
+                               f"max_length={config.max_length}; raise --max_length or check the loss masks")
+    return parts
+
+
 def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool,
                    name: str) -> tuple[Rows, int]:
     if trainer is None:  # skip_prepare_dataset
         prepared = dataset
     else:
-        from jinja2 import TemplateError
-
-        try:
+        with _trl_preparing(name):
             if lengths.fast_path_refusal(dataset, tokenizer, config) is None:
                 return lengths.fast_prepared_rows(trainer, dataset, tokenizer, config, packing=packing, name=name)
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
-        except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
-            raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
     if "input_ids" not in prepared.column_names:
         raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
                            "skip_prepare_dataset the dataset must be tokenized already")
@@ -121,39 +156,47 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
-    check_strategy(args, length_aware=True)
+    streaming = bool(args.script.dataset_streaming or getattr(args.dataset_mixture, "streaming", False))
+    if streaming and config.max_steps <= 0:
+        raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
+                         "--max_steps N")
+    if not streaming:  # a stream has no sampler: the Trainer ignores train_sampling_strategy
+        check_strategy(args, length_aware=True)
     accelerator = config.accelerator_config
-    if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
-                                   or accelerator.dispatch_batches):
+    # SFTTrainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
+    if args.num_processes > 1 and (accelerator.split_batches or (not streaming and (
+            not accelerator.even_batches or accelerator.dispatch_batches))):
         raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not planned "
                          "for data-parallel runs; keep accelerate's defaults")
     # SFTTrainer checks this once, against the train packing, for train and eval alike.
     if config.padding_free and not config.packing and config.max_length is not None:
         raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
                          "--max_length none")
-    data = load_run_data(args, eval_source=eval_source)
+    data = load_run_data(args, eval_source=eval_source, streams=True)
     tokenizer = data.tokenizer
     apply_chat_template_path(tokenizer, config.chat_template_path)
-    train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
-                                       use_cache=use_cache)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
-
-    strategy = config.train_sampling_strategy
     warnings: list[str] = []
-    # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
-    exact = strategy in ("sequential", "batch_rebalance") or (
-        strategy == "random" and accelerator.use_seedable_sampler)
-    if not exact:
-        cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
-        warnings.append(f"{cause} draws the train order from the global RNG: train shapes are every shape some "
-                        "order can produce, with the most micro-batches and the earliest step each can have")
     if config.resume_from_checkpoint:
         warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
                         "before its checkpoint and meets only the shapes after it")
     if config.label_smoothing_factor > 0:
         warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
                         "grad, then the fused head without), so each train shape compiles two graphs")
+    if streaming:
+        return _plan_stream(args, argv, data, layout, warnings)
+
+    train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
+                                       use_cache=use_cache)
+    strategy = config.train_sampling_strategy
+    # Without the seedable sampler, accelerate keeps torch's RandomSampler, which seeds itself from the global RNG.
+    exact = strategy in ("sequential", "batch_rebalance") or (
+        strategy == "random" and accelerator.use_seedable_sampler)
+    if not exact:
+        cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
+        warnings.insert(0, f"{cause} draws the train order from the global RNG: train shapes are every shape some "
+                        "order can produce, with the most micro-batches and the earliest step each can have")
     epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
     info = RunInfo(
         method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped,
@@ -168,3 +211,43 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths)
     return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
                     eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
+
+
+def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFTLayout,
+                 warnings: list[str]) -> Plan:
+    """A streaming run: max_steps x GA micro-batches per rank over the stream's first prepared rows, in stream order
+    (see `shapeplan.adapters.stream`), or passes over a stream shorter than that; the eval stream read whole at each
+    evaluation."""
+    config = args.training
+    ranks = args.num_processes
+    micro = config.max_steps * config.gradient_accumulation_steps
+    train_reader = stream.Reader()
+    sharded = len(stream.rank_streams(data.train, ranks)) > 1
+    per_rank = micro * config.per_device_train_batch_size
+    needed = per_rank if sharded else per_rank * ranks
+    parts = _stream_parts(data.train, data.tokenizer, config, packing=config.packing, name="train",
+                          num_processes=ranks, per_rank=needed, reader=train_reader)
+    train_rows, batches = stream.batches(parts, batch_size=config.per_device_train_batch_size, num_processes=ranks)
+    # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
+    loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
+                     num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
+    if any(len(part.lengths) < needed for part in parts):  # the whole stream was read: it ends before max_steps
+        loop = replace(loop, batches_per_pass=stream.pass_length(
+            batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
+            shuffled=config.shuffle_dataset))
+    passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
+    warnings.append(f"streaming: the run reads the first {len(train_rows)} prepared train rows{passes} "
+                    f"({train_reader.rows_read} source rows read to plan them)")
+    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+                   exact=True, config=recorded_config(args, argv), versions=versions(),
+                   fingerprint=run_fingerprint(data), warnings=warnings)
+    if data.eval is None:
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: batches,
+                        info=info)
+    eval_packing = config.packing if config.eval_packing is None else config.eval_packing
+    eval_parts = _stream_parts(data.eval, data.tokenizer, config, packing=eval_packing, name="eval",
+                               num_processes=ranks, per_rank=None, reader=stream.Reader())
+    eval_rows, eval_order = stream.batches(eval_parts, batch_size=config.per_device_eval_batch_size,
+                                           num_processes=ranks)
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: batches, info=info,
+                    eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_steps_of(args, loop))

@@ -6,6 +6,7 @@ A transcription of `transformers.Trainer`'s loop (`set_initial_training_values`,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ class TrainLoop:
     gradient_accumulation_steps: int
     num_train_epochs: float
     max_steps: int  # <= 0: derive from num_train_epochs
+    # A stream's dataloader has no length: the Trainer takes an epoch as max_steps x GA micro-batches
+    # (`steps_in_epoch`), but a stream shorter than that ends its pass after `batches_per_pass`. 0: no such end.
+    batches_per_pass: int = 0
 
     @property
     def updates_per_epoch(self) -> int:
@@ -42,11 +46,15 @@ class MicroBatch:
     epoch: int
     index: int  # position of the batch in the epoch's dataloader order
     step: int  # 1-based optimizer step this micro-batch belongs to
+    steps: bool = True  # the optimizer steps after this micro-batch (the step's last)
 
 
 def micro_batches(loop: TrainLoop) -> Iterator[MicroBatch]:
     """Every micro-batch the training loop consumes, in order."""
     if loop.steps_in_epoch == 0:
+        return
+    if loop.batches_per_pass:
+        yield from _stream_passes(loop)
         return
     ga = loop.gradient_accumulation_steps
     remainder = loop.steps_in_epoch % ga or ga
@@ -57,11 +65,29 @@ def micro_batches(loop: TrainLoop) -> Iterator[MicroBatch]:
             n = ga if update != loop.updates_per_epoch - 1 else remainder
             n = min(n, loop.steps_in_epoch - index)
             step += 1
-            for _ in range(n):
-                yield MicroBatch(epoch=epoch, index=index, step=step)
+            for i in range(n):
+                yield MicroBatch(epoch=epoch, index=index, step=step, steps=i == n - 1)
                 index += 1
             if step >= loop.total_steps:
                 return
+
+
+def _stream_passes(loop: TrainLoop) -> Iterator[MicroBatch]:
+    """A stream read again from its start until max_steps (`_run_epoch` once per pass). The optimizer steps after
+    every GA micro-batches of a pass, never at its end (a pass is shorter than steps_in_epoch): the pass's last
+    batches_per_pass % GA micro-batches run no step of their own, their gradients join the next pass's first step."""
+    ga = loop.gradient_accumulation_steps
+    if loop.batches_per_pass < ga:
+        raise ValueError("a pass shorter than gradient_accumulation_steps never steps")
+    step = 0  # optimizer steps run
+    for epoch in itertools.count():
+        for index in range(loop.batches_per_pass):
+            steps = (index + 1) % ga == 0
+            yield MicroBatch(epoch=epoch, index=index, step=step + 1, steps=steps)
+            if steps:
+                step += 1
+                if step >= loop.max_steps:
+                    return
 
 
 def epoch_end_steps(loop: TrainLoop) -> list[int]:
@@ -74,7 +100,10 @@ def _epoch_ends(loop: TrainLoop) -> list[tuple[int, float]]:
     epoch + (micro-batches run) / steps_in_epoch at each optimizer step, so an epoch cut short ends below epoch + 1."""
     ends: dict[int, tuple[int, float]] = {}
     for mb in micro_batches(loop):
-        ends[mb.epoch] = (mb.step, mb.epoch + (mb.index + 1) / loop.steps_in_epoch)
+        # An epoch ends on its last optimizer step, with `state.epoch` as that step set it (a stream's pass may end
+        # on leftover micro-batches, which run no step).
+        if mb.steps:
+            ends[mb.epoch] = (mb.step, mb.epoch + (mb.index + 1) / loop.steps_in_epoch)
     return [ends[e] for e in sorted(ends)]
 
 

@@ -62,11 +62,24 @@ class OpRecorder(TorchDispatchMode):
 
 @contextlib.contextmanager
 def outside_data_loading(recorder: OpRecorder) -> Iterator[None]:
-    """Pause `recorder` while accelerate's data loaders produce a batch (sampler, collator, device copy): the
-    data pipeline runs on the host, not through the compiled model step."""
+    """Pause `recorder` while accelerate's data loaders produce a batch (sampler, collator, device copy) or start an
+    epoch, and while datasets builds a streamed dataset's epoch counter (a shared-memory CPU tensor made at each
+    step of the stream's pipeline and set at each epoch): the data pipeline runs on the host, not through the
+    compiled model step."""
+    import datasets.iterable_dataset as streams
     from accelerate.data_loader import DataLoaderShard
 
     original = DataLoaderShard.__iter__
+    original_set_epoch = DataLoaderShard.set_epoch
+    original_share = streams._maybe_share_with_torch_persistent_workers
+
+    def paused_set_epoch(self, epoch: int) -> None:  # type: ignore[no-untyped-def]
+        with recorder.paused():
+            original_set_epoch(self, epoch)
+
+    def paused_share(value: Any) -> Any:
+        with recorder.paused():
+            return original_share(value)
 
     def paused_iter(self):  # type: ignore[no-untyped-def]
         with recorder.paused():
@@ -80,7 +93,11 @@ def outside_data_loading(recorder: OpRecorder) -> Iterator[None]:
             yield batch
 
     DataLoaderShard.__iter__ = paused_iter  # type: ignore[method-assign]
+    DataLoaderShard.set_epoch = paused_set_epoch  # type: ignore[method-assign]
+    streams._maybe_share_with_torch_persistent_workers = paused_share
     try:
         yield
     finally:
         DataLoaderShard.__iter__ = original  # type: ignore[method-assign]
+        DataLoaderShard.set_epoch = original_set_epoch  # type: ignore[method-assign]
+        streams._maybe_share_with_torch_persistent_workers = original_share

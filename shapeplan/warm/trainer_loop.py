@@ -127,7 +127,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         """
         cfg = self.config
         self.train_remainder = self.eval_remainder = 0
-        if cfg.dataloader_drop_last:
+        # A stream has no length: accelerate's remainder stays -1 and `gather_for_metrics` cuts nothing.
+        if cfg.dataloader_drop_last or getattr(self.args.script, "dataset_streaming", False):
             return
         if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
             self.train_remainder = plan.stats.rows % cfg.per_device_train_batch_size

@@ -52,10 +52,11 @@ def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
     return parser.parse_args_and_config(list(argv), return_remaining_strings=True)[:-1]
 
 
-def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None) -> list[Seen]:
-    """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed."""
+def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+            streaming: bool = False) -> list[Seen]:
+    """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed. `streaming` loads the
+    data files as `trl sft --dataset_streaming` does: `load_dataset(..., streaming=True)`, an IterableDataset."""
     import torch
-    from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -64,8 +65,8 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     script, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
-    train = load_dataset("json", data_files=str(train_path), split="train")
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
+    train = _load(train_path, streaming)
+    eval_ds = _load(eval_path, streaming) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
     trainer = SFTTrainer(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
@@ -88,8 +89,18 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     return seen
 
 
+def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
+    """A JSONL file, or a folder of them (one shard per file when streamed), as `trl sft` loads it."""
+    from datasets import load_dataset
+
+    if path.is_dir():
+        return load_dataset(str(path), split="train", streaming=streaming)
+    return load_dataset("json", data_files=str(path), split="train", streaming=streaming)
+
+
 def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                        num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600) -> list[Seen]:
+                        num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
+                        streaming: bool = False) -> list[Seen]:
     """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,7 +111,7 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
                "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        spec = json.dumps({"train": str(train_path), "argv": list(argv),
+        spec = json.dumps({"train": str(train_path), "argv": list(argv), "streaming": streaming,
                            "eval": str(eval_path) if eval_path else None, "out": str(out)})
         with open(tmp_dir / f"rank{rank}.log", "w") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "tests.oracle.harness", spec], cwd=ROOT, env=env,
@@ -167,7 +178,8 @@ def planned(plan, *, varlen: bool = False, unpadded: bool = False) -> dict[  # t
 
 def _rank_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    seen = run_sft(Path(spec["train"]), spec["argv"], eval_path=Path(spec["eval"]) if spec["eval"] else None)
+    seen = run_sft(Path(spec["train"]), spec["argv"], eval_path=Path(spec["eval"]) if spec["eval"] else None,
+                   streaming=spec["streaming"])
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in seen]))
 
 

@@ -42,7 +42,7 @@ def real_run(data: Path, argv: Sequence[str], output_dir: Path, callbacks: Seque
     training_args.model_init_kwargs = dict(
         revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
         attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-    dataset = load_dataset("json", data_files={"train": str(data)})
+    dataset = load_dataset("json", data_files={"train": str(data)}, streaming=script_args.dataset_streaming)
     trainer = SFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,

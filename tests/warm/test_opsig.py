@@ -22,6 +22,13 @@ CONFIGS = {
     "packing-eval": ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2", "--packing",
                      "--eval_strategy", "steps", "--eval_steps", "2", "--per_device_eval_batch_size", "8",
                      "--dataset_test_split", "train"],
+    # a streamed run (IterableDataset, no sampler): padded with a streamed eval set whose last batch is short (a
+    # stream has no length, so the eval loop cuts nothing), and packed
+    "stream-padded-eval": ["--dataset_streaming", "--max_length", "256", "--per_device_train_batch_size", "2",
+                           "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "2",
+                           "--per_device_eval_batch_size", "10", "--dataset_test_split", "train"],
+    "stream-packing": ["--dataset_streaming", "--max_length", "256", "--per_device_train_batch_size", "2",
+                       "--max_steps", "3", "--packing"],
 }
 
 

@@ -1,0 +1,201 @@
+"""Streaming SFT runs (`--dataset_streaming`): the prepared rows a run reads from an `IterableDataset`, read lazily.
+
+What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelerate 1.15):
+
+- `SFTTrainer._prepare_dataset` maps the stream lazily: the same tokenization, truncation and drop of untrainable
+  rows, row by row; packing is a batched `map` (`pack_dataset`), which packs each run of 1000 consecutive prepared
+  rows on its own; `shuffle_dataset` is a buffered shuffle.
+- The Trainer gives an iterable dataset no sampler and no `drop_last` (`Trainer._get_dataloader`); it needs
+  `max_steps`, and an epoch is then `max_steps x gradient_accumulation_steps` micro-batches read in stream order.
+- `SFTTrainer` forces `dispatch_batches=False`, so accelerate's `prepare_data_loader` hands each rank its own part:
+  `stream.shard(num_processes, rank)` when the stream has at least as many shards (files) as ranks, else
+  `IterableDatasetShard`: ranks take turns in chunks of `batch x ranks` rows, the last chunk completed with the
+  first rows.
+
+So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
+read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); a stream shorter
+than that is read whole, and the Trainer passes over it again until max_steps (`TrainLoop.batches_per_pass`). The
+eval stream is read whole, as each evaluation reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import DatasetError, UsageError
+from ..plan.rows import Rows
+from . import lengths
+from .sampling import RankBatches
+
+# (token length, document lengths of a packed row or None)
+PreparedRow = tuple[int, tuple[int, ...] | None]
+
+
+class Reader:
+    """Counts the source rows a stream yields to planning (what `analyze` has read from it)."""
+
+    def __init__(self) -> None:
+        self.rows_read = 0
+
+    def rows(self, stream: Any) -> Iterator[dict[str, Any]]:
+        for row in stream:
+            self.rows_read += 1
+            yield row
+
+    def count(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A `map` function that counts the rows it sees and changes nothing."""
+        self.rows_read += 1
+        return row
+
+
+def prepared_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
+                  reader: Reader, limit: int | None = None) -> Iterator[PreparedRow]:
+    """The rows `trainer._prepare_dataset(stream, ...)` yields, lazily, as lengths; `limit`: how many the caller
+    reads at most (so no source row past them is read). `trainer` is the bare `SFTTrainer` (None with
+    skip_prepare_dataset)."""
+    if trainer is not None and not config.shuffle_dataset:
+        first = list(itertools.islice(iter(stream), 1))
+        probe = _chunk(first, stream)
+        if first and lengths.fast_path_refusal(probe, tokenizer, config) is None:
+            # Packing reads no row past the pack batch (TRL's batched map) holding the last row the run uses.
+            chunk_rows = _pack_batch_rows() if packing else lengths.CHUNK_ROWS
+            fast = _fast_lengths(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader,
+                                 limit=None if packing else limit, chunk_rows=chunk_rows)
+            if not packing:
+                return ((length, None) for length in fast)
+            return _packed(fast, config)
+    return _trl_rows(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader)
+
+
+def _chunk(rows: list[dict[str, Any]], stream: Any) -> Any:
+    """A map-style `Dataset` of streamed rows, with the stream's own features (so absent keys stay None)."""
+    import datasets
+
+    return datasets.Dataset.from_list(rows, features=stream.features)
+
+
+def _fast_lengths(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
+                  reader: Reader, limit: int | None, chunk_rows: int) -> Iterator[int]:
+    """Prepared lengths before packing, through the fast length path `chunk_rows` source rows at a time: tokenize,
+    then (unpacked) truncate and drop rows left without a trainable token, as TRL does row by row. A source row
+    yields at most one prepared row, so reading no more than the `limit` rows still wanted never reads past them."""
+    unpacked = copy.copy(config)
+    unpacked.shuffle_dataset = False
+    if packing:
+        unpacked.max_length = None  # TRL does not truncate rows it packs
+    source = reader.rows(stream)
+    wanted = limit
+    while wanted != 0:
+        chunk = list(itertools.islice(source, chunk_rows if wanted is None else min(wanted, chunk_rows)))
+        if not chunk:
+            return
+        rows, _ = lengths.fast_prepared_rows(trainer, _chunk(chunk, stream), tokenizer, unpacked, packing=False,
+                                             name=name, workers=1)
+        if wanted is not None:
+            wanted -= len(rows.lengths)
+        yield from rows.lengths
+
+
+def _pack_batch_rows() -> int:
+    """The rows `pack_dataset`'s batched `map` packs together on a stream: it passes no batch_size, so datasets'
+    default for `IterableDataset.map`."""
+    import inspect
+
+    import datasets
+
+    default: int = inspect.signature(datasets.IterableDataset.map).parameters["batch_size"].default
+    return default
+
+
+def _packed(row_lengths: Iterator[int], config: Any) -> Iterator[PreparedRow]:
+    """TRL's `pack_dataset` on a stream of value-less rows of the given lengths: its batched `map` groups the rows
+    exactly as on the real stream, so the packed rows are the run's."""
+    import datasets
+    from datasets.iterable_dataset import ExamplesIterable
+    from trl.data_utils import pack_dataset
+
+    def examples(**_: Any) -> Iterator[tuple[int, dict[str, list[None]]]]:
+        for key, length in enumerate(row_lengths):
+            yield key, {"input_ids": [None] * length}  # list<null>: a length and no values
+
+    features = datasets.Features({"input_ids": datasets.List(datasets.Value("null"))})
+    stream = datasets.IterableDataset(ExamplesIterable(examples, {}), info=datasets.DatasetInfo(features=features))
+    for row in pack_dataset(stream, config.max_length, config.packing_strategy, {}):
+        documents = row.get("seq_lengths")
+        yield len(row["input_ids"]), None if documents is None else tuple(documents)
+
+
+def _trl_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
+              reader: Reader) -> Iterator[PreparedRow]:
+    """TRL's own `_prepare_dataset` on the stream, for what the fast path does not follow (shuffle_dataset's
+    buffered shuffle, assistant-only masks, tokenized data...)."""
+    counted = stream.map(reader.count, features=stream.features)
+    prepared = counted if trainer is None else trainer._prepare_dataset(counted, tokenizer, config, packing, None,
+                                                                        name)
+    for row in prepared:
+        if "input_ids" not in row:
+            raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
+                               "skip_prepare_dataset the dataset must be tokenized already")
+        documents = row.get("seq_lengths")
+        yield len(row["input_ids"]), None if documents is None else tuple(documents)
+
+
+def rank_streams(stream: Any, num_processes: int) -> list[Any]:
+    """The stream each rank reads when accelerate shards it by files (`stream.shard`), else the one shared stream
+    (`IterableDatasetShard` splits it by rows)."""
+    if num_processes > 1 and stream.n_shards >= num_processes:
+        return [stream.shard(num_shards=num_processes, index=rank) for rank in range(num_processes)]
+    return [stream]
+
+
+def take(rows: Iterator[PreparedRow], count: int | None) -> Rows:
+    """The first `count` prepared rows (all of them when None)."""
+    taken = list(itertools.islice(rows, count))
+    documents = tuple(d for _, d in taken if d is not None)
+    return Rows(lengths=tuple(length for length, _ in taken),
+                documents=documents if taken and len(documents) == len(taken) else None)
+
+
+def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[Rows, RankBatches]:
+    """All ranks' rows as one `Rows`, and each rank's batches of indices into it, as the prepared DataLoader gives
+    them: `parts` is one `Rows` per rank (sharded by files) or one shared `Rows` (split by `IterableDatasetShard`,
+    the last chunk completed with the first rows). The Trainer sets no drop_last for a stream."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    rows = Rows(lengths=tuple(itertools.chain.from_iterable(p.lengths for p in parts)),
+                documents=None if parts[0].documents is None
+                else tuple(itertools.chain.from_iterable(p.documents or () for p in parts)))
+    if len(parts) == 1 and num_processes > 1:
+        indices = list(range(len(rows.lengths)))
+        # IterableDatasetShard iterates any iterable: here the row indices, in stream order.
+        shards = (IterableDatasetShard(indices, batch_size=batch_size, drop_last=False, num_processes=num_processes,
+                                       process_index=rank)
+                  for rank in range(num_processes))
+        per_rank = [list(shard) for shard in shards]
+    else:
+        starts = itertools.accumulate((len(p.lengths) for p in parts), initial=0)
+        per_rank = [list(range(start, start + len(p.lengths))) for start, p in zip(starts, parts)]
+    return rows, [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
+
+
+def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:
+    """The micro-batches per rank of one pass over a stream shorter than max_steps needs, which the Trainer reads
+    again from its start (a new epoch) until max_steps: what every rank's pass must have in common."""
+    lengths = {len(rank) for rank in batches}
+    if len(lengths) > 1:
+        raise UsageError(f"the ranks' shards of the stream hold {' and '.join(map(str, sorted(lengths)))} batches, "
+                         "and the stream is shorter than max_steps needs: the ranks would fall out of step when "
+                         "one starts its next pass; lower --max_steps or stream files of equal length")
+    (length,) = lengths
+    if length < gradient_accumulation_steps:
+        raise UsageError(f"the stream holds {length} batches per rank, fewer than gradient_accumulation_steps="
+                         f"{gradient_accumulation_steps}: the Trainer never completes an optimizer step and reads it "
+                         "again without end; stream more data or lower --gradient_accumulation_steps")
+    if shuffled:
+        # Each pass reshuffles (set_epoch), so passes differ; only the first is read here.
+        raise UsageError("the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, "
+                         "which is not planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
+    return length
