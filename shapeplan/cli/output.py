@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
-from ..report import render_plan
+from ..report import render_plan, result_row
+from ..warm.model import WarmResult
 
 
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
@@ -30,3 +32,22 @@ def progress_bars_on_terminals_only() -> None:
         import datasets
 
         datasets.disable_progress_bars()
+
+
+class ProgressBar:
+    """A warm-up's progress on stderr: a tqdm bar, and above it a row per finished shape (a `warm.tracker.Progress`)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def begin(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc="warming", unit="shape", file=sys.stderr, dynamic_ncols=True)
+
+    def done(self, result: WarmResult) -> None:
+        self._bar.write(result_row(result), file=sys.stderr)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()

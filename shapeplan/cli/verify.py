@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .output import ProgressBar
 from .warm import choose_backend, device_option, emit, load_run, quiet_libraries
 
 
@@ -29,5 +30,5 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
         backend.prepare(scratch / "cache", scratch=scratch)
         quiet_libraries()
         plan, warmer = load_run(plan_path, "sft", None, None, None, (), backend.device)
-        report = warm(plan, warmer, backend, cache, verify=True, progress=True)
+        report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar())
     emit(report, as_json=as_json, verify=True)

@@ -11,8 +11,10 @@ from typing import Any
 import click
 
 from ..errors import PlanFileError, ShapeplanError, UsageError
+from ..report import render_warm
 from ..warm.backends import DEVICES
 from .analyze import run_options, split_run_arguments
+from .output import ProgressBar
 
 
 def device_option(command):  # type: ignore[no-untyped-def]
@@ -133,29 +135,11 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
     return plan, warmer
 
 
-def render(report: Any, *, verify: bool) -> str:
-    from ..warm.tracker import result_row
-
-    lines = [result_row(r) for r in report.results]
-    summary = report.to_dict()["summary"]
-    lines.append("")
-    lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
-    if verify:
-        lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
-                     f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
-    lines += [f"warning: {w}" for w in report.warnings]
-    if report.script_lines:
-        lines.append("")
-        lines.append("Set these in the training script (and its environment) to hit this cache:")
-        lines += [f"  {line}" for line in report.script_lines]
-    return "\n".join(lines)
-
-
 def emit(report: Any, *, as_json: bool, verify: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(render(report, verify=verify))
+        click.echo(render_warm(report, verify=verify))
     if report.failed or (verify and report.compiled):
         raise click.exceptions.Exit(1)
 
@@ -201,7 +185,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
-        report = warm(plan, warmer, backend, cache, progress=True)
+        report = warm(plan, warmer, backend, cache, progress=ProgressBar())
     emit(report, as_json=as_json, verify=False)
 
 
