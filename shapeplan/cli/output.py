@@ -26,14 +26,6 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
             click.echo(f"plan written to {output}", err=True)
 
 
-def progress_bars_on_terminals_only() -> None:
-    """datasets draws a tqdm bar on stderr for each step of tokenizing; in logs and pipes it is noise."""
-    if not sys.stderr.isatty():
-        import datasets
-
-        datasets.disable_progress_bars()
-
-
 class ProgressBar:
     """A warm-up's progress on stderr: a tqdm bar, and above it a row per finished shape (a `warm.tracker.Progress`)."""
 

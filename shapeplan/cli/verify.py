@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
+from .options import device_option
 from .output import ProgressBar
-from .warm import choose_backend, device_option, emit, load_run, quiet_libraries
+from .warm import choose_backend, emit, quiet_libraries
 
 
 @click.command("verify")
@@ -20,6 +21,7 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
     from ..cache.archive import refuse_incomplete_import
+    from ..run import load_run
     from ..warm.cachedir import existing_cache_dir, scratch_view
     from ..warm.runner import warm
 

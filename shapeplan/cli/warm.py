@@ -10,24 +10,10 @@ from typing import Any
 
 import click
 
-from ..errors import PlanFileError, ShapeplanError, UsageError
+from ..errors import ShapeplanError, UsageError
 from ..report import render_warm
-from ..warm.backends import DEVICES
-from .analyze import run_options, split_run_arguments
+from .options import device_option, run_options
 from .output import ProgressBar
-
-
-def device_option(command):  # type: ignore[no-untyped-def]
-    command = click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None,
-                           metavar="DIR", help="Persistent compile cache (TORCH_NEURONX_NEFF_CACHE_DIR on neuron, "
-                           "TORCHINDUCTOR_CACHE_DIR on cpu/cuda). Default: ~/.cache/shapeplan/<stack> "
-                           "($SHAPEPLAN_CACHE_DIR overrides the root).")(command)
-    command = click.option("--device", type=click.Choice(DEVICES), default=None,
-                           help="Where to compile. Default: neuron if torch-neuronx is installed, else cuda if "
-                           "available, else cpu.")(command)
-    command = click.option("--json", "as_json", is_flag=True,
-                           help="Print a machine-readable report on stdout.")(command)
-    return command
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
@@ -76,65 +62,6 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
         raise
 
 
-def device_argv(argv: list[str], device: str) -> list[str]:
-    """Training on an accelerator needs `use_cpu` off (argument parsing turns it on to plan anywhere)."""
-    from ..adapters.trl_args import given_options
-
-    if device == "cpu" or "use_cpu" in given_options(argv):
-        return argv
-    return ["--use_cpu", "false", *argv]
-
-
-def check_config(plan: Any, args: Any, names: set[str]) -> None:
-    """The options named on the command line (`names`, TRL field names) must have the values the plan was made
-    with; the plan supplies every option not named."""
-    from ..adapters.common import recorded_config
-
-    given = json.loads(json.dumps(recorded_config(args, []), default=str))
-    # the model first: with another model every other difference is beside the point
-    for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
-        if name == "argv" or name not in plan.config:
-            continue
-        if plan.config[name] != given[name]:
-            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
-                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
-                                "run", field=name, planned=plan.config[name], given=given[name])
-
-
-def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
-             trl_args: tuple[str, ...], device: str) -> tuple[Any, Any]:
-    """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
-    training option, the guide's example). With a plan, options given on the command line are checked against it
-    and the plan's own arguments supply the rest. The warmer comes first: a run it cannot warm is refused before
-    planning, and before any model loads."""
-    from ..adapters.grpo import with_guide_example
-    from ..adapters.trl_args import given_options, parse_training_args
-    from ..analyze import analyze
-    from ..plan.io import load_plan
-    from ..warm.identity import check_plan_fits_model
-    from ..warm.runner import make_warmer
-
-    plan = None
-    named: set[str] = set()
-    if plan_path is not None:
-        plan = load_plan(plan_path)
-        method = plan.method
-        given = split_run_arguments(method, trl_args, model, split)
-        named = given_options(given)
-        argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
-    else:
-        argv = split_run_arguments(method, trl_args, model, split)
-    run_argv = device_argv(argv, device)
-    args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
-    warmer = make_warmer(method, args)
-    if plan is None:
-        plan = analyze(method, argv, eval_source=eval_dataset)
-    elif named:
-        check_config(plan, args, named)
-    check_plan_fits_model(plan, args)
-    return plan, warmer
-
-
 def emit(report: Any, *, as_json: bool, verify: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
@@ -170,6 +97,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
+    from ..run import load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
