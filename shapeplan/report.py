@@ -8,7 +8,7 @@ from .plan.model import GENERATE_PHASES, Plan, Shape
 from .warm.model import WarmReport, WarmResult
 
 
-def _table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
+def table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
     """Numbers right-aligned, the `text_columns` left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
@@ -81,7 +81,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{plan.method.upper()} plan for {model} (pad_to_multiple_of={pad}, "
         f"{plan.config.get('num_processes', 1)} process(es)){'' if plan.exact else ' — a bound, not exact'}",
         "",
-        _table(headers, rows, text_columns=(0, 5)),
+        table(headers, rows, text_columns=(0, 5)),
         "",
         f"rows: {st.rows:,}" + (f" ({st.dropped_rows:,} dropped in preparation)" if st.dropped_rows else "")
         + f"   micro-batches: {st.micro_batches:,}   optimizer steps: {st.optimizer_steps:,}",

@@ -57,16 +57,18 @@ def check_config(plan: Plan, args: Any, names: set[str]) -> None:
                                 "run", field=name, planned=plan.config[name], given=given[name])
 
 
-def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
+def load_run(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
              trl_args: tuple[str, ...], device: str) -> tuple[Plan, Warmer[Any]]:
     """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
     training option, the guide's example). With a plan, options given on the command line are checked against it
-    and the plan's own arguments supply the rest. The warmer comes first: a run it cannot warm is refused before
+    and the plan's own arguments supply the rest (and the method: `method` names it for a run without a plan, None
+    for the default one). The warmer comes first: a run it cannot warm is refused before
     planning, and before any model loads."""
     from .adapters.grpo import with_guide_example
     from .adapters.trl_args import given_options, parse_training_args
     from .analyze import analyze
     from .plan.io import load_plan
+    from .trainers import DEFAULT_METHOD
     from .warm.identity import check_plan_fits_model
     from .warm.runner import make_warmer
 
@@ -79,6 +81,7 @@ def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset
         named = given_options(given)
         argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
     else:
+        method = method or DEFAULT_METHOD
         argv = split_run_arguments(method, trl_args, model, split)
     run_argv = device_argv(argv, device)
     args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)

@@ -55,13 +55,15 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
                    progress_bars=sys.stderr.isatty())
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if histogram:
-        from ..adapters.row_lengths import KINDS, train_lengths
+        from ..adapters.row_lengths import train_lengths
         from ..advice_report import histogram as render_histogram
+        from ..advice_report import length_cap
         from ..run import split_run_arguments
+        from ..trainers import trainer_spec
 
         lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
                                 use_cache=not no_cache)
-        cap = plan.config.get("max_length") if method == "sft" else None
-        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, cap, what=KINDS[method]), err=as_json)
+        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
+                                    what=str(trainer_spec(method).lengths)), err=as_json)
     for caveat in caveats(plan, os.environ):
         click.echo(f"warning: {caveat}", err=True)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..trainers import METHODS
+from ..trainers import DEFAULT_METHOD, METHODS
 from ..warm.backends import DEVICES
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -24,7 +24,7 @@ def run_options(command: Command) -> Command:
     command = click.option("--model", default=None, metavar="MODEL",
                            help="Hub id or local folder (TRL: --model_name_or_path). Default: Qwen/Qwen3-0.6B.")(
         command)
-    command = click.option("--method", type=click.Choice(METHODS), default="sft", show_default=True,
+    command = click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True,
                            help="The TRL trainer the run uses.")(command)
     return command
 

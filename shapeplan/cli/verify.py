@@ -31,6 +31,6 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     with scratch_view(cache) as scratch:
         backend.prepare(scratch / "cache", scratch=scratch)
         quiet_libraries()
-        plan, warmer = load_run(plan_path, "sft", None, None, None, (), backend.device)
+        plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
         report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar())
     emit(report, as_json=as_json, verify=True)
