@@ -49,10 +49,10 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
       shapeplan analyze data.jsonl --model ./my-model --max_length 2048 --packing -o plan.json
       shapeplan analyze --config sft.yaml --num_processes 4 --json
     """
-    from ..analyze import analyze
+    from ..analyze import analyze_command_line
 
-    plan = analyze(method, trl_args, model=model, split=split, eval_source=eval_dataset, use_cache=not no_cache,
-                   progress_bars=sys.stderr.isatty())
+    plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
+                                use_cache=not no_cache, progress_bars=sys.stderr.isatty())
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if histogram:
         from ..adapters.row_lengths import train_lengths
