@@ -1,16 +1,18 @@
-"""A run as the command line names it: TRL's argv from the shorthand (`split_run_arguments`), and, to warm it, its
-plan (read from a plan file, or made from the run's arguments), the arguments checked against the plan, and its
-warmer (`load_run`). The CLI's `analyze`, `advise`, `warm` and `verify` present what these return."""
+"""A run as the command line names it: TRL's argv from the shorthand (`split_run_arguments`); to warm it, its plan
+(read from a plan file, or made from the run's arguments), the arguments checked against the plan, and its warmer
+(`load_run`); and where it compiles (`choose_backend`). The CLI's commands present what these return."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import PlanFileError, UsageError
 
 if TYPE_CHECKING:
     from .plan.model import Plan
+    from .warm.backends.base import Backend
     from .warm.runner import Warmer
 
 
@@ -92,3 +94,12 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         check_config(plan, args, named)
     check_plan_fits_model(plan, args)
     return plan, warmer
+
+
+def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
+    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
+    from .warm.backends import default_device, make_backend
+    from .warm.cachedir import default_cache_dir
+
+    device = device or default_device()
+    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()

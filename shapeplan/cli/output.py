@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -10,8 +11,8 @@ import click
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
-from ..report import render_plan, result_row
-from ..warm.model import WarmResult
+from ..report import render_plan, render_warm, result_row
+from ..warm.model import WarmReport, WarmResult
 
 
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
@@ -43,3 +44,21 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+def emit_warm(report: WarmReport, *, as_json: bool, verify: bool) -> None:
+    """The warm (or verify) report on stdout; exit code 1 if a shape failed, or under `verify` compiled."""
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(render_warm(report, verify=verify))
+    if report.failed or (verify and report.compiled):
+        raise click.exceptions.Exit(1)
+
+
+def quiet_libraries() -> None:
+    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

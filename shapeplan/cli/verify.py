@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import device_option
-from .output import ProgressBar
-from .warm import choose_backend, emit, quiet_libraries
+from .output import ProgressBar, emit_warm, quiet_libraries
 
 
 @click.command("verify")
@@ -21,7 +20,7 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
     from ..cache.archive import refuse_incomplete_import
-    from ..run import load_run
+    from ..run import choose_backend, load_run
     from ..warm.cachedir import existing_cache_dir, scratch_view
     from ..warm.runner import warm
 
@@ -33,4 +32,4 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
         quiet_libraries()
         plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
         report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar())
-    emit(report, as_json=as_json, verify=True)
+    emit_warm(report, as_json=as_json, verify=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,15 +10,15 @@ from typing import Any
 import click
 
 from ..errors import ShapeplanError, UsageError
-from ..report import render_warm
 from .options import device_option, run_options
-from .output import ProgressBar
+from .output import ProgressBar, emit_warm, quiet_libraries
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
     created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
+    from ..run import choose_backend
     from ..warm.cachedir import check_cache_dir_can_exist
 
     backend, cache = choose_backend(device, cache_dir)
@@ -28,23 +27,6 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     backend.prepare(cache)
     quiet_libraries()
     return backend, cache
-
-
-def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
-    from ..warm.backends import default_device, make_backend
-    from ..warm.cachedir import default_cache_dir
-
-    device = device or default_device()
-    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
-
-
-def quiet_libraries() -> None:
-    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -60,15 +42,6 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
                 with contextlib.suppress(OSError):  # not empty: keep it
                     folder.rmdir()
         raise
-
-
-def emit(report: Any, *, as_json: bool, verify: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        click.echo(render_warm(report, verify=verify))
-    if report.failed or (verify and report.compiled):
-        raise click.exceptions.Exit(1)
 
 
 @click.command("warm", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
@@ -114,7 +87,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
         report = warm(plan, warmer, backend, cache, progress=ProgressBar())
-    emit(report, as_json=as_json, verify=False)
+    emit_warm(report, as_json=as_json, verify=False)
 
 
 def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
