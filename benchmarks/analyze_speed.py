@@ -8,7 +8,7 @@ fresh process on the same rows and tokenizer (examples/tiny-qwen3, a small byte-
              one batched `tokenizer(texts, add_special_tokens=False)` call
   trl        `SFTTrainer._prepare_dataset` on a bare trainer, as `shapeplan.adapters.sft` used to plan with
   analyze    `shapeplan.analyze.analyze("sft", ...)` with an empty length cache (loading, lengths, batch order, plan)
-  cached     the same call again on the same cache
+  cached     the same call again on the same caches (`analyze` answers it from the plan cache)
   cli-cached `python -m shapeplan analyze ... --json` run twice; the second, wall clock with interpreter start
 
 Each part reads a dataset datasets has already converted to Arrow (conversion is not timed) and reports the time of

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .adapters.row_lengths import KINDS
 from .advise import Advice
 from .plan.advice import Option
 from .plan.buckets import round_up
 from .plan.io import shape_to_dict
-from .report import _table
+from .plan.model import Plan
+from .report import table
+from .trainers import trainer_spec
 
 WIDTH = 80
 _MAX_BINS = 24
@@ -31,7 +32,7 @@ def length_bins(lengths: Sequence[int], multiple: int | None, cap: int | None) -
     counts = [0] * len(bins)
     for n in kept:
         counts[min(max(n - 1, 0) // width, len(bins) - 1)] += 1
-    out = [(low, high, c) for (low, high, _), c in zip(bins, counts)]
+    out = [(low, high, c) for (low, high, _), c in zip(bins, counts, strict=True)]
     over = [n for n in lengths if cap is not None and n > cap]
     if over:
         out.append((cap or 0, max(over), len(over)))
@@ -49,19 +50,24 @@ def histogram(lengths: Sequence[int], multiple: int | None, cap: int | None, *, 
     most = max((c for _, _, c in bins), default=0) or 1
     cap_text = f", max_length={cap}" if cap is not None else ""
     lines = [f"{what} per bucket (pad_to_multiple_of={multiple or 'none'}{cap_text}, tokens):"]
-    for label, (_, _, count) in zip(labels, bins):
+    for label, (_, _, count) in zip(labels, bins, strict=True):
         bar = "#" * round(bar_w * count / most)
         lines.append(f"{label:<{label_w}} |{bar:<{bar_w}} {count:>{count_w},}")
     return "\n".join(lines)
 
 
+def length_cap(plan: Plan) -> int | None:
+    """The max_length a histogram of `plan`'s token lengths marks: the cap on the train rows, when those are what
+    its method's lengths count."""
+    return plan.config.get("max_length") if trainer_spec(plan.method).lengths == "rows" else None
+
+
 def _cap(advice: Advice) -> int | None:
-    config = advice.baseline.plan.config
-    return config.get("max_length") if advice.method == "sft" else None
+    return length_cap(advice.baseline.plan)
 
 
 def _what(advice: Advice) -> str:
-    return KINDS[advice.method]
+    return str(trainer_spec(advice.method).lengths)
 
 
 def _minutes(seconds: float) -> str:
@@ -97,7 +103,7 @@ def render_advice(advice: Advice) -> str:
         f"cost model: {advice.model.source}",
         "",
         "what-if (minutes, fastest first):",
-        _table(_HEADERS, _rows(advice), text_columns=(0, 6, 7)),
+        table(_HEADERS, _rows(advice), text_columns=(0, 6, 7)),
         "",
         *(f"not planned: {label}: {why}" for label, why in advice.skipped),
         advice.recommendation,

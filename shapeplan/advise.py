@@ -30,9 +30,10 @@ from .plan.advice import (
 )
 from .plan.caveats import caveats
 from .plan.grpo import cache_pin
-from .plan.model import Plan
+from .plan.model import LengthKind, Plan
+from .trainers import TRAINERS, trainer_spec
 
-ADVISED = ("sft", "grpo", "rloo", "distillation")
+ADVISED = tuple(name for name, spec in TRAINERS.items() if spec.lengths is not None)
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,19 @@ class Advice:
 
 def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
            calibrate: Path | None = None, allow_truncation: bool = False) -> Advice:
-    if method not in ADVISED:
+    kind = trainer_spec(method).lengths
+    if kind is None:
         raise UsageError(f"advise covers {', '.join(ADVISED)}, not {method}; use `shapeplan analyze --method "
                          f"{method}` to plan it")
     from .adapters.lengths import shared_tokenization
 
     with shared_tokenization():
-        return _advise(method, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
+        return _advise(method, kind, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
                        allow_truncation=allow_truncation)
 
 
-def _advise(method: str, argv: list[str], *, eval_source: str | None, use_cache: bool, calibrate: Path | None,
-            allow_truncation: bool) -> Advice:
+def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str | None, use_cache: bool,
+            calibrate: Path | None, allow_truncation: bool) -> Advice:
     from .adapters.row_lengths import train_lengths
 
     argv = _effective_argv(method, argv)
@@ -72,13 +74,13 @@ def _advise(method: str, argv: list[str], *, eval_source: str | None, use_cache:
         if calibrate is not None else CostModel()
     baseline = Option(candidate=None, plan=base_plan, cost=plan_cost(base_plan, model))
     options, skipped = [], []
-    for candidate in candidates(settings_of(base_plan, lengths)):
+    for candidate in candidates(settings_of(base_plan, lengths, kind)):
         try:
             plan = analyze(method, with_flags(argv, candidate), eval_source=eval_source, use_cache=use_cache)
         except ShapeplanError as exc:
             skipped.append((candidate.label, str(exc)))
             continue
-        loss = data_loss(base_plan, plan, candidate, lengths=lengths,
+        loss = data_loss(base_plan, plan, candidate, lengths=lengths, kind=kind,
                          baseline_max_length=base_plan.config.get("max_length"))
         options.append(Option(candidate=candidate, plan=plan, cost=plan_cost(plan, model), loss=loss))
     recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
@@ -92,7 +94,6 @@ def _effective_argv(method: str, argv: list[str]) -> list[str]:
     alternative adds options, which would otherwise switch the example off."""
     from .adapters.grpo import with_guide_example
     from .adapters.trl_args import parse_training_args
-    from .trainers import trainer_spec
 
     example = trainer_spec(method).guide_options
     if not example:
@@ -101,11 +102,13 @@ def _effective_argv(method: str, argv: list[str]) -> list[str]:
     return [*example, *argv] if notes else argv
 
 
-def settings_of(plan: Plan, lengths: Sequence[int]) -> Settings:
+def settings_of(plan: Plan, lengths: Sequence[int], kind: LengthKind) -> Settings:
+    """The options advise varies, as `plan` has them; `lengths` are the untruncated train `kind`."""
     config = plan.config
     pin = cache_pin(plan.shapes)
     return Settings(
         method=plan.method,
+        lengths=kind,
         pad_to_multiple_of=plan.pad_to_multiple_of,
         per_device_train_batch_size=int(config["per_device_train_batch_size"]),
         gradient_accumulation_steps=int(config["gradient_accumulation_steps"]),
@@ -114,7 +117,7 @@ def settings_of(plan: Plan, lengths: Sequence[int]) -> Settings:
         packing_strategy=str(config.get("packing_strategy") or "bfd"),
         padding_free=bool(config.get("padding_free")),
         longest_row=max(lengths, default=0),
-        max_completion_length=config.get("max_new_tokens") if plan.method != "sft" else None,
+        max_completion_length=config.get("max_new_tokens") if trainer_spec(plan.method).generates else None,
         generation_kwargs=config.get("generation_kwargs") or {},
         pin_cache_len=pin.max_cache_len if pin is not None else None,
     )

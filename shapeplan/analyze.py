@@ -1,20 +1,66 @@
-"""`analyze`: from `trl <method>` arguments to a `Plan`. Each method's adapter does the method-specific part."""
+"""`analyze`: from `trl <method>` arguments to a `Plan`. Each method's adapter does the method-specific part.
+
+An unchanged re-run is answered from the plan cache (`adapters/plan_cache.py`) before TRL, transformers, datasets
+or torch is imported: seconds of imports are the whole cost of a cached answer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .plan.model import Plan
 from .trainers import trainer_spec
 
 
-def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
-    """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`).
+def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
+            progress_bars: bool = True) -> Plan:
+    """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`); `eval_source` is
+    a dataset to plan the eval loop on instead of the dataset's test split.
 
-    `use_cache=False` recomputes prepared row lengths instead of reading them from the length cache.
+    `use_cache=False` plans afresh, neither reading nor writing the plan cache and the row-length cache.
+    `progress_bars=False` keeps datasets' progress bars (tokenizing) off stderr.
     """
-    spec = trainer_spec(method)
-    from .adapters.trl_args import parse_training_args
+    words = [*argv, *(["--eval-dataset", eval_source] if eval_source else [])]
+    return _cached(method, words, lambda: list(argv), eval_source=eval_source, use_cache=use_cache,
+                   progress_bars=progress_bars)
 
-    args = parse_training_args(method, argv)
-    return spec.plan(args, list(argv), eval_source=eval_source, use_cache=use_cache)
+
+def analyze_command_line(method: str, words: Sequence[str], *, model: str | None = None, split: str | None = None,
+                         eval_source: str | None = None, use_cache: bool = True, progress_bars: bool = True) -> Plan:
+    """`analyze` for the run as `shapeplan analyze` names it: `words` are TRL's options and at most one bare DATASET,
+    `model` and `split` stand for --model_name_or_path and --dataset_train_split."""
+    from .run import split_run_arguments
+
+    key_words = [*words, *(["--model", model] if model else []), *(["--split", split] if split else []),
+                 *(["--eval-dataset", eval_source] if eval_source else [])]
+    # the key is read from the words as given: finding the bare DATASET among them takes TRL's parser
+    return _cached(method, key_words, lambda: split_run_arguments(method, tuple(words), model, split),
+                   eval_source=eval_source, use_cache=use_cache, progress_bars=progress_bars)
+
+
+def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]], *, eval_source: str | None,
+            use_cache: bool, progress_bars: bool) -> Plan:
+    """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()`, stored under them."""
+    from .adapters import plan_cache
+
+    spec = trainer_spec(method)
+    key = plan_cache.plan_key(method, key_words) if use_cache else None
+    plan = plan_cache.load(key) if key is not None else None
+    if plan is None:
+        dataset_progress_bars(progress_bars)
+        from .adapters.trl_args import parse_training_args
+
+        argv = run_argv()
+        plan = spec.plan(parse_training_args(method, argv), argv, eval_source=eval_source, use_cache=use_cache)
+        if key is not None:
+            plan_cache.store(key, plan)
+    return plan
+
+
+def dataset_progress_bars(on: bool) -> None:
+    """Turn datasets' progress bars off (`on=False`; a run's tokenizing draws one per step, noise in logs and pipes).
+    Imports datasets only to turn them off."""
+    if not on:
+        import datasets
+
+        datasets.disable_progress_bars()

@@ -17,6 +17,10 @@ Every message names the problem and the fix in one line. The edges turn what the
     output paths    OSError on -o, --cache-dir or an import target                -> PlanFileError / CacheError
     options         out-of-range sizes, counts and epochs                         -> UsageError
 
+Each error's exit code is in one table, `EXIT_CODES` (below the classes); a new subclass must be added to it
+(`tests/test_errors.py` fails on one that is not). `SHAPEPLAN_DEBUG=1` makes the CLI print the traceback behind the
+one line.
+
 An error may carry the values it is about as keyword attributes (`PlanFileError(msg, field="seq", value=0)`
 has `.field` and `.value`), for callers that handle it programmatically.
 """
@@ -27,9 +31,7 @@ from typing import Any
 
 
 class ShapeplanError(Exception):
-    """Base class; `str(error)` is the one line the CLI prints."""
-
-    exit_code = 1
+    """Base class; `str(error)` is the one line the CLI prints, `exit_code` the code it exits with."""
 
     def __init__(self, message: str, **values: Any) -> None:
         super().__init__(message)
@@ -37,9 +39,14 @@ class ShapeplanError(Exception):
         for name, value in values.items():
             setattr(self, name, value)
 
+    @property
+    def exit_code(self) -> int:
+        """The code of the nearest class in `EXIT_CODES` (a listed class's own, since the test lists them all)."""
+        return next(EXIT_CODES[cls] for cls in type(self).__mro__ if cls in EXIT_CODES)
+
 
 class UsageError(ShapeplanError):
-    exit_code = 2
+    pass
 
 
 class DatasetError(ShapeplanError):
@@ -61,7 +68,17 @@ class CacheError(ShapeplanError):
 class CacheMismatchError(CacheError):
     """Its own exit code, so that an image pipeline can fall back to warming instead of failing."""
 
-    exit_code = 3
+
+# The exit code of every error class: the README's exit-code table is made of these.
+EXIT_CODES: dict[type[ShapeplanError], int] = {
+    ShapeplanError: 1,
+    UsageError: 2,
+    DatasetError: 1,
+    ModelError: 1,
+    PlanFileError: 1,
+    CacheError: 1,
+    CacheMismatchError: 3,
+}
 
 
 def first_line(exc: BaseException, *, named: bool = False) -> str:

@@ -1,19 +1,20 @@
-"""Plans rendered for people. Returns strings; the CLI decides where they go."""
+"""Plans and warm reports rendered for people. Returns strings; the CLI decides where they go."""
 
 from __future__ import annotations
 
 from .plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
 from .plan.grpo import cache_pin
 from .plan.model import GENERATE_PHASES, Plan, Shape
+from .warm.model import WarmReport, WarmResult
 
 
-def _table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
+def table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
     """Numbers right-aligned, the `text_columns` left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i in text_columns else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
@@ -80,7 +81,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{plan.method.upper()} plan for {model} (pad_to_multiple_of={pad}, "
         f"{plan.config.get('num_processes', 1)} process(es)){'' if plan.exact else ' — a bound, not exact'}",
         "",
-        _table(headers, rows, text_columns=(0, 5)),
+        table(headers, rows, text_columns=(0, 5)),
         "",
         f"rows: {st.rows:,}" + (f" ({st.dropped_rows:,} dropped in preparation)" if st.dropped_rows else "")
         + f"   micro-batches: {st.micro_batches:,}   optimizer steps: {st.optimizer_steps:,}",
@@ -91,4 +92,28 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{_minutes(compile_minutes(plan, generate_minutes=generate_minutes))} on one NeuronCore",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def result_row(result: WarmResult) -> str:
+    """One warmed shape: its status, task, seconds and compile-counter changes (and error, if it failed)."""
+    counters = " ".join(f"{k}={v:+d}" for k, v in sorted(result.counters.items()))
+    text = f"{result.status:<9} {result.task.label:<22} {result.seconds:8.1f}s  {counters}"
+    return text + (f"  {result.error}" if result.error else "")
+
+
+def render_warm(report: WarmReport, *, verify: bool) -> str:
+    """A warm-up's (or, with `verify`, a verification's) rows, summary, warnings and the script lines."""
+    lines = [result_row(r) for r in report.results]
+    summary = report.to_dict()["summary"]
+    lines.append("")
+    lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
+    if verify:
+        lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
+                     f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
+    lines += [f"warning: {w}" for w in report.warnings]
+    if report.script_lines:
+        lines.append("")
+        lines.append("Set these in the training script (and its environment) to hit this cache:")
+        lines += [f"  {line}" for line in report.script_lines]
     return "\n".join(lines)

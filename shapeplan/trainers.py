@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
-from .plan.model import Method, Phase, Plan
+from .plan.model import LengthKind, Method, Phase, Plan
 
 if TYPE_CHECKING:
     from .adapters.trl_args import TrainingArgs
@@ -35,6 +35,9 @@ class TrainerSpec:
     example's reward functions (Python functions of its script, not TRL registry names: the warm-up keeps only
     their number, which sizes the rewards tensor). `phases`: every phase its plans can
     hold. `lockstep`: its warmer can run under `accelerate launch`, every rank stepping with the others.
+    `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
+    completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
+    neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
     """
 
     name: Method
@@ -48,6 +51,9 @@ class TrainerSpec:
     guide_options: tuple[str, ...] = ()
     guide_reward_funcs: tuple[str, ...] = ()
     lockstep: bool = False
+    generates: bool = False
+    lengths: LengthKind | None = None
+    old_logprobs_always: bool = False
 
     def plan(self, args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:
@@ -150,10 +156,10 @@ _GENERATION_PHASES: tuple[Phase, ...] = ("generate", "eval_generate", "train", "
 _SPECS = (
     TrainerSpec(name="sft", script="trl.scripts.sft", trainer_class="SFTTrainer", config_class="SFTConfig",
                 default_dataset="trl-lib/Capybara", plan_function=_sft_plan, warmer_class=_sft_warmer,
-                phases=("train", "eval")),
+                phases=("train", "eval"), lengths="rows"),
     TrainerSpec(name="grpo", script="trl.scripts.grpo", trainer_class="GRPOTrainer", config_class="GRPOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
-                phases=_GENERATION_PHASES, lockstep=True,
+                phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
                 guide_options=("--per_device_train_batch_size", "4", "--num_generations", "4",
                                "--max_completion_length", "128", "--cache_implementation", "static", "--bf16",
                                "true"),
@@ -161,7 +167,8 @@ _SPECS = (
                 guide_reward_funcs=("reward_len",)),
     TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
-                phases=_GENERATION_PHASES, lockstep=True),
+                phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
+                old_logprobs_always=True),
     TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
                 default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
                 warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute")),
@@ -175,11 +182,13 @@ _SPECS = (
     TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
                 config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
                 plan_function=_distillation_plan, warmer_class=_distillation_warmer,
-                phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True),
+                phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True,
+                generates=True, lengths="prompts"),
 )
 
 TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}
 METHODS: tuple[str, ...] = tuple(TRAINERS)
+DEFAULT_METHOD = _SPECS[0].name  # what `--method` defaults to: SFT, the trainer most runs use
 
 
 def trainer_spec(method: str) -> TrainerSpec:

@@ -159,14 +159,14 @@ def test_recommendation_needs_allow_truncation_for_a_lossy_change() -> None:
 
 
 def test_candidates_cover_the_issue_levers() -> None:
-    sft = candidates(Settings(method="sft", pad_to_multiple_of=128, per_device_train_batch_size=4,
+    sft = candidates(Settings(method="sft", lengths="rows", pad_to_multiple_of=128, per_device_train_batch_size=4,
                               gradient_accumulation_steps=2, max_length=512, longest_row=900))
     labels = [c.label for c in sft]
     assert labels == ["pad_to_multiple_of 64", "pad_to_multiple_of 256", "pad_to_multiple_of 512",
                       "pad_to_multiple_of none", "max_length 384", "max_length 256", "max_length 128",
                       "bfd packing", "padding_free", "batch 1 x accumulation 8", "batch 2 x accumulation 4",
                       "batch 8 x accumulation 1"]
-    grpo = candidates(Settings(method="grpo", pad_to_multiple_of=128, per_device_train_batch_size=4,
+    grpo = candidates(Settings(method="grpo", lengths="prompts", pad_to_multiple_of=128, per_device_train_batch_size=4,
                                gradient_accumulation_steps=1, max_completion_length=384, pin_cache_len=639,
                                generation_kwargs={"temperature": 0.7}))
     pin = next(c for c in grpo if c.label == "pin max_cache_len 639")

@@ -98,7 +98,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                            f"holds ({size // config.num_generations} unique prompts); add prompts or lower the batch")
 
     # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
-    old_logprob = method == "rloo" or config.gradient_accumulation_steps % (steps * config.num_iterations) != 0
+    old_logprob = (trainer_spec(method).old_logprobs_always
+                   or config.gradient_accumulation_steps % (steps * config.num_iterations) != 0)
     ref = config.beta != 0.0
     round_forwards = ("old_logprob",) * old_logprob + ("ref",) * ref
     eval_forwards = ("eval",) + ("eval",) * old_logprob + ("ref",) * ref

@@ -5,20 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import UsageError
+from ..trainers import TRAINERS, trainer_spec
 from .common import apply_chat_template_path, load_run_data
 from .trl_args import parse_training_args
-
-# method -> what its lengths count
-KINDS = {"sft": "rows", "grpo": "prompts", "rloo": "prompts", "distillation": "prompts"}
 
 
 def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None = None,
                   use_cache: bool = True) -> tuple[int, ...]:
-    """SFT: the prepared train rows without max_length or packing (through the length cache, so the plans that
-    follow re-derive theirs from the same tokenization); generation trainers: the train prompts."""
-    if method not in KINDS:
-        raise UsageError(f"token lengths are read for {', '.join(KINDS)}, not {method}; drop --histogram")
-    if method == "sft":
+    """What the method's `TrainerSpec.lengths` names: the prepared train rows without max_length or packing (through
+    the length cache, so the plans that follow re-derive theirs from the same tokenization), or the train prompts."""
+    kind = trainer_spec(method).lengths
+    if kind is None:
+        read = ", ".join(name for name, spec in TRAINERS.items() if spec.lengths is not None)
+        raise UsageError(f"token lengths are read for {read}, not {method}; drop --histogram")
+    if kind == "rows":
         from .sft import prepare_rows
 
         args = parse_training_args(method, [*argv, "--max_length", "none", "--packing", "false"])

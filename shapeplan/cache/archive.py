@@ -29,15 +29,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..host import installed_versions
 from ..plan.io import temp_file, write_atomic
-from ..warm.manifest import MANIFEST
+from ..warm.manifest import MANIFEST, machine_environment
 from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
 ARCHIVE_SCHEMA = 2  # 2: records the expanded total
 PREFIX = "cache"
-PACKAGES = ("torch", "trl", "transformers", "accelerate")
 _CHUNK = 1 << 20
 # In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
 # writes last.
@@ -254,19 +252,6 @@ def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
     except (OSError, tarfile.TarError) as exc:
         raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
                          "`shapeplan cache export`") from None
-
-
-def machine_environment(device: str) -> dict[str, Any]:
-    """This machine's versions and compiler settings, as the warm-up records them."""
-    from ..errors import UsageError
-    from ..warm.backends import make_backend
-
-    try:
-        compiler = make_backend(device).settings()
-    except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
-        raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
-    versions = {name: version or "none" for name, version in installed_versions(PACKAGES).items()}
-    return {"versions": versions, "compiler": compiler}
 
 
 def mismatches(archived: dict[str, Any], here: dict[str, Any]) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
@@ -44,11 +46,14 @@ cli.add_command(doctor_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; every `ShapeplanError` becomes one line on stderr and its exit code."""
+    """Run the CLI; every `ShapeplanError` becomes one line on stderr and its exit code (with `SHAPEPLAN_DEBUG=1`,
+    the traceback behind it first, for a bug report)."""
     try:
         # without standalone mode click *returns* the code of a `ctx.exit(n)` / `Exit(n)` instead of raising it
         code = cli.main(args=argv, prog_name="shapeplan", standalone_mode=False)
     except ShapeplanError as exc:
+        if os.environ.get("SHAPEPLAN_DEBUG") == "1":
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         click.echo(f"Error: {exc}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:

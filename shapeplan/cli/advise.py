@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from ..errors import ShapeplanError
-from .analyze import run_options, split_run_arguments
-from .output import progress_bars_on_terminals_only
+from .options import run_options
 
 
 @click.command(
@@ -47,9 +47,11 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     """
     from ..advice_report import advice_to_dict, render_advice, render_html
     from ..advise import advise
+    from ..analyze import dataset_progress_bars
     from ..plan.io import write_atomic
+    from ..run import split_run_arguments
 
-    progress_bars_on_terminals_only()
+    dataset_progress_bars(sys.stderr.isatty())
     argv = split_run_arguments(method, trl_args, model, split)
     advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
                     allow_truncation=allow_truncation)

@@ -3,47 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
-from ..errors import UsageError
 from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..trainers import METHODS
-from .output import emit_plan, progress_bars_on_terminals_only
-
-
-def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
-    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split."""
-    from ..adapters.trl_args import given_options, split_dataset_argument
-
-    dataset, argv = split_dataset_argument(method, trl_args)
-    given = given_options(argv)
-    sugar = [("DATASET", dataset, "dataset_name"), ("--model", model, "model_name_or_path"),
-             ("--split", split, "dataset_train_split")]
-    prefix: list[str] = []
-    for label, value, field in sugar:
-        if value is None:
-            continue
-        if field in given:
-            raise UsageError(f"both {label} and --{field} are given; pass only one")
-        prefix += [f"--{field}", value]
-    return prefix + argv
-
-
-def run_options(command):  # type: ignore[no-untyped-def]
-    """The options `analyze` and `warm` share to describe a run."""
-    command = click.argument("trl_args", nargs=-1, type=click.UNPROCESSED)(command)
-    command = click.option("--split", default=None, metavar="NAME",
-                           help="Train split of DATASET (TRL: --dataset_train_split). Default: train.")(command)
-    command = click.option("--eval-dataset", "eval_dataset", default=None, metavar="DATASET",
-                           help="Plan the eval loop on this dataset instead of DATASET's test split.")(command)
-    command = click.option("--model", default=None, metavar="MODEL",
-                           help="Hub id or local folder (TRL: --model_name_or_path). Default: Qwen/Qwen3-0.6B.")(
-        command)
-    command = click.option("--method", type=click.Choice(METHODS), default="sft", show_default=True,
-                           help="The TRL trainer the run uses.")(command)
-    return command
+from .options import run_options
+from .output import emit_plan
 
 
 @click.command(
@@ -82,28 +49,21 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
       shapeplan analyze data.jsonl --model ./my-model --max_length 2048 --packing -o plan.json
       shapeplan analyze --config sft.yaml --num_processes 4 --json
     """
-    from ..adapters import plan_cache
+    from ..analyze import analyze_command_line
 
-    words = [*trl_args, *(["--model", model] if model else []), *(["--split", split] if split else []),
-             *(["--eval-dataset", eval_dataset] if eval_dataset else [])]
-    key = None if no_cache else plan_cache.plan_key(method, words)
-    plan = plan_cache.load(key) if key is not None else None
-    if plan is None:
-        from ..analyze import analyze
-
-        progress_bars_on_terminals_only()
-        argv = split_run_arguments(method, trl_args, model, split)
-        plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
-        if key is not None:
-            plan_cache.store(key, plan)
+    plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
+                                use_cache=not no_cache, progress_bars=sys.stderr.isatty())
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if histogram:
-        from ..adapters.row_lengths import KINDS, train_lengths
+        from ..adapters.row_lengths import train_lengths
         from ..advice_report import histogram as render_histogram
+        from ..advice_report import length_cap
+        from ..run import split_run_arguments
+        from ..trainers import trainer_spec
 
         lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
                                 use_cache=not no_cache)
-        cap = plan.config.get("max_length") if method == "sft" else None
-        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, cap, what=KINDS[method]), err=as_json)
+        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
+                                    what=str(trainer_spec(method).lengths)), err=as_json)
     for caveat in caveats(plan, os.environ):
         click.echo(f"warning: {caveat}", err=True)

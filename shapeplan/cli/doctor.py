@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .warm import DEVICES
+from ..warm.backends import DEVICES
 
 
 def render(diagnosis: Any) -> str:

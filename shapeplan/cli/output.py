@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import Any
 
 import click
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
-from ..report import render_plan
+from ..report import render_plan, render_warm, result_row
+from ..warm.model import WarmReport, WarmResult
 
 
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
@@ -24,9 +27,38 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
             click.echo(f"plan written to {output}", err=True)
 
 
-def progress_bars_on_terminals_only() -> None:
-    """datasets draws a tqdm bar on stderr for each step of tokenizing; in logs and pipes it is noise."""
-    if not sys.stderr.isatty():
-        import datasets
+class ProgressBar:
+    """A warm-up's progress on stderr: a tqdm bar, and above it a row per finished shape (a `warm.tracker.Progress`)."""
 
-        datasets.disable_progress_bars()
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def begin(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc="warming", unit="shape", file=sys.stderr, dynamic_ncols=True)
+
+    def done(self, result: WarmResult) -> None:
+        self._bar.write(result_row(result), file=sys.stderr)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def emit_warm(report: WarmReport, *, as_json: bool, verify: bool) -> None:
+    """The warm (or verify) report on stdout; exit code 1 if a shape failed, or under `verify` compiled."""
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(render_warm(report, verify=verify))
+    if report.failed or (verify and report.compiled):
+        raise click.exceptions.Exit(1)
+
+
+def quiet_libraries() -> None:
+    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .warm import choose_backend, device_option, emit, load_run, quiet_libraries
+from .options import device_option
+from .output import ProgressBar, emit_warm, quiet_libraries
 
 
 @click.command("verify")
@@ -19,6 +20,7 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
     """
     from ..cache.archive import refuse_incomplete_import
+    from ..run import choose_backend, load_run
     from ..warm.cachedir import existing_cache_dir, scratch_view
     from ..warm.runner import warm
 
@@ -28,6 +30,6 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     with scratch_view(cache) as scratch:
         backend.prepare(scratch / "cache", scratch=scratch)
         quiet_libraries()
-        plan, warmer = load_run(plan_path, "sft", None, None, None, (), backend.device)
-        report = warm(plan, warmer, backend, cache, verify=True, progress=True)
-    emit(report, as_json=as_json, verify=True)
+        plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
+        report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar())
+    emit_warm(report, as_json=as_json, verify=True)

@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..errors import PlanFileError, ShapeplanError, UsageError
-from ..warm.backends import DEVICES
-from .analyze import run_options, split_run_arguments
-
-
-def device_option(command):  # type: ignore[no-untyped-def]
-    command = click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None,
-                           metavar="DIR", help="Persistent compile cache (TORCH_NEURONX_NEFF_CACHE_DIR on neuron, "
-                           "TORCHINDUCTOR_CACHE_DIR on cpu/cuda). Default: ~/.cache/shapeplan/<stack> "
-                           "($SHAPEPLAN_CACHE_DIR overrides the root).")(command)
-    command = click.option("--device", type=click.Choice(DEVICES), default=None,
-                           help="Where to compile. Default: neuron if torch-neuronx is installed, else cuda if "
-                           "available, else cpu.")(command)
-    command = click.option("--json", "as_json", is_flag=True,
-                           help="Print a machine-readable report on stdout.")(command)
-    return command
+from ..errors import ShapeplanError, UsageError
+from .options import device_option, run_options
+from .output import ProgressBar, emit_warm, quiet_libraries
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
     created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
+    from ..run import choose_backend
     from ..warm.cachedir import check_cache_dir_can_exist
 
     backend, cache = choose_backend(device, cache_dir)
@@ -40,23 +27,6 @@ def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
     backend.prepare(cache)
     quiet_libraries()
     return backend, cache
-
-
-def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
-    from ..warm.backends import default_device, make_backend
-    from ..warm.cachedir import default_cache_dir
-
-    device = device or default_device()
-    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
-
-
-def quiet_libraries() -> None:
-    """stderr carries the per-shape rows: keep the libraries' own progress bars and notices off it."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -72,92 +42,6 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
                 with contextlib.suppress(OSError):  # not empty: keep it
                     folder.rmdir()
         raise
-
-
-def device_argv(argv: list[str], device: str) -> list[str]:
-    """Training on an accelerator needs `use_cpu` off (argument parsing turns it on to plan anywhere)."""
-    from ..adapters.trl_args import given_options
-
-    if device == "cpu" or "use_cpu" in given_options(argv):
-        return argv
-    return ["--use_cpu", "false", *argv]
-
-
-def check_config(plan: Any, args: Any, names: set[str]) -> None:
-    """The options named on the command line (`names`, TRL field names) must have the values the plan was made
-    with; the plan supplies every option not named."""
-    from ..adapters.common import recorded_config
-
-    given = json.loads(json.dumps(recorded_config(args, []), default=str))
-    # the model first: with another model every other difference is beside the point
-    for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
-        if name == "argv" or name not in plan.config:
-            continue
-        if plan.config[name] != given[name]:
-            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
-                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
-                                "run", field=name, planned=plan.config[name], given=given[name])
-
-
-def load_run(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
-             trl_args: tuple[str, ...], device: str) -> tuple[Any, Any]:
-    """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
-    training option, the guide's example). With a plan, options given on the command line are checked against it
-    and the plan's own arguments supply the rest. The warmer comes first: a run it cannot warm is refused before
-    planning, and before any model loads."""
-    from ..adapters.grpo import with_guide_example
-    from ..adapters.trl_args import given_options, parse_training_args
-    from ..analyze import analyze
-    from ..plan.io import load_plan
-    from ..warm.identity import check_plan_fits_model
-    from ..warm.runner import make_warmer
-
-    plan = None
-    named: set[str] = set()
-    if plan_path is not None:
-        plan = load_plan(plan_path)
-        method = plan.method
-        given = split_run_arguments(method, trl_args, model, split)
-        named = given_options(given)
-        argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
-    else:
-        argv = split_run_arguments(method, trl_args, model, split)
-    run_argv = device_argv(argv, device)
-    args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
-    warmer = make_warmer(method, args)
-    if plan is None:
-        plan = analyze(method, argv, eval_source=eval_dataset)
-    elif named:
-        check_config(plan, args, named)
-    check_plan_fits_model(plan, args)
-    return plan, warmer
-
-
-def render(report: Any, *, verify: bool) -> str:
-    from ..warm.tracker import result_row
-
-    lines = [result_row(r) for r in report.results]
-    summary = report.to_dict()["summary"]
-    lines.append("")
-    lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
-    if verify:
-        lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
-                     f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
-    lines += [f"warning: {w}" for w in report.warnings]
-    if report.script_lines:
-        lines.append("")
-        lines.append("Set these in the training script (and its environment) to hit this cache:")
-        lines += [f"  {line}" for line in report.script_lines]
-    return "\n".join(lines)
-
-
-def emit(report: Any, *, as_json: bool, verify: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        click.echo(render(report, verify=verify))
-    if report.failed or (verify and report.compiled):
-        raise click.exceptions.Exit(1)
 
 
 @click.command("warm", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
@@ -186,6 +70,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
     """
+    from ..run import load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
@@ -201,8 +86,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache)
     else:
-        report = warm(plan, warmer, backend, cache, progress=True)
-    emit(report, as_json=as_json, verify=False)
+        report = warm(plan, warmer, backend, cache, progress=ProgressBar())
+    emit_warm(report, as_json=as_json, verify=False)
 
 
 def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .buckets import round_up
 from .cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
-from .model import GENERATE_PHASES, Phase, Plan, Shape
+from .model import GENERATE_PHASES, LengthKind, Phase, Plan, Shape
 
 # Guide anchor: eager train step of batch 4 x 1024 tokens (Qwen3-0.6B, trn2), and the torch_compile step.
 _ANCHOR_BATCH, _ANCHOR_SEQ, _ANCHOR_EAGER_S, _ANCHOR_COMPILED_S = 4, 1024, 1.71, 1.15
@@ -165,6 +165,7 @@ class Settings:
     """The baseline's values of the options advise varies."""
 
     method: str
+    lengths: LengthKind  # what `longest_row` counts, and so which options apply
     pad_to_multiple_of: int | None
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
@@ -193,9 +194,6 @@ class Candidate:
         return " ".join(shlex.quote(token) for token in self.argv())
 
 
-GENERATION_METHODS = ("grpo", "rloo", "distillation")
-
-
 def candidates(settings: Settings) -> list[Candidate]:
     """Every alternative to plan against the baseline `settings`, each one change."""
     out: list[Candidate] = []
@@ -204,9 +202,9 @@ def candidates(settings: Settings) -> list[Candidate]:
         if pad != settings.pad_to_multiple_of:
             out.append(Candidate(f"pad_to_multiple_of {pad or 'none'}",
                                  (("pad_to_multiple_of", str(pad) if pad else "none"),)))
-    if settings.method == "sft":
+    if settings.lengths == "rows":
         out += _sft_candidates(settings, multiple)
-    if settings.method in GENERATION_METHODS:
+    if settings.lengths == "prompts":
         out += _generation_candidates(settings, multiple)
     out += _batch_candidates(settings)
     return out
@@ -283,22 +281,22 @@ class DataLoss:
         return ", ".join(parts) or "none"
 
 
-def data_loss(baseline: Plan, alternative: Plan, candidate: Candidate, *, lengths: Sequence[int],
+def data_loss(baseline: Plan, alternative: Plan, candidate: Candidate, *, lengths: Sequence[int], kind: LengthKind,
               baseline_max_length: int | None) -> DataLoss:
-    """What `alternative` trains on less than `baseline`. `lengths`: the untruncated train rows (SFT) for counting
-    truncated rows under a lower max_length."""
+    """What `alternative` trains on less than `baseline`. `lengths`: the untruncated train rows (`kind` "rows") for
+    counting truncated rows under a lower max_length."""
     truncated = 0
     new_max = dict(candidate.flags).get("max_length")
     # bfd packing truncates rows as padding does; bfd_split and wrapped packing keep every token.
     truncating = not alternative.config.get("packing") or alternative.config.get("packing_strategy") == "bfd"
-    if new_max not in (None, "none") and baseline.method == "sft" and truncating:
+    if new_max not in (None, "none") and kind == "rows" and truncating:
         cap, old = int(new_max), baseline_max_length
         truncated = sum(1 for n in lengths if cap < n and (old is None or n <= old))
     capped = int(dict(candidate.flags)["max_completion_length"]) if candidate.caps_completions else None
     return DataLoss(rows_dropped=max(0, alternative.stats.dropped_rows - baseline.stats.dropped_rows),
                     rows_truncated=truncated,
                     tokens_lost=max(0, baseline.stats.tokens - alternative.stats.tokens)
-                    if baseline.method == "sft" else 0,
+                    if kind == "rows" else 0,
                     completions_capped=capped)
 
 

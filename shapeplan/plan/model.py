@@ -16,6 +16,10 @@ Phase = Literal[
     "ref_kl", "eval_ref_kl", "teacher", "eval_teacher"
 ]
 PHASES: tuple[Phase, ...] = get_args(Phase)  # in report order
+
+# What a method's token lengths (advise, `analyze --histogram`) count: "rows", the prepared train rows, which
+# max_length truncates; "prompts", the train prompts of a generating trainer.
+LengthKind = Literal["rows", "prompts"]
 METHODS: tuple[Method, ...] = get_args(Method)  # shapeplan.trainers holds one TrainerSpec for each
 
 # The phases that are a static-cache `generate` call (train side and eval side): a generate size each.

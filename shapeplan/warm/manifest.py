@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import CacheError
+from ..errors import CacheError, CacheMismatchError, UsageError
+from ..host import installed_versions
 from ..plan.io import write_atomic
 from .model import ManifestEntry, Task
 
@@ -83,3 +84,19 @@ class Manifest:
         except OSError as exc:
             raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
                 from exc
+
+
+# The packages whose versions a cache archive records and an import checks against this machine.
+MACHINE_PACKAGES = ("torch", "trl", "transformers", "accelerate")
+
+
+def machine_environment(device: str) -> dict[str, Any]:
+    """This machine's versions and compiler settings, as the warm-up records them."""
+    from .backends import make_backend
+
+    try:
+        compiler = make_backend(device).settings()
+    except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
+        raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
+    versions = {name: version or "none" for name, version in installed_versions(MACHINE_PACKAGES).items()}
+    return {"versions": versions, "compiler": compiler}

@@ -15,7 +15,7 @@ from .backends.base import Backend
 from .manifest import MANIFEST, Manifest, environment_key
 from .model import Task, WarmReport, WarmResult, WarmTask
 from .parallel import current_part, split
-from .tracker import TaskT, Tracker
+from .tracker import Progress, TaskT, Tracker
 
 # Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
 # warmers not built yet.
@@ -91,8 +91,9 @@ def graph_bound(tasks: Sequence[Task]) -> int:
 
 
 def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, verify: bool = False,
-         progress: bool = True) -> WarmReport:
-    """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d).
+         progress: Progress | None = None) -> WarmReport:
+    """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d),
+    reporting each finished shape to `progress` (None: silently).
 
     verify=True runs every shape regardless of the manifest and writes none: it reports what compiled (the
     caller points the backend at a `scratch_view` of `cache_dir`, so compiles do not land there either).

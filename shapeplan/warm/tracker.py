@@ -3,11 +3,10 @@ its entry in the manifest."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .backends.base import Backend, counter_delta
 from .manifest import Manifest, environment_key
@@ -16,11 +15,29 @@ from .model import ManifestEntry, Task, WarmResult
 TaskT = TypeVar("TaskT", bound=Task)
 
 
+class Progress(Protocol):
+    """Where a warm-up reports as it goes (the CLI draws a progress bar and a row per shape; a library caller may
+    log, or pass None for silence)."""
+
+    def begin(self, total: int) -> None:
+        """`total` tasks are about to run."""
+        ...
+
+    def done(self, result: WarmResult) -> None:
+        """A task finished (compiled, cached or failed)."""
+        ...
+
+    def close(self) -> None:
+        """The warm-up ended, finished or not."""
+        ...
+
+
 class Tracker:
-    """Times each task and reads the compile counters around it; records finished tasks in the manifest."""
+    """Times each task and reads the compile counters around it; records finished tasks in the manifest and reports
+    them to `progress`."""
 
     def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
-                 total: int, progress: bool) -> None:
+                 total: int, progress: Progress | None = None) -> None:
         self.backend = backend
         self.manifest = manifest
         self.environment = environment
@@ -28,11 +45,9 @@ class Tracker:
         self.results: dict[Task, WarmResult] = {}
         self._spent: dict[Task, tuple[float, dict[str, int]]] = {}
         self._mark: tuple[float, dict[str, int]] | None = None
-        self._bar = None
-        if progress:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc="warming", unit="shape", file=sys.stderr, dynamic_ncols=True)
+        self.progress = progress
+        if progress is not None:
+            progress.begin(total)
 
     def start(self) -> None:
         """Begin counting: what ran before (loading, set-up) is charged to no task."""
@@ -76,9 +91,8 @@ class Tracker:
     def _done(self, result: WarmResult) -> None:
         self.results[result.task] = result
         self._record(result)
-        if self._bar is not None:
-            self._bar.write(result_row(result), file=sys.stderr)
-            self._bar.update(1)
+        if self.progress is not None:
+            self.progress.done(result)
 
     def _record(self, result: WarmResult) -> None:
         if self.manifest is not None:
@@ -87,11 +101,5 @@ class Tracker:
                                                steady_seconds=result.steady_seconds), self.environment)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def result_row(result: WarmResult) -> str:
-    counters = " ".join(f"{k}={v:+d}" for k, v in sorted(result.counters.items()))
-    text = f"{result.status:<9} {result.task.label:<22} {result.seconds:8.1f}s  {counters}"
-    return text + (f"  {result.error}" if result.error else "")
+        if self.progress is not None:
+            self.progress.close()

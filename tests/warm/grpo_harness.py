@@ -54,7 +54,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     cache_dir.mkdir(parents=True, exist_ok=True)
     backend.prepare(cache_dir)
     warmer = GenerationWarmer(parse_training_args(plan.method, plan.config["argv"]))
-    return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
+    return warm(plan, warmer, backend, cache_dir, verify=verify)
 
 
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]

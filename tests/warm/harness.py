@@ -63,7 +63,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     backend.prepare(cache_dir)
     args = parse_training_args("sft", plan.config["argv"])
     warmer = SFTWarmer(args)
-    return warm(plan, warmer, backend, cache_dir, verify=verify, progress=False)
+    return warm(plan, warmer, backend, cache_dir, verify=verify)
 
 
 def record(fn, *args) -> tuple[set[Signature], Any]:  # type: ignore[no-untyped-def]

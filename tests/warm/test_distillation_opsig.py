@@ -70,7 +70,7 @@ def _warm(plan, cache_dir: Path) -> None:  # type: ignore[no-untyped-def]
     cache_dir.mkdir(parents=True, exist_ok=True)
     backend.prepare(cache_dir)
     report = warm(plan, DistillationWarmer(parse_training_args(plan.method, plan.config["argv"])), backend,
-                  cache_dir, verify=False, progress=False)
+                  cache_dir, verify=False)
     assert report.results and not report.failed, [r.error for r in report.failed]
 
 

@@ -226,7 +226,7 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     fake = FakeNeuron().install(monkeypatch)
     backend = NeuronBackend()
     backend.prepare(tmp_path)
-    first = warm(_plan(128, 256, -1), FakeWarmer(fake), backend, tmp_path, progress=False)
+    first = warm(_plan(128, 256, -1), FakeWarmer(fake), backend, tmp_path)
     assert [(r.task.seq, r.status) for r in first.results] == [(128, "compiled"), (256, "compiled"), (-1, "failed")]
     assert first.results[0].counters["persistent_misses"] == 1
 
@@ -237,9 +237,9 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     assert {k: v["status"] for k, v in section["shapes"].items()} == {
         "train 2x128": "compiled", "train 2x256": "compiled", "train 2x-1": "failed"}
 
-    second = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path, progress=False)
+    second = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path)
     assert [(r.task.seq, r.status) for r in second.results] == [(128, "skipped"), (256, "skipped"),
                                                                 (384, "compiled")]
     fake.restart()  # verify runs in a fresh process
-    verified = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path, verify=True, progress=False)
+    verified = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path, verify=True)
     assert [r.status for r in verified.results] == ["cached", "cached", "cached"]

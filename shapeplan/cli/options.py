@@ -1,0 +1,43 @@
+"""The options several commands share: how a run is named (`analyze`, `advise`, `warm`) and where it compiles
+(`warm`, `verify`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from ..trainers import DEFAULT_METHOD, METHODS
+from ..warm.backends import DEVICES
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def run_options(command: Command) -> Command:
+    """The options `analyze`, `advise` and `warm` share to describe a run."""
+    command = click.argument("trl_args", nargs=-1, type=click.UNPROCESSED)(command)
+    command = click.option("--split", default=None, metavar="NAME",
+                           help="Train split of DATASET (TRL: --dataset_train_split). Default: train.")(command)
+    command = click.option("--eval-dataset", "eval_dataset", default=None, metavar="DATASET",
+                           help="Plan the eval loop on this dataset instead of DATASET's test split.")(command)
+    command = click.option("--model", default=None, metavar="MODEL",
+                           help="Hub id or local folder (TRL: --model_name_or_path). Default: Qwen/Qwen3-0.6B.")(
+        command)
+    command = click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True,
+                           help="The TRL trainer the run uses.")(command)
+    return command
+
+
+def device_option(command: Command) -> Command:
+    """The options `warm` and `verify` share: where to compile, into which cache, and the report's format."""
+    command = click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None,
+                           metavar="DIR", help="Persistent compile cache (TORCH_NEURONX_NEFF_CACHE_DIR on neuron, "
+                           "TORCHINDUCTOR_CACHE_DIR on cpu/cuda). Default: ~/.cache/shapeplan/<stack> "
+                           "($SHAPEPLAN_CACHE_DIR overrides the root).")(command)
+    command = click.option("--device", type=click.Choice(DEVICES), default=None,
+                           help="Where to compile. Default: neuron if torch-neuronx is installed, else cuda if "
+                           "available, else cpu.")(command)
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Print a machine-readable report on stdout.")(command)
+    return command

@@ -1,0 +1,105 @@
+"""A run as the command line names it: TRL's argv from the shorthand (`split_run_arguments`); to warm it, its plan
+(read from a plan file, or made from the run's arguments), the arguments checked against the plan, and its warmer
+(`load_run`); and where it compiles (`choose_backend`). The CLI's commands present what these return."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import PlanFileError, UsageError
+
+if TYPE_CHECKING:
+    from .plan.model import Plan
+    from .warm.backends.base import Backend
+    from .warm.runner import Warmer
+
+
+def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
+    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split."""
+    from .adapters.trl_args import given_options, split_dataset_argument
+
+    dataset, argv = split_dataset_argument(method, trl_args)
+    given = given_options(argv)
+    sugar = [("DATASET", dataset, "dataset_name"), ("--model", model, "model_name_or_path"),
+             ("--split", split, "dataset_train_split")]
+    prefix: list[str] = []
+    for label, value, field in sugar:
+        if value is None:
+            continue
+        if field in given:
+            raise UsageError(f"both {label} and --{field} are given; pass only one")
+        prefix += [f"--{field}", value]
+    return prefix + argv
+
+
+def device_argv(argv: list[str], device: str) -> list[str]:
+    """Training on an accelerator needs `use_cpu` off (argument parsing turns it on to plan anywhere)."""
+    from .adapters.trl_args import given_options
+
+    if device == "cpu" or "use_cpu" in given_options(argv):
+        return argv
+    return ["--use_cpu", "false", *argv]
+
+
+def check_config(plan: Plan, args: Any, names: set[str]) -> None:
+    """The options named on the command line (`names`, TRL field names) must have the values the plan was made
+    with; the plan supplies every option not named."""
+    from .adapters.common import recorded_config
+
+    given = json.loads(json.dumps(recorded_config(args, []), default=str))
+    # the model first: with another model every other difference is beside the point
+    for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
+        if name == "argv" or name not in plan.config:
+            continue
+        if plan.config[name] != given[name]:
+            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
+                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
+                                "run", field=name, planned=plan.config[name], given=given[name])
+
+
+def load_run(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
+             trl_args: tuple[str, ...], device: str) -> tuple[Plan, Warmer[Any]]:
+    """The plan (read, or made from the run's arguments) and the warmer for the run `analyze` plans (with no
+    training option, the guide's example). With a plan, options given on the command line are checked against it
+    and the plan's own arguments supply the rest (and the method: `method` names it for a run without a plan, None
+    for the default one). The warmer comes first: a run it cannot warm is refused before
+    planning, and before any model loads."""
+    from .adapters.grpo import with_guide_example
+    from .adapters.trl_args import given_options, parse_training_args
+    from .analyze import analyze
+    from .plan.io import load_plan
+    from .trainers import DEFAULT_METHOD
+    from .warm.identity import check_plan_fits_model
+    from .warm.runner import make_warmer
+
+    plan = None
+    named: set[str] = set()
+    if plan_path is not None:
+        plan = load_plan(plan_path)
+        method = plan.method
+        given = split_run_arguments(method, trl_args, model, split)
+        named = given_options(given)
+        argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
+    else:
+        method = method or DEFAULT_METHOD
+        argv = split_run_arguments(method, trl_args, model, split)
+    run_argv = device_argv(argv, device)
+    args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
+    warmer = make_warmer(method, args)
+    if plan is None:
+        plan = analyze(method, argv, eval_source=eval_dataset)
+    elif named:
+        check_config(plan, args, named)
+    check_plan_fits_model(plan, args)
+    return plan, warmer
+
+
+def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
+    """The backend for `device` (default: the best available) and the cache dir it names, as given."""
+    from .warm.backends import default_device, make_backend
+    from .warm.cachedir import default_cache_dir
+
+    device = device or default_device()
+    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
