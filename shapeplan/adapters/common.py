@@ -40,14 +40,16 @@ def versions() -> dict[str, str]:
 
 
 def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "argv": list(argv),
-        "model_name_or_path": args.model.model_name_or_path,
-        "num_processes": args.num_processes,
-    }
+    return {"argv": list(argv), "model_name_or_path": args.model.model_name_or_path,
+            "num_processes": args.num_processes, **recorded_options(args.training)}
+
+
+def recorded_options(training: Any) -> dict[str, Any]:
+    """The RECORDED_OPTIONS a TRL config (SFTConfig, GRPOConfig, ...) has, as a plan records them."""
+    config: dict[str, Any] = {}
     for name in RECORDED_OPTIONS:
-        if hasattr(args.training, name):
-            value = getattr(args.training, name)
+        if hasattr(training, name):
+            value = getattr(training, name)
             config[name] = value if isinstance(value, (int, float, str, bool, type(None), dict, list)) else str(value)
     return config
 

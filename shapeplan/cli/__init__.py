@@ -10,6 +10,7 @@ from .. import __version__
 from ..errors import ShapeplanError
 from .analyze import analyze_command
 from .cache import cache_group
+from .guard import guard_command
 from .verify import verify_command
 from .warm import warm_command
 
@@ -35,6 +36,7 @@ cli.add_command(analyze_command)
 cli.add_command(warm_command)
 cli.add_command(verify_command)
 cli.add_command(cache_group)
+cli.add_command(guard_command)
 
 
 def main(argv: list[str] | None = None) -> int:

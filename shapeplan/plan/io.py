@@ -42,6 +42,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "schema": PLAN_SCHEMA,
         "method": plan.method,
+        **({"observed": True} if plan.observed else {}),
         "exact": plan.exact,
         "pad_to_multiple_of": plan.pad_to_multiple_of,
         "versions": dict(sorted(plan.versions.items())),
@@ -104,6 +105,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
             versions=dict(data.get("versions", {})),
             fingerprint=dict(data.get("fingerprint", {})),
             warnings=tuple(data.get("warnings", ())),
+            observed=bool(data.get("observed", False)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanFileError(f"malformed plan: {exc!r} is missing or invalid; re-create it with `shapeplan analyze`") \
