@@ -219,8 +219,8 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
         world = int(self.trainer.args.world_size)
         if "num_processes" in self.plan.config and self.plan.config["num_processes"] != world:
             found.append(("world size", self.plan.config["num_processes"], world))
-        pad = getattr(self.trainer.args, "pad_to_multiple_of", None)
-        if isinstance(pad, int) and pad != self.plan.pad_to_multiple_of:
+        pad = getattr(self.trainer.args, "pad_to_multiple_of", "auto")  # TRL resolves "auto" for the device
+        if pad != "auto" and pad != self.plan.pad_to_multiple_of:
             found.append(("pad_to_multiple_of", self.plan.pad_to_multiple_of, pad))
         tokenizer = getattr(self.trainer, "processing_class", None)
         planned_tokenizer = self.plan.fingerprint.get("tokenizer")

@@ -9,13 +9,14 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import TINY_MODEL
 from shapeplan.guard.recorder import Forward
 
 
 def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
-                             eval_path: Path | None = None) -> list[Forward]:
+                             eval_path: Path | None = None, guard: Any = None) -> list[Forward]:
     """Train with `trl distillation`'s parser on `argv` (TRL options), recording what the models are fed."""
     import torch
     from datasets import load_dataset
@@ -36,7 +37,8 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
     student = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     seen: list[Forward] = []
-    guard = ShapeGuard(on_unplanned="record", on_forward=seen.append)
+    guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
+    guard.on_forward = seen.append
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=config, train_dataset=train,
                                   eval_dataset=eval_ds, callbacks=[guard])
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.

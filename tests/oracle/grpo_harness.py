@@ -23,7 +23,7 @@ def completion_length_reward(completions: list[Any], **kwargs: Any) -> list[floa
 
 
 def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *,
-                           eval_path: Path | None = None) -> list[Forward]:
+                           eval_path: Path | None = None, guard: Any = None) -> list[Forward]:
     """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed."""
     import torch
     from datasets import load_dataset
@@ -42,7 +42,8 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     seen: list[Forward] = []
-    guard = ShapeGuard(on_unplanned="record", on_forward=seen.append)
+    guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
+    guard.on_forward = seen.append
     trainer = getattr(trl, _TRAINERS[method])(model=model, reward_funcs=[completion_length_reward], args=config,
                                               train_dataset=train, eval_dataset=eval_ds, callbacks=[guard])
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.

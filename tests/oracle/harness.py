@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from shapeplan.guard.recorder import Forward
 from tests.conftest import ROOT, TINY_MODEL
@@ -30,7 +31,8 @@ def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
     return parser.parse_args_and_config(list(argv), return_remaining_strings=True)[:-1]
 
 
-def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None) -> list[Forward]:
+def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+            guard: Any = None) -> list[Forward]:
     """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed."""
     import torch
     from datasets import load_dataset
@@ -49,7 +51,8 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
     seen: list[Forward] = []
-    guard = ShapeGuard(on_unplanned="record", on_forward=seen.append)
+    guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
+    guard.on_forward = seen.append
     trainer = SFTTrainer(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
                          processing_class=tokenizer, callbacks=[guard])
     trainer.train()

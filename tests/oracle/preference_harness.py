@@ -34,7 +34,7 @@ def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
 
 
 def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
-                   eval_path: Path | None = None) -> Run:
+                   eval_path: Path | None = None, guard: Any = None) -> Run:
     """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed."""
     import trl
     from datasets import load_dataset
@@ -58,7 +58,8 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
         model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
 
     seen: list[Forward] = []
-    guard = ShapeGuard(on_unplanned="record", on_forward=seen.append)
+    guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
+    guard.on_forward = seen.append
     trainer = getattr(trl, TRAINERS[method])(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
                                              processing_class=tokenizer, callbacks=[guard])
     trainer.train()
