@@ -32,15 +32,17 @@ def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | N
       shapeplan guard --plan plan.json --on-unplanned error --record run.json -- python train.py
       accelerate launch --num_processes 2 -m shapeplan guard --plan plan.json -- train.py
     """
-    from ..guard.callback import ShapeGuard
-    from ..guard.wrapper import guarding, run_command
+    from ..guard.wrapper import command_runner, guarding
     from ..plan.io import load_plan
 
     if plan_path is not None:
         load_plan(plan_path)  # a missing or malformed plan is refused before the run starts
+    run = command_runner(list(command))
 
-    def make_guard() -> ShapeGuard:
+    def make_guard() -> object:
+        from ..guard.callback import ShapeGuard
+
         return ShapeGuard(plan_path, on_unplanned=on_unplanned, record=record_path)
 
     with guarding(make_guard):
-        run_command(list(command))
+        run()

@@ -62,30 +62,33 @@ def _trl_script(method: str, args: list[str]) -> Path:
     return Path(module.__file__ or "")
 
 
-def run_command(command: list[str]) -> None:
-    """Run `command` in this process as its own `__main__`, with its own `sys.argv`."""
-    if not command:
-        raise UsageError(f"no training command; {USAGE}")
+def command_runner(command: list[str]) -> Callable[[], None]:
+    """What runs `command` in this process as its own `__main__`, with its own `sys.argv` (checked now, so a
+    mistyped command is refused before any library loads)."""
     words = list(command)
-    if Path(words[0]).name.startswith("python"):
+    if words and Path(words[0]).name.startswith("python"):
         words = words[1:]
     if not words:
-        raise UsageError(f"no script after `python`; {USAGE}")
-    argv = sys.argv
-    try:
-        if words[0] == "trl" and len(words) > 1:
-            script = _trl_script(words[1], words[2:])
-            sys.argv = [str(script), *words[2:]]
-            runpy.run_path(str(script), run_name="__main__")
-        elif words[0] == "-m" and len(words) > 1:
-            sys.argv = [words[1], *words[2:]]
-            runpy.run_module(words[1], run_name="__main__", alter_sys=True)
-        elif words[0].endswith(".py"):
-            if not Path(words[0]).is_file():
-                raise UsageError(f"training script {words[0]} not found; {USAGE}")
-            sys.argv = list(words)
-            runpy.run_path(words[0], run_name="__main__")
-        else:
-            raise UsageError(f"cannot run {' '.join(command[:2])!r} in-process; {USAGE}")
-    finally:
-        sys.argv = argv
+        raise UsageError(f"no training command; {USAGE}")
+    if words[0] == "trl" and len(words) > 1:
+        script = str(_trl_script(words[1], words[2:]))
+        return _as_main([script, *words[2:]], lambda: runpy.run_path(script, run_name="__main__"))
+    if words[0] == "-m" and len(words) > 1:
+        module = words[1]
+        return _as_main(words[1:], lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    if words[0].endswith(".py"):
+        if not Path(words[0]).is_file():
+            raise UsageError(f"training script {words[0]} not found; {USAGE}")
+        return _as_main(words, lambda: runpy.run_path(words[0], run_name="__main__"))
+    raise UsageError(f"cannot run {' '.join(command[:2])!r} in-process; {USAGE}")
+
+
+def _as_main(argv: list[str], run: Callable[[], object]) -> Callable[[], None]:
+    def runner() -> None:
+        saved = sys.argv
+        sys.argv = list(argv)
+        try:
+            run()
+        finally:
+            sys.argv = saved
+    return runner

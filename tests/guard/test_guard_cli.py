@@ -1,0 +1,69 @@
+"""`shapeplan guard -- COMMAND` through the installed console script: it guards a real `trl sft --config` run
+in-process (summary line, run record), exits 4 before the forward of an unplanned shape with `--on-unplanned error`,
+and refuses bad invocations with one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shapeplan.plan.io import load_plan, write_plan
+from tests.conftest import CAPYBARA, TINY_MODEL
+from tests.test_exit_codes import refused, shapeplan
+
+TRL_RUN = ["--report_to", "none", "--use_cpu", "true", "--save_strategy", "no", "--disable_tqdm", "true"]
+
+
+def _sft_config(tmp_path: Path) -> Path:
+    """A `trl sft --config` file over a local data folder (`trl sft` loads a dataset by name or folder)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(CAPYBARA, data / "train.jsonl")
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"dataset_name: {data}\nmodel_name_or_path: {TINY_MODEL}\nper_device_train_batch_size: 4\n"
+                      "max_steps: 6\nmax_length: 512\npad_to_multiple_of: 64\nbf16: false\n", encoding="utf-8")
+    return config
+
+
+@pytest.mark.slow
+def test_guard_runs_trl_sft_in_process(tmp_path: Path) -> None:
+    config = _sft_config(tmp_path)
+    plan_path = tmp_path / "plan.json"
+    assert shapeplan("analyze", "--config", config, "-o", plan_path).returncode == 0
+    plan = load_plan(plan_path)
+    result = shapeplan("guard", "--plan", plan_path, "--record", tmp_path / "run.json", "--", "trl", "sft",
+                       "--config", config, "--output_dir", tmp_path / "out", *TRL_RUN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    n = len(plan.shapes)
+    assert f"shapeplan: {n}/{n} planned shapes met, 0 unplanned, 0 compiles, counts as planned" in \
+        result.stderr.splitlines()
+    record = load_plan(tmp_path / "run.json")
+    assert record.observed and record.config == plan.config
+    assert {(s.key, s.count, s.first_step) for s in record.shapes} == \
+        {(s.key, s.count, s.first_step) for s in plan.shapes}
+
+    # --on-unplanned error: the run stops before the forward of the shape the plan lacks, with exit code 4
+    removed = max((s for s in plan.shapes if s.phase == "train"), key=lambda s: s.first_step)
+    assert removed.first_step > 1
+    write_plan(dataclasses.replace(plan, shapes=tuple(s for s in plan.shapes if s is not removed)), plan_path)
+    result = shapeplan("guard", "--plan", plan_path, "--on-unplanned", "error", "--", "trl", "sft",
+                       "--config", config, "--output_dir", tmp_path / "out", *TRL_RUN)
+    assert result.returncode == 4, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        f"Error: unplanned shape train ({removed.batch}, {removed.seq}) at step {removed.first_step} (rank 0)")
+
+
+def test_guard_refuses_bad_invocations(tmp_path: Path) -> None:
+    usage = "give the training command after `--`: `trl sft ARGS`, `python train.py ARGS`, `train.py ARGS` or " \
+            "`python -m MODULE ARGS`"
+    refused(shapeplan("guard"), 2, f"no training command; {usage}")
+    refused(shapeplan("guard", "--", "python"), 2, f"no training command; {usage}")
+    refused(shapeplan("guard", "--", "missing.py"), 2, f"training script missing.py not found; {usage}")
+    refused(shapeplan("guard", "--", "ls", "-l"), 2, f"cannot run 'ls -l' in-process; {usage}")
+    refused(shapeplan("guard", "--plan", tmp_path / "none.json", "--", "train.py"), 1,
+            f"cannot read plan {tmp_path / 'none.json'}: No such file or directory; pass a file written by "
+            "`shapeplan analyze -o`")
