@@ -5,6 +5,7 @@ recorded (record)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,39 @@ def test_removed_shape_is_recorded(tmp_path: Path) -> None:
     run_sft(CAPYBARA, SFT_64, eval_path=CAPYBARA, guard=guard)
     assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None)]
     assert _met(load_plan(tmp_path / "run.json")) == _met(full)
+
+
+
+def _other_trainer(name: str, tmp_path: Path) -> tuple[Plan, Callable[[ShapeGuard], object]]:
+    """The plan of one of the oracle's RLOO, DPO, KTO, Reward or Distillation configurations, and its guarded run."""
+    from tests.oracle import test_distillation_oracle, test_grpo_oracle, test_preference_oracle
+    from tests.oracle.distillation_harness import run_distillation_trainer
+    from tests.oracle.preference_harness import run_preference
+
+    if name in test_preference_oracle.CONFIGS:
+        method, data, argv, eval_data = test_preference_oracle.CONFIGS[name]
+        argv = ["--gradient_checkpointing", "false", *argv]  # as the preference harness runs
+        return _plan(method, data, argv, eval_data), lambda guard: run_preference(
+            method, data, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data, guard=guard)
+    if name in test_distillation_oracle.CONFIGS:
+        train_rows, eval_rows, argv = test_distillation_oracle.CONFIGS[name]
+        train = _rows(tmp_path / "train.jsonl", train_rows)
+        eval_path = _rows(tmp_path / "eval.jsonl", eval_rows) if eval_rows else None
+        plan = _plan("distillation", train, ["--teacher_model_name_or_path", str(TINY_MODEL), *argv], eval_path)
+        return plan, lambda guard: run_distillation_trainer(
+            train, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_path, guard=guard)
+    method, train_rows, eval_rows, argv = test_grpo_oracle.CONFIGS[name]
+    train = _rows(tmp_path / "train.jsonl", train_rows)
+    eval_path = _rows(tmp_path / "eval.jsonl", eval_rows) if eval_rows else None
+    return _plan(method, train, argv, eval_path), lambda guard: run_generation_trainer(
+        method, train, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_path, guard=guard)
+
+
+@pytest.mark.parametrize("name", ["rloo-static", "dpo-conversational-precompute-ga", "kto-paired-precompute-ga",
+                                  "reward-conversational-drop-eval", "epochs-eval"])
+def test_every_trainer_meets_its_exact_plan(name: str, tmp_path: Path) -> None:
+    plan, run = _other_trainer(name, tmp_path)
+    guard = ShapeGuard(plan, record=tmp_path / "run.json")
+    run(guard)
+    _assert_as_planned(guard)
+    assert _met(load_plan(tmp_path / "run.json")) == _met(plan)
