@@ -108,6 +108,12 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
 
             device = self.trainer.args.device.type
             self.backend = make_backend(device if device in ("neuron", "cuda") else "cpu")
+        if self.plan is not None:
+            from ..warm.runner import graph_bound
+
+            # the compiler settings `shapeplan warm` used (and prints for training scripts), so the run hits its cache
+            self.backend.configure(torch_compile=bool(self.trainer.args.torch_compile),
+                                   graphs=graph_bound(self.plan.shapes))  # type: ignore[arg-type]  # reads varlen_pairs only
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._attach()  # before DPO/KTO's precompute pass, which runs after the base Trainer's __init__

@@ -171,8 +171,12 @@ class ShapeRecorder:
     def _hook(self, module: Any, hook: Callable[..., None]) -> None:
         if id(module) in self._hooked:
             return
+        import torch
+
         self._hooked.add(id(module))
-        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        # torch.compile traces a module's hooks with its forward: keep the recorder out of the compiled graphs, so a
+        # guarded run compiles the same graphs as the warm-up
+        self._handles.append(module.register_forward_pre_hook(torch.compiler.disable(hook), with_kwargs=True))
 
     def _wrap_generate(self, model: Any) -> None:
         generate = model.generate
