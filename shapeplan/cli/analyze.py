@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UsageError
+from ..errors import PlanFileError, UsageError
+from ..plan.io import write_plan
+from ..plan.model import Plan
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.model import METHODS
 from .output import emit_plan, progress_bars_on_terminals_only
@@ -57,9 +59,11 @@ def run_options(command):  # type: ignore[no-untyped-def]
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Plan afresh, neither reading nor writing the plan and row-length caches "
                    "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
+@click.option("--compare", "compare", type=click.Path(dir_okay=False), default=None, metavar="RUN",
+              help="Print the plan against RUN, the record of a guarded run (`shapeplan guard --record RUN`).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
-                    no_cache: bool) -> None:
+                    no_cache: bool, compare: str | None) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -79,6 +83,10 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     """
     from ..adapters import plan_cache
 
+    if compare is not None and as_json:
+        raise UsageError("--compare prints a table for people; drop --json (the run record is JSON already)")
+    observed = load_observed(compare) if compare is not None else None
+
     words = [*trl_args, *(["--model", model] if model else []), *(["--split", split] if split else []),
              *(["--eval-dataset", eval_dataset] if eval_dataset else [])]
     key = None if no_cache else plan_cache.plan_key(method, words)
@@ -91,4 +99,22 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         plan = analyze(method, argv, eval_source=eval_dataset, use_cache=not no_cache)
         if key is not None:
             plan_cache.store(key, plan)
+    if observed is not None:
+        from ..report import render_comparison
+
+        if output is not None:
+            write_plan(plan, output)
+        click.echo(render_comparison(plan, observed))
+        return
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
+
+
+def load_observed(path: str) -> Plan:
+    """A run record; a plan made by `analyze` is refused (comparing two predictions says nothing about the run)."""
+    from ..plan.io import load_plan
+
+    observed = load_plan(path)
+    if not observed.observed:
+        raise PlanFileError(f"{path} is a plan, not a run record; record a run with `shapeplan guard --record RUN "
+                            "...` and compare RUN")
+    return observed
