@@ -1,17 +1,20 @@
 """`shapeplan guard -- COMMAND` through the installed console script: it guards a real `trl sft --config` run
 in-process (summary line, run record), exits 4 before the forward of an unplanned shape with `--on-unplanned error`,
-and refuses bad invocations with one line."""
+guards every rank under `accelerate launch`, and refuses bad invocations with one line."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from shapeplan.plan.io import load_plan, write_plan
-from tests.conftest import CAPYBARA, TINY_MODEL
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
 from tests.test_exit_codes import refused, shapeplan
 
 TRL_RUN = ["--report_to", "none", "--use_cpu", "true", "--save_strategy", "no", "--disable_tqdm", "true"]
@@ -67,3 +70,25 @@ def test_guard_refuses_bad_invocations(tmp_path: Path) -> None:
     refused(shapeplan("guard", "--plan", tmp_path / "none.json", "--", "train.py"), 1,
             f"cannot read plan {tmp_path / 'none.json'}: No such file or directory; pass a file written by "
             "`shapeplan analyze -o`")
+
+
+@pytest.mark.slow
+def test_accelerate_launch_guards_every_rank(tmp_path: Path) -> None:
+    """`accelerate launch --num_processes 2 -m shapeplan guard`: both ranks guarded (gloo on CPU), their shapes
+    merged into one record on rank 0, which prints the one summary."""
+    config = _sft_config(tmp_path)
+    plan_path, record = tmp_path / "plan.json", tmp_path / "run.json"
+    assert shapeplan("analyze", "--num_processes=2", "--config", config, "-o", plan_path).returncode == 0
+    plan = load_plan(plan_path)
+    launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    result = subprocess.run([*launch, "-m", "shapeplan", "guard", "--plan", str(plan_path), "--record", str(record),
+                             "--", "trl", "sft", "--config", str(config), "--output_dir", str(tmp_path / "out"),
+                             *TRL_RUN], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                            text=True, timeout=1200, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    n = len(plan.shapes)
+    summaries = [line for line in result.stderr.splitlines() if line.startswith("shapeplan: ")]
+    assert summaries == [f"shapeplan: {n}/{n} planned shapes met, 0 unplanned, 0 compiles, counts as planned"]
+    assert {(s.key, s.count, s.first_step) for s in load_plan(record).shapes} == \
+        {(s.key, s.count, s.first_step) for s in plan.shapes}
