@@ -5,10 +5,9 @@ from __future__ import annotations
 import click
 
 from ..errors import PlanFileError, UsageError
-from ..plan.io import write_plan
-from ..plan.model import Plan
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..plan.model import METHODS
+from ..plan.io import write_plan
+from ..plan.model import METHODS, Plan
 from .output import emit_plan, progress_bars_on_terminals_only
 
 

@@ -22,9 +22,8 @@ from ..plan.counter import ShapeCounter
 from ..plan.io import load_plan
 from ..plan.model import Plan, Shape
 from . import MODES
-from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
 from .record import CompileEvent, build_record, gather, write_record
-
+from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
 
 
 def _say(line: str) -> None:
@@ -79,7 +78,7 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
         self.drift: list[str] = []
         self.compiles: list[CompileEvent] = []
         self.summary = ""
-        self.stale: list[str] = []  # "planned N x phase (b, s), met M" for each certain shape met another number of times
+        self.stale: list[str] = []  # "planned N x phase (b, s), met M": certain shapes met another number of times
         self._seen: set[tuple[Any, ...]] = set()
         # what happened since the last step boundary, for attributing compiles and time
         self._interval_keys: dict[tuple[Any, ...], int] = {}
@@ -112,8 +111,8 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
             from ..warm.runner import graph_bound
 
             # the compiler settings `shapeplan warm` used (and prints for training scripts), so the run hits its cache
-            self.backend.configure(torch_compile=bool(self.trainer.args.torch_compile),
-                                   graphs=graph_bound(self.plan.shapes))  # type: ignore[arg-type]  # reads varlen_pairs only
+            graphs = graph_bound(self.plan.shapes)  # type: ignore[arg-type]  # it reads only varlen_pairs, as Shape has
+            self.backend.configure(torch_compile=bool(self.trainer.args.torch_compile), graphs=graphs)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._attach()  # before DPO/KTO's precompute pass, which runs after the base Trainer's __init__
@@ -171,7 +170,8 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
         if self.backend.device == "neuron":
             import torch
 
-            torch.neuron.synchronize()  # Neuron compiles on its own thread: read its counters after a sync
+            # Neuron compiles on a thread of its own: its counters are read after a sync
+            torch.neuron.synchronize()  # type: ignore[attr-defined]  # torch-neuronx adds torch.neuron
         return dict(self.backend.counters())
 
     def _boundary(self, state: Any) -> dict[str, float]:
@@ -194,7 +194,7 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
                          "shapeplan/compile_seconds": round(sum(e.seconds for e in self.compiles), 3)})
         elif forwards:
             self._steady.append(seconds)
-            for key, n in self._interval_keys.items():  # an interval's time, shared evenly among its forwards
+            for key in self._interval_keys:  # an interval's time, shared evenly among its forwards
                 self._seconds.setdefault(key, []).append(seconds / forwards)
         if self._new_unplanned:
             logs["shapeplan/unplanned"] = float(len(self.unplanned))
@@ -230,9 +230,10 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
             found.append(("pad_to_multiple_of", self.plan.pad_to_multiple_of, pad))
         tokenizer = getattr(self.trainer, "processing_class", None)
         planned_tokenizer = self.plan.fingerprint.get("tokenizer")
-        if tokenizer is not None and planned_tokenizer and hasattr(tokenizer, "chat_template"):
-            if tokenizer_fingerprint(tokenizer) != planned_tokenizer:
-                found.append(("tokenizer", planned_tokenizer, tokenizer_fingerprint(tokenizer)))
+        # a processor (vision models) is fingerprinted by its tokenizer only where it is one
+        if planned_tokenizer and hasattr(tokenizer, "chat_template") and \
+                tokenizer_fingerprint(tokenizer) != planned_tokenizer:
+            found.append(("tokenizer", planned_tokenizer, tokenizer_fingerprint(tokenizer)))
         if self.plan.exact and state.max_steps != self.plan.stats.optimizer_steps:
             # the data's size after preparation decides the step count: a changed dataset shows here
             found.append(("optimizer steps (data)", self.plan.stats.optimizer_steps, state.max_steps))

@@ -85,7 +85,7 @@ def build_record(trainer: Any, plan: Plan | None, shapes: tuple[Shape, ...], com
         "num_processes": int(trainer.args.world_size), **json.loads(json.dumps(
             recorded_options(trainer.args), default=str))}
     pad = plan.pad_to_multiple_of if plan is not None else getattr(trainer.args, "pad_to_multiple_of", None)
-    dataset = getattr(trainer, "train_dataset", None)
+    dataset: Any = getattr(trainer, "train_dataset", None)
     record = Plan(
         method=plan.method if plan is not None else trainer_method(trainer), exact=True,
         pad_to_multiple_of=pad if isinstance(pad, int) else None, shapes=shapes,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import TINY_MODEL
 from shapeplan.guard.recorder import Forward
+from tests.conftest import TINY_MODEL
 
 
 def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
@@ -21,7 +21,6 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
     import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM
-
     from trl import DistillationTrainer
     from trl.scripts.distillation import make_parser
 

@@ -26,10 +26,9 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
                            eval_path: Path | None = None, guard: Any = None) -> list[Forward]:
     """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed."""
     import torch
+    import trl
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM
-
-    import trl
 
     from shapeplan import ShapeGuard
 
