@@ -266,8 +266,12 @@ class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships n
         if self.plan is None:
             return f"{len(met)} shapes met, {compiled}"
         certain = [s for s in self.plan.shapes if s.certain]
+        possible = [s for s in self.plan.shapes if not s.certain]
         hit = sum(1 for s in certain if shape_key(s) in met)
-        line = f"{hit}/{len(certain)} planned shapes met, {unplanned} unplanned, {compiled}"
+        line = f"{hit}/{len(certain)} planned shapes met"
+        if possible:  # shapes only sampling can produce (GRPO completion buckets): a run meets some of them
+            line += f" (and {sum(1 for s in possible if shape_key(s) in met)}/{len(possible)} possible ones)"
+        line += f", {unplanned} unplanned, {compiled}"
         if not self.plan.exact:
             return line + ", counts not compared (the plan is a bound)"
         stale = []

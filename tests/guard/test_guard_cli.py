@@ -5,6 +5,7 @@ guards every rank under `accelerate launch`, and refuses bad invocations with on
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.io import load_plan, write_plan
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 from tests.test_exit_codes import refused, shapeplan
 
 TRL_RUN = ["--report_to", "none", "--use_cpu", "true", "--save_strategy", "no", "--disable_tqdm", "true"]
@@ -92,3 +93,49 @@ def test_accelerate_launch_guards_every_rank(tmp_path: Path) -> None:
     assert summaries == [f"shapeplan: {n}/{n} planned shapes met, 0 unplanned, 0 compiles, counts as planned"]
     assert {(s.key, s.count, s.first_step) for s in load_plan(record).shapes} == \
         {(s.key, s.count, s.first_step) for s in plan.shapes}
+
+
+@pytest.mark.slow
+def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
+    """A guarded `trl grpo` run whose completion buckets depend on sampling: its record holds the buckets it sampled,
+    `analyze --compare` shows them against the plan's possibilities, and `shapeplan warm --plan RUN` warms it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(TLDR.read_text(encoding="utf-8").splitlines(keepends=True)[:8]))
+    (tmp_path / "my_rewards.py").write_text("def reward_len(completions, **kwargs):\n"
+                                            "    return [float(len(c)) for c in completions]\n")
+    config = tmp_path / "grpo.yaml"
+    config.write_text(f"dataset_name: {data}\nmodel_name_or_path: {TINY_MODEL}\nreward_funcs: [my_rewards.reward_len]\n"
+                      "per_device_train_batch_size: 2\nnum_generations: 2\nmax_completion_length: 256\nmax_steps: 2\n"
+                      "cache_implementation: static\nbf16: false\npad_to_multiple_of: 128\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+
+    def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *map(str, args)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=1200, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    plan_path, record = tmp_path / "plan.json", tmp_path / "run.json"
+    run("analyze", "--method", "grpo", "--config", config, "-o", plan_path)
+    plan = load_plan(plan_path)
+    possible = [s for s in plan.shapes if not s.certain]
+    assert possible and all(s.phase == "train" for s in possible)
+    guarded = run("guard", "--plan", plan_path, "--record", record, "--", "trl", "grpo", "--config", config,
+                  "--output_dir", tmp_path / "out", *TRL_RUN)
+    observed = load_plan(record)
+    sampled = [s for s in observed.shapes if s.phase == "train"]
+    assert {s.key for s in sampled} < {s.key for s in possible}  # one bucket per round, out of several possible
+    certain = len(plan.shapes) - len(possible)
+    assert f"shapeplan: {certain}/{certain} planned shapes met (and {len(sampled)}/{len(possible)} possible ones), " \
+           "0 unplanned, 0 compiles, counts as planned" in guarded.stderr.splitlines()
+
+    compared = run("analyze", "--method", "grpo", "--config", config, "--compare", record).stdout.splitlines()
+    met = [line.split()[:3] for line in compared if line.split()[7:8] == ["met"]]  # a possible shape the run met
+    assert sorted(met) == sorted(["train", str(s.batch), str(s.seq)] for s in sampled)
+
+    warmed = json.loads(run("warm", "--plan", record, "--device", "cpu", "--cache-dir", tmp_path / "cache",
+                            "--json").stdout)
+    assert [(r["phase"], r["batch"], r["seq"]) for r in warmed["results"]] == [
+        ("generate", s.batch, s.seq) for s in observed.shapes if s.phase == "generate"]
+    assert {r["status"] for r in warmed["results"]} == {"cached"}  # eager on CPU: run, nothing to compile
