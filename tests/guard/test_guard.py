@@ -107,6 +107,10 @@ def test_removed_shape_warns_with_its_first_step(capfd: pytest.CaptureFixture[st
                                 f"{removed.first_step} (rank 0): not in the plan")
     assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None)]
     assert guard.summary.startswith(f"{len(plan.shapes)}/{len(plan.shapes)} planned shapes met, 1 unplanned")
+    # ... and the Trainer's logs (what TensorBoard and W&B receive) have it at that step
+    history = guard.trainer.state.log_history
+    logged = [(e["step"], e["shapeplan/unplanned"]) for e in history if "shapeplan/unplanned" in e]
+    assert logged == [(removed.first_step, 1.0)]
 
 
 def test_removed_shape_errors_before_its_forward() -> None:
