@@ -95,10 +95,9 @@ def test_accelerate_launch_guards_every_rank(tmp_path: Path) -> None:
         {(s.key, s.count, s.first_step) for s in plan.shapes}
 
 
-@pytest.mark.slow
-def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
-    """A guarded `trl grpo` run whose completion buckets depend on sampling: its record holds the buckets it sampled,
-    `analyze --compare` shows them against the plan's possibilities, and `shapeplan warm --plan RUN` warms it."""
+def grpo_config(tmp_path: Path, *extra: str) -> Path:
+    """A `trl grpo --config` file: 8 prompts, completions up to 256 tokens (their buckets depend on sampling), a
+    reward function by import path (`my_rewards` in tmp_path, which must be on PYTHONPATH)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("".join(TLDR.read_text(encoding="utf-8").splitlines(keepends=True)[:8]))
@@ -107,7 +106,16 @@ def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
     config = tmp_path / "grpo.yaml"
     config.write_text(f"dataset_name: {data}\nmodel_name_or_path: {TINY_MODEL}\nreward_funcs: [my_rewards.reward_len]\n"
                       "per_device_train_batch_size: 2\nnum_generations: 2\nmax_completion_length: 256\nmax_steps: 2\n"
-                      "cache_implementation: static\nbf16: false\npad_to_multiple_of: 128\n", encoding="utf-8")
+                      "cache_implementation: static\nbf16: false\npad_to_multiple_of: 128\n" + "".join(
+                          f"{line}\n" for line in extra), encoding="utf-8")
+    return config
+
+
+@pytest.mark.slow
+def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
+    """A guarded `trl grpo` run whose completion buckets depend on sampling: its record holds the buckets it sampled,
+    `analyze --compare` shows them against the plan's possibilities, and `shapeplan warm --plan RUN` warms it."""
+    config = grpo_config(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
 
     def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
