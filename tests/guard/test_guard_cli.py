@@ -147,3 +147,31 @@ def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
     assert [(r["phase"], r["batch"], r["seq"]) for r in warmed["results"]] == [
         ("generate", s.batch, s.seq) for s in observed.shapes if s.phase == "generate"]
     assert {r["status"] for r in warmed["results"]} == {"cached"}  # eager on CPU: run, nothing to compile
+
+
+@pytest.mark.slow
+def test_guard_runs_a_python_script(tmp_path: Path) -> None:
+    """`-- python train.py ARGS`: the script runs as `__main__` with its own argv; its SFTTrainer is guarded."""
+    options = ["--per_device_train_batch_size", "4", "--max_steps", "3", "--max_length", "256",
+               "--pad_to_multiple_of", "64", "--bf16", "false"]
+    plan_path = tmp_path / "plan.json"
+    assert shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, *options, "-o", plan_path).returncode == 0
+    script = tmp_path / "train.py"
+    script.write_text(f"""import sys
+
+from datasets import load_dataset
+from transformers import AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+
+assert __name__ == "__main__"
+args = SFTConfig(output_dir=sys.argv[1], per_device_train_batch_size=4, max_steps=3, max_length=256,
+                 pad_to_multiple_of=64, bf16=False, report_to="none", use_cpu=True, save_strategy="no",
+                 disable_tqdm=True)
+SFTTrainer(model={str(TINY_MODEL)!r}, args=args, processing_class=AutoTokenizer.from_pretrained({str(TINY_MODEL)!r}),
+           train_dataset=load_dataset("json", data_files={str(CAPYBARA)!r}, split="train")).train()
+""", encoding="utf-8")
+    result = shapeplan("guard", "--plan", plan_path, "--", "python", script, tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    n = len(load_plan(plan_path).shapes)
+    assert f"shapeplan: {n}/{n} planned shapes met, 0 unplanned, 0 compiles, counts as planned" in \
+        result.stderr.splitlines()
