@@ -10,7 +10,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup")
+BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead")
 
 
 def main(argv: list[str] | None = None) -> int:

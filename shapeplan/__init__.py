@@ -12,11 +12,21 @@ from .plan.model import Plan, PlanStats, Shape
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ShapeGuard is a transformers TrainerCallback: imported on first use, so `import shapeplan` stays light
+    if name == "ShapeGuard":
+        from .guard.callback import ShapeGuard
+
+        return ShapeGuard
+    raise AttributeError(f"module 'shapeplan' has no attribute {name!r}")
+
 __all__ = [
     "PLAN_SCHEMA",
     "Plan",
     "PlanStats",
     "Shape",
+    "ShapeGuard",
     "ShapeplanError",
     "__version__",
     "load_plan",

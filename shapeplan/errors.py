@@ -5,8 +5,9 @@
     ├── DatasetError          the dataset is missing, unreadable, empty or unusable (exit 1)
     ├── ModelError            the model or tokenizer cannot be loaded or used (exit 1)
     ├── PlanFileError         a plan file is missing, malformed or does not match (exit 1)
-    └── CacheError            a compile cache dir cannot be used (exit 1)
-        └── CacheMismatchError    a cache archive was compiled for another environment (exit 3)
+    ├── CacheError            a compile cache dir cannot be used (exit 1)
+    │   └── CacheMismatchError    a cache archive was compiled for another environment (exit 3)
+    └── UnplannedShapeError   a guarded run (`on_unplanned="error"`) met a shape its plan lacks (exit 4)
 
 Every message names the problem and the fix in one line. The edges turn what the outside world raises into these:
 
@@ -69,6 +70,11 @@ class CacheMismatchError(CacheError):
     """Its own exit code, so that an image pipeline can fall back to warming instead of failing."""
 
 
+class UnplannedShapeError(ShapeplanError):
+    """Raised before the forward of a shape the plan lacks, so no compile minutes are spent on it. Its own exit code,
+    so that a pipeline can tell a stale plan from a failed run."""
+
+
 # The exit code of every error class: the README's exit-code table is made of these.
 EXIT_CODES: dict[type[ShapeplanError], int] = {
     ShapeplanError: 1,
@@ -78,6 +84,7 @@ EXIT_CODES: dict[type[ShapeplanError], int] = {
     PlanFileError: 1,
     CacheError: 1,
     CacheMismatchError: 3,
+    UnplannedShapeError: 4,
 }
 
 

@@ -117,3 +117,34 @@ def render_warm(report: WarmReport, *, verify: bool) -> str:
         lines.append("Set these in the training script (and its environment) to hit this cache:")
         lines += [f"  {line}" for line in report.script_lines]
     return "\n".join(lines)
+
+
+def render_comparison(plan: Plan, observed: Plan) -> str:
+    """The plan against a run record (`shapeplan guard --record`): each shape's planned and met counts and first
+    steps, and whether it held (`as planned`, `count differs`, `not met`, `unplanned`; a bound's shapes are only met
+    or not)."""
+    met = {s.key[:4] + s.key[5:]: s for s in observed.shapes}  # max_new_tokens is a setting, not seen by the run
+    planned = {s.key[:4] + s.key[5:]: s for s in plan.shapes}
+    rows = []
+    for key in [*planned, *(k for k in met if k not in planned)]:
+        p, m = planned.get(key), met.get(key)
+        shape = p or m
+        assert shape is not None
+        if p is None:
+            status = "unplanned"
+        elif m is None:
+            status = "not met" if p.certain else "not met (possible)"
+        elif not plan.exact or not p.certain:
+            status = "met"
+        else:
+            status = "as planned" if (m.count, m.first_step) == (p.count, p.first_step) else "count differs"
+        rows.append([shape.phase, str(shape.batch), str(shape.seq), str(p.count) if p else "-",
+                     str(p.first_step) if p else "-", str(m.count) if m else "-", str(m.first_step) if m else "-",
+                     status, _extra(shape)])
+    held = sum(r[7] in ("as planned", "met") for r in rows)
+    headers = ["phase", "batch", "seq", "planned", "first step", "met", "first step", "status", "notes"]
+    return "\n".join([
+        f"{plan.method.upper()} plan against the run record ({observed.stats.optimizer_steps} optimizer steps run, "
+        f"{plan.stats.optimizer_steps} planned)", "", table(headers, rows, text_columns=(0, 7, 8)), "",
+        f"{held}/{len(rows)} shapes as planned, {sum(r[7] == 'unplanned' for r in rows)} unplanned, "
+        f"{sum(r[7].startswith('not met') for r in rows)} not met"])

@@ -26,6 +26,21 @@ PlanFunction = Callable[..., Plan]
 
 
 @dataclass(frozen=True, slots=True)
+class PhaseRules:
+    """How one trainer's model calls map to the plan's phases (shapeplan/guard/recorder.py applies them)."""
+
+    generates: bool = False  # the policy's `generate` calls are generate / eval_generate
+    logits_helper: str | None = None  # trainer method whose 4th argument, logits_to_keep, tags the forwards inside
+    no_grad_phase: Phase | None = None  # the policy's no-grad forward in train mode (None: it is `train`)
+    kl_helper: str | None = None  # trainer method inside which forwards are KL rows
+    ref_eval_twins: bool = False  # the ref model's forwards in the eval loop are eval_ref (GRPO/RLOO keep `ref`)
+    precompute: bool = False  # forwards before training are the reference precompute pass
+    backbone: bool = False  # the backbones (`base_model`) of student and teacher carry the phases
+    varlen: bool = False  # padding-free kwargs (cu_seq_lens_q, max_length_q) are recorded
+    unpadded: bool = False  # whether each batch holds padding is recorded
+
+
+@dataclass(frozen=True, slots=True)
 class TrainerSpec:
     """What shapeplan knows about one TRL method.
 
@@ -38,6 +53,7 @@ class TrainerSpec:
     `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
     completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
     neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
+    `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart.
     """
 
     name: Method
@@ -54,6 +70,7 @@ class TrainerSpec:
     generates: bool = False
     lengths: LengthKind | None = None
     old_logprobs_always: bool = False
+    phase_rules: PhaseRules = PhaseRules()
 
     def plan(self, args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:
@@ -152,11 +169,14 @@ def _distillation_warmer() -> Callable[[Any], Warmer[Any]]:
 
 
 _GENERATION_PHASES: tuple[Phase, ...] = ("generate", "eval_generate", "train", "eval", "old_logprob", "ref")
+_PREFERENCE_RULES = PhaseRules(no_grad_phase="kl", ref_eval_twins=True, precompute=True, unpadded=True)
+_GENERATION_RULES = PhaseRules(generates=True, logits_helper="_get_per_token_logps_and_entropies",
+                               no_grad_phase="old_logprob")
 
 _SPECS = (
     TrainerSpec(name="sft", script="trl.scripts.sft", trainer_class="SFTTrainer", config_class="SFTConfig",
                 default_dataset="trl-lib/Capybara", plan_function=_sft_plan, warmer_class=_sft_warmer,
-                phases=("train", "eval"), lengths="rows"),
+                phases=("train", "eval"), lengths="rows", phase_rules=PhaseRules(varlen=True, unpadded=True)),
     TrainerSpec(name="grpo", script="trl.scripts.grpo", trainer_class="GRPOTrainer", config_class="GRPOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
                 phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
@@ -164,26 +184,31 @@ _SPECS = (
                                "--max_completion_length", "128", "--cache_implementation", "static", "--bf16",
                                "true"),
                 # TRL's trl-lib/tldr example rewards completions close to 20 characters
-                guide_reward_funcs=("reward_len",)),
+                guide_reward_funcs=("reward_len",), phase_rules=_GENERATION_RULES),
     TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
                 phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
-                old_logprobs_always=True),
+                old_logprobs_always=True, phase_rules=_GENERATION_RULES),
     TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
                 default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
-                warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute")),
+                warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute"),
+                phase_rules=_PREFERENCE_RULES),
     TrainerSpec(name="kto", script="trl.scripts.kto", trainer_class="KTOTrainer", config_class="KTOConfig",
                 default_dataset="trl-lib/kto-mix-14k", plan_function=_kto_plan, warmer_class=_kto_warmer,
                 phases=("train", "eval", "ref", "eval_ref", "kl", "eval_kl", "ref_kl", "eval_ref_kl",
-                        "ref_precompute")),
+                        "ref_precompute"),
+                phase_rules=PhaseRules(no_grad_phase="kl", kl_helper="_compute_kl_logps", ref_eval_twins=True,
+                                       precompute=True, unpadded=True)),
     TrainerSpec(name="reward", script="trl.scripts.reward", trainer_class="RewardTrainer",
                 config_class="RewardConfig", default_dataset="trl-lib/ultrafeedback_binarized",
-                plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval")),
+                plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval"),
+                phase_rules=_PREFERENCE_RULES),
     TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
                 config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
                 plan_function=_distillation_plan, warmer_class=_distillation_warmer,
                 phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True,
-                generates=True, lengths="prompts"),
+                generates=True, lengths="prompts",
+                phase_rules=PhaseRules(generates=True, logits_helper="_get_last_hidden_state", backbone=True)),
 )
 
 TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}

@@ -41,17 +41,23 @@ def versions() -> dict[str, str]:
 
 
 def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
-    config: dict[str, Any] = {
+    return {
         "argv": list(argv),
         "model_name_or_path": args.model.model_name_or_path,
         "num_processes": args.num_processes,
         # the dtype the model loads in (`trl <method>` passes ModelConfig.dtype unless model_init_kwargs sets it)
         "dtype": (getattr(args.training, "model_init_kwargs", None) or {}).get("dtype", getattr(args.model, "dtype",
                                                                                                None)),
+        **recorded_options(args.training),
     }
+
+
+def recorded_options(training: Any) -> dict[str, Any]:
+    """The RECORDED_OPTIONS a TRL config (SFTConfig, GRPOConfig, ...) has, as a plan records them."""
+    config: dict[str, Any] = {}
     for name in RECORDED_OPTIONS:
-        if hasattr(args.training, name):
-            value = getattr(args.training, name)
+        if hasattr(training, name):
+            value = getattr(training, name)
             config[name] = value if isinstance(value, (int, float, str, bool, type(None), dict, list)) else str(value)
     return config
 

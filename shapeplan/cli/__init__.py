@@ -14,6 +14,7 @@ from .advise import advise_command
 from .analyze import analyze_command
 from .cache import cache_group
 from .doctor import doctor_command
+from .guard import guard_command
 from .verify import verify_command
 from .warm import warm_command
 
@@ -43,6 +44,7 @@ cli.add_command(warm_command)
 cli.add_command(verify_command)
 cli.add_command(cache_group)
 cli.add_command(doctor_command)
+cli.add_command(guard_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,11 @@ import sys
 
 import click
 
+from ..errors import PlanFileError, UsageError
 from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
+from ..plan.io import write_plan
+from ..plan.model import Plan
 from .options import run_options
 from .output import emit_plan
 
@@ -29,9 +32,11 @@ from .output import emit_plan
                    "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
 @click.option("--histogram", is_flag=True,
               help="Also print a histogram of the data's token lengths per pad bucket (on stderr under --json).")
+@click.option("--compare", "compare", type=click.Path(dir_okay=False), default=None, metavar="RUN",
+              help="Print the plan against RUN, the record of a guarded run (`shapeplan guard --record RUN`).")
 def analyze_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                     trl_args: tuple[str, ...], as_json: bool, output: str | None, generate_minutes: float,
-                    no_cache: bool, histogram: bool) -> None:
+                    no_cache: bool, histogram: bool, compare: str | None) -> None:
     """List every input shape a TRL run will feed the model.
 
     Tokenizes DATASET exactly as the TRL trainer will and replays its batch order, so the plan holds every
@@ -51,8 +56,18 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     """
     from ..analyze import analyze_command_line
 
+    if compare is not None and as_json:
+        raise UsageError("--compare prints a table for people; drop --json (the run record is JSON already)")
+    observed = load_observed(compare) if compare is not None else None
     plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
                                 use_cache=not no_cache, progress_bars=sys.stderr.isatty())
+    if observed is not None:
+        from ..report import render_comparison
+
+        if output is not None:
+            write_plan(plan, output)
+        click.echo(render_comparison(plan, observed))
+        return
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if histogram:
         from ..adapters.row_lengths import train_lengths
@@ -67,3 +82,14 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
                                     what=str(trainer_spec(method).lengths)), err=as_json)
     for caveat in caveats(plan, os.environ):
         click.echo(f"warning: {caveat}", err=True)
+
+
+def load_observed(path: str) -> Plan:
+    """A run record; a plan made by `analyze` is refused (comparing two predictions says nothing about the run)."""
+    from ..plan.io import load_plan
+
+    observed = load_plan(path)
+    if not observed.observed:
+        raise PlanFileError(f"{path} is a plan, not a run record; record a run with `shapeplan guard --record RUN "
+                            "...` and compare RUN")
+    return observed

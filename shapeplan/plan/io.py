@@ -45,6 +45,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "schema": PLAN_SCHEMA,
         "method": plan.method,
+        **({"observed": True} if plan.observed else {}),
         "exact": plan.exact,
         "pad_to_multiple_of": plan.pad_to_multiple_of,
         "versions": dict(sorted(plan.versions.items())),
@@ -183,6 +184,7 @@ def plan_from_dict(data: Any) -> Plan:
         versions=dict(_typed(data.get("versions", {}), dict, "versions")),
         fingerprint=dict(_typed(data.get("fingerprint", {}), dict, "fingerprint")),
         warnings=tuple(warnings),
+        observed=_typed(data.get("observed", False), bool, "observed"),
     )
 
 

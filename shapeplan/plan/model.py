@@ -102,7 +102,8 @@ class Plan:
 
     `exact` is False when the order of batches cannot be replayed and `shapes` is the set of reachable shapes
     (a bound), not the run's exact shapes and counts. `config` holds the TRL options that shape the graphs;
-    `fingerprint` identifies the model, tokenizer and data the plan was made from.
+    `fingerprint` identifies the model, tokenizer and data the plan was made from. `observed` marks a run record:
+    the shapes a guarded run met, merged over its ranks as a plan merges them.
     """
 
     method: Method
@@ -114,6 +115,7 @@ class Plan:
     versions: dict[str, str] = field(default_factory=dict)
     fingerprint: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    observed: bool = False  # a run record (`shapeplan guard --record`): what a real run met, not a prediction
 
     def by_phase(self, phase: Phase) -> tuple[Shape, ...]:
         return tuple(s for s in self.shapes if s.phase == phase)

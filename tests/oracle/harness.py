@@ -1,5 +1,6 @@
 """The shape oracle: a real TRL trainer run on CPU with the bundled tiny model, recording every input shape
-the model receives, by phase and step. Plans are checked against this, never against the notes.
+the model receives, by phase and step, through the guard's recorder (`ShapeGuard(on_unplanned="record")`), whose
+phase rules are the library's. Plans are checked against this, never against the notes.
 
 `run_sft` trains in this process; `run_sft_distributed` runs the same function in N processes joined by gloo
 (as `accelerate launch --num_processes N --cpu` would) and returns what every rank recorded.
@@ -16,34 +17,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from shapeplan.guard.recorder import Forward
 from tests.conftest import ROOT, TINY_MODEL
-
-
-@dataclass(frozen=True)
-class Seen:
-    phase: str
-    batch: int
-    seq: int
-    step: int  # train: the optimizer step being computed (1-based); eval: global_step when it ran
-    cu_seq_lens: int | None = None  # padding-free: len(cu_seq_lens_q) the model received
-    max_length_q: int | None = None  # padding-free: the max_length_q kwarg the model received
-    rank: int = 0
-    unpadded: bool = False  # attention takes the batch as unpadded (SDPA then skips the mask)
-
-
-def unpadded(kwargs: dict) -> bool:  # type: ignore[type-arg]
-    """Whether transformers' mask building sees no padding in a forward's kwargs (`_preprocess_mask_arguments`):
-    an attention mask of all ones, or without one, position ids that run as one sequence per row."""
-    from transformers.masking_utils import find_packed_sequence_indices
-
-    mask = kwargs.get("attention_mask")
-    if mask is not None:
-        return bool(mask.all())
-    position_ids = kwargs.get("position_ids")
-    return position_ids is None or find_packed_sequence_indices(position_ids) is None
 
 
 def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
@@ -53,12 +32,14 @@ def _parse(method: str, argv: Sequence[str]):  # type: ignore[no-untyped-def]
 
 
 def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-            streaming: bool = False) -> list[Seen]:
+            streaming: bool = False, guard: Any = None) -> list[Forward]:
     """Train with `trl sft`'s parser on `argv` (TRL options), recording what the model is fed. `streaming` loads the
     data files as `trl sft --dataset_streaming` does: `load_dataset(..., streaming=True)`, an IterableDataset."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
+
+    from shapeplan import ShapeGuard
 
     torch.set_num_threads(1)  # the tiny model gains nothing from threads; they only contend on a shared machine
 
@@ -69,22 +50,11 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     eval_ds = _load(eval_path, streaming) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
+    seen: list[Forward] = []
+    guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
+    guard.on_forward = seen.append
     trainer = SFTTrainer(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
-                         processing_class=tokenizer)
-    rank = trainer.args.process_index
-    seen: list[Seen] = []
-
-    def hook(module, args, kwargs):  # type: ignore[no-untyped-def]
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        phase = "train" if module.training else "eval"
-        step = trainer.state.global_step + (1 if phase == "train" else 0)
-        cu = kwargs.get("cu_seq_lens_q")
-        max_q = kwargs.get("max_length_q")
-        seen.append(Seen(phase, int(ids.shape[0]), int(ids.shape[1]), step,
-                         cu_seq_lens=None if cu is None else int(cu.numel()),
-                         max_length_q=None if max_q is None else int(max_q), rank=rank, unpadded=unpadded(kwargs)))
-
-    model.register_forward_pre_hook(hook, with_kwargs=True)
+                         processing_class=tokenizer, callbacks=[guard])
     trainer.train()
     return seen
 
@@ -100,7 +70,7 @@ def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
 
 def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
                         num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
-                        streaming: bool = False) -> list[Seen]:
+                        streaming: bool = False) -> list[Forward]:
     """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,13 +100,13 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
         if p.returncode != 0:
             log_text = (tmp_dir / f"rank{rank}.log").read_text()
             raise RuntimeError(f"oracle rank {rank} exited with {p.returncode}:\n{log_text[-4000:]}")
-    seen: list[Seen] = []
+    seen: list[Forward] = []
     for rank in range(num_processes):
-        seen += [Seen(**s) for s in json.loads((tmp_dir / f"rank{rank}.json").read_text())]
+        seen += [Forward(**s) for s in json.loads((tmp_dir / f"rank{rank}.json").read_text())]
     return seen
 
 
-def observed(seen: Sequence[Seen], *, varlen: bool = False, unpadded: bool = False) -> dict[
+def observed(seen: Sequence[Forward], *, varlen: bool = False, unpadded: bool = False) -> dict[
         tuple[str, int, int], tuple]:
     """(phase, batch, seq) -> (count, first step), plus the sorted cu_seq_lens lengths, max_length_q values and
     (cu_seq_lens length, max_length_q) pairs met with that shape when `varlen`, plus how many of its batches were

@@ -1,0 +1,18 @@
+"""The guard: a real TRL run checks itself against its plan before each forward and records what it met
+(`ShapeGuard`, `shapeplan guard`). `ShapeGuard` imports transformers, so it is loaded on first use."""
+
+from __future__ import annotations
+
+# What a guarded run does with a shape its plan lacks.
+MODES = ("warn", "error", "record")
+
+
+def __getattr__(name: str) -> object:
+    if name == "ShapeGuard":
+        from .callback import ShapeGuard
+
+        return ShapeGuard
+    raise AttributeError(f"module 'shapeplan.guard' has no attribute {name!r}")
+
+
+__all__ = ["MODES", "ShapeGuard"]

@@ -1,0 +1,285 @@
+"""`ShapeGuard`: a TrainerCallback that checks a real TRL run against its plan, before each forward, and records
+what the run met.
+
+    SFTTrainer(..., callbacks=[ShapeGuard("plan.json", on_unplanned="warn", record="run.json")])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+
+from ..errors import UnplannedShapeError, UsageError
+from ..plan.counter import ShapeCounter
+from ..plan.io import load_plan
+from ..plan.model import Plan, Shape
+from . import MODES
+from .record import CompileEvent, build_record, gather, write_record
+from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
+
+
+def _say(line: str) -> None:
+    print(f"shapeplan: {line}", file=sys.stderr, flush=True)
+
+
+def _calling_trainer() -> Any:
+    """The Trainer whose event is being handled: callbacks are given the model, not the trainer, but every event
+    is called from one of the Trainer's own methods."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back  # type: ignore[assignment]  # None ends the walk
+    raise UsageError("ShapeGuard only works as a callback of a transformers/TRL Trainer: pass it in "
+                     "`callbacks=[ShapeGuard(...)]`")
+
+
+def _normalised(value: Any) -> Any:
+    """A config value as the plan file holds it (enums as their string, tuples as lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships no type hints for it
+    """Checks every input shape a trainer's models receive against `plan`, before the forward runs.
+
+    `on_unplanned`: `warn` (one line, plus `shapeplan/unplanned` in the Trainer's logs), `error`
+    (`UnplannedShapeError` before the forward) or `record` (only records). `record`: a path the run record is written
+    to at the end (the plan schema with `"observed": true`). `backend`: the compile backend whose counters are read
+    at step boundaries (default: the warm-up's, for the device training runs on). `on_forward` is called with every
+    recorded input (the oracle tests collect them).
+    """
+
+    def __init__(self, plan: str | os.PathLike[str] | Plan | None = None, *, on_unplanned: str = "warn",
+                 record: str | os.PathLike[str] | None = None, backend: Any = None,
+                 on_forward: Callable[[Forward], None] | None = None) -> None:
+        if on_unplanned not in MODES:
+            raise UsageError(f"on_unplanned={on_unplanned!r}; choose one of {', '.join(MODES)}")
+        self.plan = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
+        self.plan_name = str(plan) if isinstance(plan, (str, os.PathLike)) else "the plan"
+        self.mode = on_unplanned
+        self.record_path = Path(record) if record is not None else None
+        self.backend = backend
+        self.on_forward = on_forward
+        self.planned: dict[tuple[Any, ...], Shape] = {} if self.plan is None else {
+            shape_key(s): s for s in self.plan.shapes}
+        self.trainer: Any = None
+        self.recorder: ShapeRecorder | None = None
+        self.counter = ShapeCounter()
+        self.unplanned: dict[tuple[Any, ...], Forward] = {}  # the first forward of each unplanned shape
+        self.drift: list[str] = []
+        self.compiles: list[CompileEvent] = []
+        self.summary = ""
+        self.stale: list[str] = []  # "planned N x phase (b, s), met M": certain shapes met another number of times
+        self._seen: set[tuple[Any, ...]] = set()
+        # what happened since the last step boundary, for attributing compiles and time
+        self._interval_keys: dict[tuple[Any, ...], int] = {}
+        self._new_keys: list[tuple[Any, ...]] = []
+        self._new_unplanned = 0
+        self._seconds: dict[tuple[Any, ...], list[float]] = {}
+        self._steady: list[float] = []
+        self._counters: dict[str, int] = {}
+        self._clock = 0.0
+
+    # -- attaching ------------------------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        if self.recorder is not None:
+            return
+        self.trainer = _calling_trainer()
+        method = trainer_method(self.trainer)
+        if self.plan is not None and self.plan.method != method:
+            raise UsageError(f"{self.plan_name} is a {self.plan.method} plan but the run is {method} "
+                             f"({type(self.trainer).__name__}); plan this run with `shapeplan analyze --method "
+                             f"{method}`")
+        self.recorder = ShapeRecorder(self.trainer, self._met, method=method)
+        self.recorder.attach()
+        if self.backend is None:
+            from ..warm.backends import make_backend
+
+            device = self.trainer.args.device.type
+            self.backend = make_backend(device if device in ("neuron", "cuda") else "cpu")
+        if self.plan is not None:
+            from ..warm.runner import graph_bound
+
+            # the compiler settings `shapeplan warm` used (and prints for training scripts), so the run hits its cache
+            graphs = graph_bound(self.plan.shapes)  # type: ignore[arg-type]  # it reads only varlen_pairs, as Shape has
+            self.backend.configure(torch_compile=bool(self.trainer.args.torch_compile), graphs=graphs)
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._attach()  # before DPO/KTO's precompute pass, which runs after the base Trainer's __init__
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._attach()  # a guard added with `trainer.add_callback` sees no on_init_end
+        assert self.recorder is not None
+        self.recorder.start_training()
+        if self.plan is not None:
+            self._check_drift(state)
+        self._counters = self._read_counters()
+        self._clock = time.perf_counter()
+
+    # -- before each forward --------------------------------------------------------------------------------------
+
+    def _met(self, forward: Forward) -> None:
+        key = forward.key
+        if self.planned and key not in self.planned and key not in self.unplanned:
+            self._unplanned(forward)
+        if self.on_forward is not None:
+            self.on_forward(forward)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._new_keys.append(key)
+        self._interval_keys[key] = self._interval_keys.get(key, 0) + 1
+        planned = self.planned.get(key)
+        self.counter.add(forward.phase, forward.batch, forward.seq, forward.step, cache_len=forward.cache_len,
+                         max_new_tokens=planned.max_new_tokens if planned else self._max_new_tokens(forward),
+                         logits_to_keep=forward.logits_to_keep, cu_seq_lens=forward.cu_seq_lens,
+                         max_length_q=forward.max_length_q, unpadded=forward.unpadded)
+
+    def _max_new_tokens(self, forward: Forward) -> int | None:
+        if not forward.phase.endswith("generate"):
+            return None
+        return int(getattr(self.trainer.args, "max_completion_length", 0)) or None
+
+    def _unplanned(self, forward: Forward) -> None:
+        self.unplanned[forward.key] = forward
+        where = f"{forward.phase} {(forward.batch, forward.seq)}"
+        if forward.cache_len is not None:
+            where += f" cache_len {forward.cache_len}"
+        if forward.logits_to_keep is not None:
+            where += f" logits_to_keep {forward.logits_to_keep}"
+        message = (f"unplanned shape {where} at step {forward.step} (rank {forward.rank}): not in {self.plan_name}, "
+                   "so it compiles now; re-plan this run with `shapeplan analyze` and `shapeplan warm` it")
+        if self.mode == "error":
+            raise UnplannedShapeError(message)
+        self._new_unplanned += 1
+        if self.mode == "warn":
+            _say(message)
+
+    # -- step boundaries: compiles and time -----------------------------------------------------------------------
+
+    def _read_counters(self) -> dict[str, int]:
+        if self.backend.device == "neuron":
+            import torch
+
+            # Neuron compiles on a thread of its own: its counters are read after a sync
+            torch.neuron.synchronize()  # type: ignore[attr-defined]  # torch-neuronx adds torch.neuron
+        return dict(self.backend.counters())
+
+    def _boundary(self, state: Any) -> dict[str, float]:
+        """Close the interval since the last boundary: attribute its compiles and seconds."""
+        from ..warm.backends.base import counter_delta
+
+        now = time.perf_counter()
+        seconds, self._clock = now - self._clock, now
+        counters = self._read_counters()
+        delta, self._counters = counter_delta(self._counters, counters), counters
+        logs: dict[str, float] = {}
+        forwards = sum(self._interval_keys.values())
+        if self.backend.compiled(delta):
+            shapes = self._new_keys or list(self._interval_keys)
+            steady = median(self._steady) if self._steady else 0.0
+            event = CompileEvent(step=int(state.global_step), shapes=tuple(shapes), delta=delta,
+                                 seconds=max(0.0, seconds - steady))
+            self.compiles.append(event)
+            logs.update({"shapeplan/compiles": float(len(self.compiles)),
+                         "shapeplan/compile_seconds": round(sum(e.seconds for e in self.compiles), 3)})
+        elif forwards:
+            self._steady.append(seconds)
+            for key in self._interval_keys:  # an interval's time, shared evenly among its forwards
+                self._seconds.setdefault(key, []).append(seconds / forwards)
+        if self._new_unplanned:
+            logs["shapeplan/unplanned"] = float(len(self.unplanned))
+            self._new_unplanned = 0
+        self._interval_keys, self._new_keys = {}, []
+        return logs
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        logs = self._boundary(state)
+        if logs:
+            self.trainer.log(logs)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        logs = self._boundary(state)
+        if logs:
+            self.trainer.log(logs)
+
+    # -- drift at the start, counts and the summary at the end ----------------------------------------------------
+
+    def _check_drift(self, state: Any) -> None:
+        from ..adapters.common import recorded_options
+        from ..adapters.data import tokenizer_fingerprint
+
+        assert self.plan is not None
+        run = _normalised(recorded_options(self.trainer.args))
+        found = [(name, self.plan.config[name], value) for name, value in sorted(run.items())
+                 if name in self.plan.config and self.plan.config[name] != value]
+        world = int(self.trainer.args.world_size)
+        if "num_processes" in self.plan.config and self.plan.config["num_processes"] != world:
+            found.append(("world size", self.plan.config["num_processes"], world))
+        pad = getattr(self.trainer.args, "pad_to_multiple_of", "auto")  # TRL resolves "auto" for the device
+        if pad != "auto" and pad != self.plan.pad_to_multiple_of:
+            found.append(("pad_to_multiple_of", self.plan.pad_to_multiple_of, pad))
+        tokenizer = getattr(self.trainer, "processing_class", None)
+        planned_tokenizer = self.plan.fingerprint.get("tokenizer")
+        # a processor (vision models) is fingerprinted by its tokenizer only where it is one
+        if planned_tokenizer and hasattr(tokenizer, "chat_template") and \
+                tokenizer_fingerprint(tokenizer) != planned_tokenizer:
+            found.append(("tokenizer", planned_tokenizer, tokenizer_fingerprint(tokenizer)))
+        if self.plan.exact and state.max_steps != self.plan.stats.optimizer_steps:
+            # the data's size after preparation decides the step count: a changed dataset shows here
+            found.append(("optimizer steps (data)", self.plan.stats.optimizer_steps, state.max_steps))
+        for name, planned, value in found:
+            line = f"drift: the plan was made for {name}={planned!r}, this run has {value!r}; re-plan it with " \
+                   "`shapeplan analyze`"
+            self.drift.append(line)
+            _say(line)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        logs = self._boundary(state)
+        if logs:
+            self.trainer.log(logs)
+        assert self.recorder is not None
+        self.recorder.detach()
+        merged = gather(self.counter.shapes(), self.compiles, self._seconds)
+        if merged is None:  # not rank 0: rank 0 reports for the run
+            return
+        shapes, compiles, seconds = merged
+        self.summary = self._summarise(shapes, compiles)
+        _say(self.summary)
+        if self.record_path is not None:
+            write_record(self.record_path, build_record(self.trainer, self.plan, shapes, compiles, seconds,
+                                                        steps=int(state.global_step)))
+
+    def _summarise(self, shapes: tuple[Shape, ...], compiles: list[CompileEvent]) -> str:
+        met = {shape_key(s): s for s in shapes}
+        unplanned = len([k for k in met if self.planned and k not in self.planned])
+        compiled = f"{len(compiles)} compile{'s' if len(compiles) != 1 else ''}"
+        if self.plan is None:
+            return f"{len(met)} shapes met, {compiled}"
+        certain = [s for s in self.plan.shapes if s.certain]
+        possible = [s for s in self.plan.shapes if not s.certain]
+        hit = sum(1 for s in certain if shape_key(s) in met)
+        line = f"{hit}/{len(certain)} planned shapes met"
+        if possible:  # shapes only sampling can produce (GRPO completion buckets): a run meets some of them
+            line += f" (and {sum(1 for s in possible if shape_key(s) in met)}/{len(possible)} possible ones)"
+        line += f", {unplanned} unplanned, {compiled}"
+        if not self.plan.exact:
+            return line + ", counts not compared (the plan is a bound)"
+        stale = []
+        for key, s in self.planned.items():
+            got = met[key].count if key in met else 0
+            if s.certain and got != s.count:
+                stale.append(f"planned {s.count} x {s.phase} {(s.batch, s.seq)}, met {got}")
+        self.stale = stale
+        for line_ in stale:
+            _say(f"{line_}: the plan is stale")
+        return line + (", counts as planned" if not stale else f", {len(stale)} counts differ: the plan is stale")

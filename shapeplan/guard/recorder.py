@@ -1,0 +1,247 @@
+"""Phase-aware shape recording: every input a TRL trainer's models receive, under the plan's phase names, reported
+*before* the forward runs. The one place that says which model call is which phase: the guard and the oracle tests
+(tests/oracle/) both record through `ShapeRecorder`, so they cannot disagree.
+
+Phases are told apart by what runs, the way the plan names them:
+    generate / eval_generate   the policy's `generate` (train / eval mode): the prefill's (batch, seq) and the static
+                               cache length (None with a dynamic cache); decode forwards are not recorded
+    train                      the policy's forward in train mode (with grad where the method has no-grad phases)
+    old_logprob / kl           the policy's no-grad forward in train mode (GRPO/RLOO; DPO/KTO/Reward)
+    eval / eval_kl             the policy's forward in eval mode (eval_kl inside KTO's KL pass)
+    ref / ref_kl               the reference model (its eval_* twins while the policy is in eval mode, DPO/KTO)
+    ref_precompute             any forward before training starts (DPO/KTO's `precompute_ref_log_probs` pass)
+    teacher / eval_teacher     Distillation's teacher backbone during a train step / in the eval loop
+Distillation's student and teacher run their backbones (`base_model`) directly: the backbones carry its phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..trainers import TRAINERS
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One model input, as the plan counts it."""
+
+    phase: str
+    batch: int
+    seq: int
+    step: int  # train side: the optimizer step being computed (1-based); eval side: global_step when it ran
+    cache_len: int | None = None  # generate phases: the static cache length
+    logits_to_keep: int | None = None  # what the trainer passed to its log-prob helper for this forward
+    cu_seq_lens: int | None = None  # padding-free: len(cu_seq_lens_q) the model received
+    max_length_q: int | None = None  # padding-free: the max_length_q kwarg the model received
+    unpadded: bool = False  # attention takes the batch as unpadded (SDPA then skips the mask)
+    rank: int = 0
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the plan's `Shape.key` holds for this input (max_new_tokens is a generate's setting, not seen)."""
+        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep)
+
+
+def shape_key(shape: Any) -> tuple[Any, ...]:
+    """A planned `Shape` under `Forward.key`."""
+    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep)
+
+
+def trainer_method(trainer: Any) -> str:
+    """The plan method of a TRL trainer instance (from its class or the first TRL base class it has)."""
+    methods = {spec.trainer_class: name for name, spec in TRAINERS.items()}
+    for cls in type(trainer).__mro__:
+        if cls.__name__ in methods:
+            return methods[cls.__name__]
+    raise UsageError(f"{type(trainer).__name__} is not a TRL trainer shapeplan knows; the guard covers "
+                     f"{', '.join(methods)}")
+
+
+def unpadded(kwargs: dict[str, Any]) -> bool:
+    """Whether transformers' mask building sees no padding in a forward's kwargs (`_preprocess_mask_arguments`):
+    an attention mask of all ones, or without one, position ids that run as one sequence per row."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        return bool(mask.all())
+    position_ids = kwargs.get("position_ids")
+    return position_ids is None or find_packed_sequence_indices(position_ids) is None
+
+
+def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return kwargs.get("input_ids", args[0] if args else None)
+
+
+class ShapeRecorder:
+    """Hooks a trainer's policy (at `attach`, before any precompute pass) and its reference model and teacher
+    (`attach_late`, once the trainer has built them), and calls `listener` with each input before its forward.
+
+    `listener` may raise to stop the forward. `start_training` marks the end of the precompute pass.
+    """
+
+    def __init__(self, trainer: Any, listener: Callable[[Forward], None], *, method: str | None = None) -> None:
+        self.trainer = trainer
+        self.method = method or trainer_method(trainer)
+        self.rules = TRAINERS[self.method].phase_rules
+        self.listener = listener
+        self.training = False
+        self._hooked: set[int] = set()
+        self._handles: list[Any] = []
+        self._in_generate = False
+        self._cache: Any = None
+        self._logits_to_keep: int | None = None
+        self._kl = False
+        self._rank = int(trainer.args.process_index)
+        self.policy: Any = None
+
+    # -- installing -----------------------------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        trainer, rules = self.trainer, self.rules
+        self.policy = trainer.accelerator.unwrap_model(trainer.model)
+        if rules.generates:
+            self._wrap_generate(self.policy)
+        if rules.logits_helper:
+            self._wrap_helper(rules.logits_helper, self._keeping_logits)
+        if rules.kl_helper:
+            self._wrap_helper(rules.kl_helper, self._in_kl)
+        if rules.backbone:
+            self._hook(self.policy, self._generate_only_hook)
+            self._hook(self.policy.base_model, self._phase_hook("train", "eval"))
+        else:
+            self._hook(self.policy, self._policy_hook)
+        self.attach_late()
+
+    def attach_late(self) -> None:
+        """Hook the reference model and the teacher, if the trainer has built them by now (idempotent)."""
+        unwrap = self.trainer.accelerator.unwrap_model
+        ref = getattr(self.trainer, "ref_model", None)
+        if ref is not None:
+            self._hook(unwrap(ref), self._ref_hook)
+        teacher = getattr(self.trainer, "teacher_model", None)
+        if teacher is not None and self.rules.backbone:
+            self._hook(unwrap(teacher).base_model, self._phase_hook("teacher", "eval_teacher"))
+
+    def start_training(self) -> None:
+        self.training = True
+        self.attach_late()
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, module: Any, hook: Callable[..., None]) -> None:
+        if id(module) in self._hooked:
+            return
+        import torch
+
+        self._hooked.add(id(module))
+        # torch.compile traces a module's hooks with its forward: keep the recorder out of the compiled graphs, so a
+        # guarded run compiles the same graphs as the warm-up
+        self._handles.append(module.register_forward_pre_hook(torch.compiler.disable(hook), with_kwargs=True))
+
+    def _wrap_generate(self, model: Any) -> None:
+        generate = model.generate
+
+        def recording_generate(*args: Any, **kwargs: Any) -> Any:
+            self._in_generate, self._cache = True, None
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                self._in_generate = False
+
+        model.generate = recording_generate
+
+    def _wrap_helper(self, name: str, around: Callable[..., Any]) -> None:
+        helper = getattr(self.trainer, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with around(args, kwargs):
+                return helper(*args, **kwargs)
+
+        setattr(self.trainer, name, wrapped)
+
+    @contextmanager
+    def _keeping_logits(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+        # (model, input_ids, attention_mask, logits_to_keep, ...) in both TRL helpers
+        self._logits_to_keep = kwargs.get("logits_to_keep", args[3] if len(args) > 3 else None)
+        try:
+            yield
+        finally:
+            self._logits_to_keep = None
+
+    @contextmanager
+    def _in_kl(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+        self._kl = True
+        try:
+            yield
+        finally:
+            self._kl = False
+
+    # -- recording ------------------------------------------------------------------------------------------------
+
+    def _step(self) -> int:
+        return self.trainer.state.global_step + (1 if self.policy.training else 0)
+
+    def _emit(self, phase: str, ids: Any, kwargs: dict[str, Any], **extra: Any) -> None:
+        if self.rules.precompute and not self.training:
+            phase, step = "ref_precompute", 0
+        else:
+            step = self._step()
+        if self.rules.varlen:
+            cu, max_q = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+            extra["cu_seq_lens"] = None if cu is None else int(cu.numel())
+            extra["max_length_q"] = None if max_q is None else int(max_q)
+        if self.rules.unpadded:
+            extra["unpadded"] = unpadded(kwargs)
+        self.listener(Forward(phase, int(ids.shape[0]), int(ids.shape[1]), step, rank=self._rank, **extra))
+
+    def _generate_prefill(self, module: Any, ids: Any, kwargs: dict[str, Any]) -> None:
+        from transformers import StaticCache
+
+        cache = kwargs.get("cache")
+        if self._cache is not None and cache is self._cache:
+            return  # a decode step of the same call
+        self._cache = cache
+        cache_len = cache.get_max_length() if isinstance(cache, StaticCache) else None
+        self.listener(Forward("generate" if module.training else "eval_generate", int(ids.shape[0]),
+                              int(ids.shape[1]), self._step(), cache_len=cache_len, rank=self._rank))
+
+    def _policy_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+
+        ids = _input_ids(args, kwargs)
+        if self._in_generate:
+            self._generate_prefill(module, ids, kwargs)
+            return
+        if not module.training:
+            phase = "eval_kl" if self._kl else "eval"
+        elif self.rules.no_grad_phase and not torch.is_grad_enabled():
+            phase = self.rules.no_grad_phase
+        else:
+            phase = "train"
+        self._emit(phase, ids, kwargs, logits_to_keep=self._logits_to_keep)
+
+    def _generate_only_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._in_generate:
+            self._generate_prefill(module, _input_ids(args, kwargs), kwargs)
+
+    def _phase_hook(self, phase: str, eval_phase: str) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._in_generate:
+                return
+            self._emit(phase if self.policy.training else eval_phase, _input_ids(args, kwargs), kwargs,
+                       logits_to_keep=self._logits_to_keep)
+        return hook
+
+    def _ref_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        phase = "ref_kl" if self._kl else "ref"
+        if self.rules.ref_eval_twins and not self.policy.training:
+            phase = f"eval_{phase}"
+        self._emit(phase, _input_ids(args, kwargs), kwargs, logits_to_keep=self._logits_to_keep)

@@ -1,0 +1,94 @@
+"""Run a training command in this process with a `ShapeGuard` added to every Trainer it builds: the zero-code entry
+(`shapeplan guard --plan plan.json -- trl sft --config sft.yaml`, `-- python train.py ...`, `-- train.py ...`,
+`-- python -m package.module ...`). Data-parallel runs start this under `accelerate launch -m shapeplan guard`, so
+every rank runs the command in-process and guards its own trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import runpy
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+USAGE = "give the training command after `--`: `trl sft ARGS`, `python train.py ARGS`, `train.py ARGS` or " \
+        "`python -m MODULE ARGS`"
+
+
+@contextmanager
+def guarding(make_guard: Callable[[], Any]) -> Iterator[None]:
+    """While active, every `transformers.Trainer` built gets `make_guard()` among its callbacks (before its
+    `__init__` runs, so the guard sees the whole construction: DPO/KTO's reference precompute pass included)."""
+    from transformers import Trainer
+
+    init = Trainer.__init__
+    signature = inspect.signature(init)
+
+    def guarded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), make_guard()]
+        init(*bound.args, **bound.kwargs)
+
+    Trainer.__init__ = guarded_init  # type: ignore[method-assign]  # restored below
+    try:
+        yield
+    finally:
+        Trainer.__init__ = init  # type: ignore[method-assign]  # the original, saved above
+
+
+def _trl_script(method: str, args: list[str]) -> Path:
+    """The file `trl <method>` launches; refuses `accelerate launch` options, which `trl` would start processes
+    for: a data-parallel run is `accelerate launch -m shapeplan guard ... -- trl <method> ...`."""
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    try:
+        module = importlib.import_module(f"trl.scripts.{method}")
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"`trl {method}` is not a TRL training command; {USAGE}") from exc
+    parser = module.make_parser(prog=f"trl {method}")
+    *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+        args, return_remaining_strings=True, separate_remaining_strings=True)
+    launch = resolve_accelerate_config_argument(config_remaining + cli_remaining)
+    if launch:
+        raise UsageError(f"accelerate options ({' '.join(launch)}) start processes of their own; run "
+                         f"`accelerate launch {' '.join(launch)} -m shapeplan guard --plan PLAN -- trl {method} ...` "
+                         "instead")
+    return Path(module.__file__ or "")
+
+
+def command_runner(command: list[str]) -> Callable[[], None]:
+    """What runs `command` in this process as its own `__main__`, with its own `sys.argv` (checked now, so a
+    mistyped command is refused before any library loads)."""
+    words = list(command)
+    if words and Path(words[0]).name.startswith("python"):
+        words = words[1:]
+    if not words:
+        raise UsageError(f"no training command; {USAGE}")
+    if words[0] == "trl" and len(words) > 1:
+        script = str(_trl_script(words[1], words[2:]))
+        return _as_main([script, *words[2:]], lambda: runpy.run_path(script, run_name="__main__"))
+    if words[0] == "-m" and len(words) > 1:
+        module = words[1]
+        return _as_main(words[1:], lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    if words[0].endswith(".py"):
+        if not Path(words[0]).is_file():
+            raise UsageError(f"training script {words[0]} not found; {USAGE}")
+        return _as_main(words, lambda: runpy.run_path(words[0], run_name="__main__"))
+    raise UsageError(f"cannot run {' '.join(command[:2])!r} in-process; {USAGE}")
+
+
+def _as_main(argv: list[str], run: Callable[[], object]) -> Callable[[], None]:
+    def runner() -> None:
+        saved = sys.argv
+        sys.argv = list(argv)
+        try:
+            run()
+        finally:
+            sys.argv = saved
+    return runner

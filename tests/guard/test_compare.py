@@ -1,0 +1,43 @@
+"""`shapeplan analyze ... --compare RUN`: the plan against a run record, shape by shape, through the console script."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from shapeplan.analyze import analyze
+from shapeplan.plan.io import write_plan
+from shapeplan.plan.model import Shape
+from tests.conftest import CAPYBARA, TINY_MODEL
+from tests.test_exit_codes import ok, refused, shapeplan
+
+ARGV = ["--dataset_name", str(CAPYBARA), "--model_name_or_path", str(TINY_MODEL), "--max_length", "512",
+        "--per_device_train_batch_size", "4", "--max_steps", "6", "--pad_to_multiple_of", "64"]
+
+
+def test_compare_prints_the_plan_against_what_the_run_met(tmp_path: Path) -> None:
+    plan = analyze("sft", ARGV)
+    assert [(s.phase, s.batch, s.seq, s.count, s.first_step) for s in plan.shapes] == [
+        ("train", 4, 448, 1, 5), ("train", 4, 512, 5, 1)]
+    # the run met (4, 512) once more than planned, never met (4, 448), and met (4, 320), which the plan lacks
+    met = (dataclasses.replace(plan.shapes[1], count=6), Shape("train", 4, 320, count=1, first_step=6))
+    record = tmp_path / "run.json"
+    write_plan(dataclasses.replace(plan, shapes=met, observed=True), record)
+    lines = ok(shapeplan("analyze", *ARGV, "--compare", record)).splitlines()
+    assert [line.split() for line in lines[2:]] == [
+        ["phase", "batch", "seq", "planned", "first", "step", "met", "first", "step", "status", "notes"],
+        ["-----", "-----", "---", "-------", "----------", "---", "----------", "-------------", "-----"],
+        ["train", "4", "448", "1", "5", "-", "-", "not", "met"],
+        ["train", "4", "512", "5", "1", "6", "1", "count", "differs"],
+        ["train", "4", "320", "-", "-", "1", "6", "unplanned"],
+        [],
+        ["0/3", "shapes", "as", "planned,", "1", "unplanned,", "1", "not", "met"]]
+
+
+def test_compare_refuses_a_plan_and_json(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    write_plan(analyze("sft", ARGV), plan)
+    refused(shapeplan("analyze", *ARGV, "--compare", plan), 1,
+            f"{plan} is a plan, not a run record; record a run with `shapeplan guard --record RUN ...` and compare RUN")
+    refused(shapeplan("analyze", *ARGV, "--compare", plan, "--json"), 2,
+            "--compare prints a table for people; drop --json (the run record is JSON already)")

@@ -1,0 +1,81 @@
+"""Compiles under torch.compile (Inductor): a guarded real run on a cold cache reports the compiles of each shape at
+the step that first met it; after `shapeplan warm` into the cache, the same guarded run reports none. A GRPO run's
+record (the completion buckets it sampled), warmed with `shapeplan warm --plan RUN`, leaves the identical second run
+nothing to compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shapeplan.plan.io import load_plan
+from tests.conftest import ROOT
+from tests.guard.test_guard_cli import TRL_RUN, _sft_config, grpo_config
+
+pytestmark = pytest.mark.slow
+
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+
+
+def _run(*args: str | Path, cache: Path, path: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}", "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1200, check=False)
+
+
+def test_compiles_are_attributed_and_warm_leaves_none(tmp_path: Path) -> None:
+    config = _sft_config(tmp_path)
+    with config.open("a", encoding="utf-8") as f:
+        f.write("torch_compile: true\n")
+    plan_path, cache = tmp_path / "plan.json", tmp_path / "cache"
+    assert _run("analyze", "--config", config, "-o", plan_path, cache=cache).returncode == 0
+    plan = load_plan(plan_path)
+    train = sorted((s for s in plan.shapes if s.phase == "train"), key=lambda s: s.first_step)
+    assert len(train) == 2 and train[1].first_step > 1
+
+    def guarded(record: Path, run_cache: Path) -> dict:  # type: ignore[type-arg]
+        result = _run("guard", "--plan", plan_path, "--record", record, "--", "trl", "sft", "--config", config,
+                      "--output_dir", tmp_path / "out", *TRL_RUN, cache=run_cache)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(record.read_text())
+
+    cold = guarded(tmp_path / "cold.json", tmp_path / "cold-cache")
+    # each train shape compiles at the step that first meets it, and only then
+    assert [(e["step"], [(s["phase"], s["batch"], s["seq"]) for s in e["shapes"]]) for e in cold["compiles"]] == [
+        (s.first_step, [("train", s.batch, s.seq)]) for s in train]
+    assert all(e["counters"].get("fxgraph_cache_miss", 0) > 0 for e in cold["compiles"])
+
+    warmed = _run("warm", "--plan", plan_path, "--device", "cpu", "--cache-dir", cache, cache=cache)
+    assert warmed.returncode == 0, warmed.stderr[-3000:]
+    warm_run = guarded(tmp_path / "warm.json", cache)
+    assert warm_run["compiles"] == []
+
+
+def test_grpo_record_warms_the_identical_run(tmp_path: Path) -> None:
+    config = grpo_config(tmp_path, "torch_compile: true")
+    plan_path, cache = tmp_path / "plan.json", tmp_path / "cache"
+
+    def run(*args: str | Path, cache: Path) -> str:
+        result = _run(*args, cache=cache, path=str(tmp_path))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    run("analyze", "--method", "grpo", "--config", config, "-o", plan_path, cache=cache)
+
+    def guarded(record: Path, run_cache: Path) -> dict:  # type: ignore[type-arg]
+        run("guard", "--plan", plan_path, "--record", record, "--", "trl", "grpo", "--config", config,
+            "--output_dir", tmp_path / "out", *TRL_RUN, cache=run_cache)
+        return json.loads(record.read_text())
+
+    first = guarded(tmp_path / "first.json", tmp_path / "cold-cache")
+    assert [e["step"] for e in first["compiles"]] == [1, 2]  # each step meets a new train shape
+    run("warm", "--plan", tmp_path / "first.json", "--device", "cpu", "--cache-dir", cache, cache=cache)
+    second = guarded(tmp_path / "second.json", cache)
+    assert second["compiles"] == []
+    assert [(s["phase"], s["batch"], s["seq"], s["count"]) for s in second["shapes"]] == \
+        [(s["phase"], s["batch"], s["seq"], s["count"]) for s in first["shapes"]]
