@@ -22,10 +22,10 @@ from shapeplan.cache.archive import (
     read_info,
 )
 from shapeplan.cli import main
+from shapeplan.testing import FakeNeuron
 from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key
 from shapeplan.warm.model import ManifestEntry
 from tests.conftest import CAPYBARA, ROOT
-from tests.warm.fake_neuron import FakeNeuron
 from tests.warm.harness import run_argv
 
 FILES = {"fxgraph/ab/graph.bin": b"\x00compiled\x01" * 50, "aotautograd/cd/entry": b"autograd entry"}
