@@ -97,7 +97,7 @@ def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -
     import sys
 
     from tests.conftest import ROOT
-    from tests.test_plan_core import dead_pid
+    from tests.plan.test_plan_core import dead_pid
 
     stale = tmp_path / f"shapeplan-warm-{dead_pid()}-abc123"
     stale.mkdir()
