@@ -267,7 +267,7 @@ def test_warm_records_steady_seconds_and_advise_calibrates_with_them(tmp_path: P
     from tests.warm.harness import plan_for, run_argv, warm_plan
 
     argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2"]
-    plan = plan_for(CAPYBARA, argv, tmp_path / "out")
+    plan = plan_for("sft", CAPYBARA, argv, tmp_path / "out")
     cache = tmp_path / "cache"
     report = warm_plan(plan, cache)
     assert all(r.steady_seconds is not None and r.steady_seconds > 0 for r in report.results)

@@ -189,7 +189,7 @@ def test_workers_refuse_a_data_parallel_plan(tmp_path: Path, capsys: pytest.Capt
     from tests.warm.harness import plan_for
 
     argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2", "--num_processes", "2"]
-    write_plan(plan_for(CAPYBARA, argv, tmp_path / "out"), tmp_path / "plan.json")
+    write_plan(plan_for("sft", CAPYBARA, argv, tmp_path / "out"), tmp_path / "plan.json")
     capsys.readouterr()
     assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
                  "--workers", "2"]) == 2
