@@ -1,5 +1,5 @@
 """The warm runner's own logic (manifest, resume, failures, rank shares, the report) on shapeplan.testing's fakes:
-no trainer, no compiler, milliseconds per test."""
+no trainer, no compiler, milliseconds per test. (Lockstep's padding of the rounds: test_parallel.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeBackend, FakeWarmer
 from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmResult, WarmTask
-from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep
 from shapeplan.warm.runner import warm
 from shapeplan.warm.tracker import Tracker, result_row
 
@@ -129,17 +128,3 @@ def test_ranks_share_the_tasks_and_a_rank_with_none_still_steps(tmp_path: Path,
     assert report.results == ()
     with pytest.raises(UsageError, match="under `accelerate launch`"):
         warm(_plan(128, method="sft"), FakeWarmer(backend.meet), backend, tmp_path, progress=False)
-
-
-def test_lockstep_pads_every_rank_to_the_same_rounds_and_calls() -> None:
-    task = GenerateTask(phase="train", batch=2, seq=128, cache_len=None, max_new_tokens=4, completions=(128,))
-    busy = [Round(task, Call(2, 128), before=(Call(2, 128, 1, 2), Call(2, 128, 2, 2))), Round(task, Call(2, 128, 3))]
-    light = [Round(task, Call(2, 128))]
-    padded = lockstep([busy, light, []])
-    assert [len(rank) for rank in padded] == [2, 2, 2]
-    assert [[len(r.before) for r in rank] for rank in padded] == [[2, 0], [2, 0], [2, 0]]
-    assert padded[0] == busy  # the longest rank is left alone
-    filler = padded[1][1]
-    assert filler.task is None and filler.own == Call(2, 128, 1, 2)  # repeats its own last call, warmed already
-    assert padded[1][0].before == (Call(2, 128, 1, 2),) * 2
-    assert padded[2][0].task is None and padded[2][1].own == Call(2, 128, 3, 2)  # repeats another rank's last
