@@ -95,10 +95,7 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
             seen.append(Forward("generate" if module.training else "eval_generate", int(ids.shape[0]),
                                 int(ids.shape[1]), step(), cache_len=cache.get_max_length() if static else None))
             return
-        if torch.is_grad_enabled():
-            phase = "train"
-        else:
-            phase = "old_logprob" if module.training else "eval"
+        phase = "train" if torch.is_grad_enabled() else "old_logprob" if module.training else "eval"
         seen.append(Forward(phase, int(ids.shape[0]), int(ids.shape[1]), step(),
                             logits_to_keep=state["logits_to_keep"]))
 
@@ -128,7 +125,7 @@ def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int]]:
     keys = [(s.phase, s.batch, s.seq, s.cache_len, s.logits_to_keep) for s in seen]
     counts = Counter(keys)
     first: dict[Key, int] = {}
-    for key, s in zip(keys, seen):
+    for key, s in zip(keys, seen, strict=True):
         first.setdefault(key, s.step)
     return {k: (counts[k], first[k]) for k in counts}
 

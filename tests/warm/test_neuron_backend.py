@@ -45,8 +45,8 @@ def test_environment_is_set_before_import_and_counters_are_read(monkeypatch: pyt
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
     before = backend.counters()
-    assert fake.module.ENV_AT_IMPORT == {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path),
-                                         "TORCH_NEURONX_METRICS_ENABLED": "1"}
+    assert {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path),
+                                         "TORCH_NEURONX_METRICS_ENABLED": "1"} == fake.module.ENV_AT_IMPORT
     fake.kernel("matmul 2x128")
     fake.kernel("add 2x128")
     fake.kernel("matmul 2x128")  # the in-process tier
@@ -124,7 +124,7 @@ def test_no_counter_source_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     FakeNeuron("no_stats", "no_metrics").install(monkeypatch)
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
-    with pytest.raises(CacheError, match="neither _C._get_compilation_cache_stats nor torch_neuronx.metrics"):
+    with pytest.raises(CacheError, match=r"neither _C\._get_compilation_cache_stats nor torch_neuronx\.metrics"):
         backend.counters()
 
 
@@ -139,12 +139,12 @@ def test_an_xla_era_package_or_a_trn1_host_is_refused_before_loading(monkeypatch
     with monkeypatch.context() as patched:
         FakeNeuron().install(patched)
         patched.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-        with pytest.raises(UsageError, match="^this is a Trn1/Inf2 host"):
+        with pytest.raises(UsageError, match=r"^this is a Trn1/Inf2 host"):
             make_backend("neuron")
     FakeNeuron("xla").install(monkeypatch)  # metadata that does not tell: the missing torch.neuron does
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
-    with pytest.raises(UsageError, match="has no torch.neuron device"):
+    with pytest.raises(UsageError, match=r"has no torch\.neuron device"):
         backend.counters()
 
 
