@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-fast lint demo bench clean
 
 install: $(STAMP)
 
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 
 test: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q
+
+# Everything but the tests that run a real trainer or compile (marked slow).
+test-fast: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
+
+# Settings in pyproject.toml: [tool.ruff], [tool.mypy] (strict on the planning core).
+lint: install
+	$(VENV)/bin/ruff check shapeplan tests benchmarks scripts
+	$(VENV)/bin/mypy shapeplan
 
 demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan analyze examples/capybara-sample.jsonl \

@@ -107,7 +107,7 @@ def part_floor(data: Path, max_length: int) -> dict[str, Any]:
         if "messages" in dataset.column_names:
             texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in dataset["messages"]]
         else:
-            texts = [p + c for p, c in zip(dataset["prompt"], dataset["completion"])]
+            texts = [p + c for p, c in zip(dataset["prompt"], dataset["completion"], strict=True)]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return clock.result(tokens=sum(map(len, ids)))
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"real trl sft run, torch_compile=True, tiny model on CPU, {len(report['results'])} planned shape(s)")
     print(f"shapeplan warm took {warm_seconds:.1f} s ({', '.join(r['status'] for r in report['results'])})")
     print(f"{'step':>4}  {'cold s':>8}  {'warm s':>8}  {'cold/warm':>9}")
-    for i, (c, w) in enumerate(zip(cold["step_ends"], warm["step_ends"]), start=1):
+    for i, (c, w) in enumerate(zip(cold["step_ends"], warm["step_ends"], strict=False), start=1):
         print(f"{i:>4}  {c:8.1f}  {w:8.1f}  {c / w:9.1f}x")
     for name, run in (("cold", cold), ("warm", warm)):
         counters = run["counters"]

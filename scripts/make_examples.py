@@ -11,15 +11,16 @@ import json
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 import torch
 import trl
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent / "examples"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
            "<tool_response>", "</tool_response>"]
-WORDS = ("the model learns to answer every question with care and detail while the trainer pads each batch "
+WORDS = (  # noqa: SIM905  (a sentence reads better than a list of 90 quoted words)
+         "the model learns to answer every question with care and detail while the trainer pads each batch "
          "to a multiple of one hundred twenty eight tokens so that trainium compiles a graph once and reuses it "
          "many times during a long run on a cluster of accelerators users ask about math code stories recipes "
          "travel history science music and their favourite books").split()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 # The words the tiny tokenizer was trained on (scripts/make_examples.py), so rows stay a few hundred tokens long.
-WORDS = ("the model learns to answer every question with care and detail while the trainer pads each batch "
+WORDS = (  # noqa: SIM905  (a sentence reads better than a list of 90 quoted words)
+         "the model learns to answer every question with care and detail while the trainer pads each batch "
          "to a multiple of one hundred twenty eight tokens so that trainium compiles a graph once and reuses it "
          "many times during a long run on a cluster of accelerators users ask about math code stories recipes "
          "travel history science music and their favourite books").split()
@@ -60,8 +61,8 @@ def main() -> None:
         turns = [user(prompt_text(rng))]
         if rng.random() < 0.25:  # a multi-turn prompt
             turns += [assistant(text(rng, 1, 3)), user(text(rng, 1, 2))]
-        conversational.append({"chosen": turns + [assistant(text(rng, 1, 10))],
-                               "rejected": turns + [assistant(text(rng, 1, 10))]})
+        conversational.append({"chosen": [*turns, assistant(text(rng, 1, 10))],
+                               "rejected": [*turns, assistant(text(rng, 1, 10))]})
     write("preference-conversational.jsonl", conversational)
 
     explicit = [{"prompt": f"Question: {prompt_text(rng)}\nAnswer:", "chosen": " " + text(rng, 1, 9),

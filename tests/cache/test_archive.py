@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -22,10 +24,10 @@ from shapeplan.cache.archive import (
     read_info,
 )
 from shapeplan.cli import main
+from shapeplan.testing import FakeNeuron
 from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key
 from shapeplan.warm.model import ManifestEntry
 from tests.conftest import CAPYBARA, ROOT
-from tests.warm.fake_neuron import FakeNeuron
 from tests.warm.harness import run_argv
 
 FILES = {"fxgraph/ab/graph.bin": b"\x00compiled\x01" * 50, "aotautograd/cd/entry": b"autograd entry"}
@@ -95,8 +97,8 @@ def test_import_into_a_non_empty_dir_is_refused(tmp_path: Path, capsys: pytest.C
     assert _tree(target) == {"keep": b"mine"}
 
 
-def _rewrite(archive: Path, out: Path, *, change: dict[str, bytes] = {}, add: list[tarfile.TarInfo] = (),
-             meta: dict | None = None) -> Path:
+def _rewrite(archive: Path, out: Path, *, change: Mapping[str, bytes] = MappingProxyType({}),
+             add: Sequence[tarfile.TarInfo] = (), meta: dict | None = None) -> Path:
     """`archive` written again with some members' bytes changed, members added, or another metadata."""
     with tarfile.open(archive, "r:gz") as source, tarfile.open(out, "w:gz") as target:
         for member in source:
@@ -541,7 +543,7 @@ def test_export_killed_midway_leaves_a_partial_the_next_export_removes(tmp_path:
     killed = subprocess.run([sys.executable, "-c", killer, *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             timeout=300)
     assert killed.returncode == -9
-    assert [p.name for p in out.iterdir()][0].startswith(".a.tar.gz.")  # the killed export's partial
+    assert next(p.name for p in out.iterdir()).startswith(".a.tar.gz.")  # the killed export's partial
     previous = os.umask(0o022)
     try:
         assert main(argv) == 0

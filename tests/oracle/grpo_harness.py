@@ -61,7 +61,7 @@ def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int]]:
     keys = [(s.phase, s.batch, s.seq, s.cache_len, s.logits_to_keep) for s in seen]
     counts = Counter(keys)
     first: dict[Key, int] = {}
-    for key, s in zip(keys, seen):
+    for key, s in zip(keys, seen, strict=True):
         first.setdefault(key, s.step)
     return {k: (counts[k], first[k]) for k in counts}
 

@@ -43,7 +43,7 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
 
     torch.set_num_threads(1)  # the tiny model gains nothing from threads; they only contend on a shared machine
 
-    script, config, *_ = _parse("sft", [
+    _, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
     train = _load(train_path, streaming)

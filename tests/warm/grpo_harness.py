@@ -1,4 +1,5 @@
-"""Real `trl grpo` / `trl rloo` runs and their warm-ups on the tiny model, with the device ops they dispatch."""
+"""Real `trl grpo` / `trl rloo` runs and their warm-ups on the tiny model, with the device ops they dispatch: the
+harness API of tests/warm/harness.py (whose `warm_plan` serves these methods too) with the generation options."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from pathlib import Path
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.trainers import TRAINERS
-from shapeplan.warm.backends.inductor import InductorBackend
-from shapeplan.warm.generation import GenerationWarmer
-from shapeplan.warm.model import WarmReport
-from shapeplan.warm.runner import warm
 from tests.conftest import TINY_MODEL
+from tests.warm.harness import warm_plan
 from tests.warm.placement import DeviceOpRecorder, tracking
+
+__all__ = ["device_ops", "plan_for", "real_run", "run_argv", "warm_plan"]
 
 REWARD = "tests.oracle.grpo_harness.completion_length_reward"
 BASE = ["--model_name_or_path", str(TINY_MODEL), "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true",
@@ -45,16 +45,6 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
                             train_dataset=load_dataset("json", data_files=str(data), split="train"),
                             peft_config=trl.get_peft_config(model_args))
     trainer.train()
-
-
-def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmReport:
-    from shapeplan.adapters.trl_args import parse_training_args
-
-    backend = InductorBackend("cpu")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    backend.prepare(cache_dir)
-    warmer = GenerationWarmer(parse_training_args(plan.method, plan.config["argv"]))
-    return warm(plan, warmer, backend, cache_dir, verify=verify)
 
 
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]

@@ -5,8 +5,9 @@ keyed on their signatures), while ops on host tensors run on the CPU and compile
 both kinds run on the same CPU, so `DeviceOpRecorder` tracks where each tensor would live instead:
 
 - host tensors are made from Python data without a device (`torch.tensor(list)`) or by the data loader (its
-  sampler's permutations, the collator), and everything computed only from host tensors: TRL's `pad()` (which allocates its output on `tensors[0].device`, the host), `ones_like` of a
-  host tensor, per-row slicing of a `.cpu()` copy;
+  sampler's permutations, the collator), and everything computed only from host tensors: TRL's `pad()` (which
+  allocates its output on `tensors[0].device`, the host), `ones_like` of a host tensor, per-row slicing of a
+  `.cpu()` copy;
 - a tensor becomes a device tensor when it is moved with `.to(device)` (or `torch.tensor(..., device=...)`);
   factory ops (`arange`, `full`, ... called with a device) create device tensors, and tensors the recorder never
   saw made (model parameters, optimizer state) are device tensors; `.cpu()` makes a host copy.

@@ -35,7 +35,7 @@ def main() -> None:
         def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
             step_ends.append(round(time.perf_counter() - start, 3))
 
-    real_run(Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
+    real_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
     out = {"counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()},
            "step_ends": step_ends}
     print(json.dumps(out))

@@ -23,7 +23,7 @@ def _error(capsys: pytest.CaptureFixture[str]) -> list[str]:
 def test_unwritable_cache_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), tmp_path / "plan.json")
+    write_plan(plan_for("sft", CAPYBARA, ARGV, tmp_path / "out"), tmp_path / "plan.json")
     capsys.readouterr()
     assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir",
                  str(blocker / "cache")]) == 1
@@ -33,7 +33,7 @@ def test_unwritable_cache_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_plan_for_another_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.json"
-    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), plan)
+    write_plan(plan_for("sft", CAPYBARA, ARGV, tmp_path / "out"), plan)
     capsys.readouterr()
     code = main(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(tmp_path / "c"), str(CAPYBARA),
                  "--model", str(TINY_MODEL), "--bf16", "false", "--max_length", "512",
@@ -49,7 +49,7 @@ def test_options_given_with_a_plan_are_checked_alone(tmp_path: Path, capsys: pyt
     from shapeplan.run import load_run
 
     plan = tmp_path / "plan.json"
-    write_plan(plan_for(CAPYBARA, ARGV, tmp_path / "out"), plan)
+    write_plan(plan_for("sft", CAPYBARA, ARGV, tmp_path / "out"), plan)
     _, warmer = load_run(str(plan), "sft", str(TINY_MODEL), None, None, (), "cpu")
     args = warmer.args
     assert (args.training.max_length, args.training.max_steps, args.model.model_name_or_path) == \
@@ -67,7 +67,7 @@ def test_options_given_with_a_plan_are_checked_alone(tmp_path: Path, capsys: pyt
 def test_plan_for_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "model"
     shutil.copytree(TINY_MODEL, model)
-    plan = plan_for(CAPYBARA, ["--model_name_or_path", str(model), *ARGV], tmp_path / "out")
+    plan = plan_for("sft", CAPYBARA, ["--model_name_or_path", str(model), *ARGV], tmp_path / "out")
     write_plan(plan, tmp_path / "plan.json")
     (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     capsys.readouterr()
@@ -83,7 +83,7 @@ def test_warm_plans_first_from_run_arguments(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert code == 0
     report = json.loads(out)
-    planned = plan_for(CAPYBARA, ARGV, tmp_path / "out")
+    planned = plan_for("sft", CAPYBARA, ARGV, tmp_path / "out")
     assert [(r["phase"], r["batch"], r["seq"], r["status"]) for r in report["results"]] == [
         (s.phase, s.batch, s.seq, "cached") for s in planned.shapes]
     assert report["device"] == "cpu" and report["script_lines"] == []  # eager: nothing for the script to set
@@ -97,7 +97,7 @@ def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -
     import sys
 
     from tests.conftest import ROOT
-    from tests.test_plan_core import dead_pid
+    from tests.plan.test_plan_core import dead_pid
 
     stale = tmp_path / f"shapeplan-warm-{dead_pid()}-abc123"
     stale.mkdir()

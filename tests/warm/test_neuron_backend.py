@@ -5,23 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shapeplan.cli import main
 from shapeplan.errors import CacheError, UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.testing import FakeNeuron, FakeWarmer, fake_env, xla_site
 from shapeplan.warm.backends import default_device, make_backend
 from shapeplan.warm.backends.base import counter_delta
 from shapeplan.warm.backends.neuron import NeuronBackend
 from shapeplan.warm.manifest import MANIFEST, environment_key
-from shapeplan.warm.model import WarmTask
-from shapeplan.warm.runner import tasks_from_plan, warm
-from shapeplan.warm.tracker import Tracker
-from tests.warm.fake_neuron import FakeNeuron, fake_env, xla_site
+from shapeplan.warm.runner import warm
 
 
 def test_missing_torch_neuronx_names_the_fix(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -49,8 +45,8 @@ def test_environment_is_set_before_import_and_counters_are_read(monkeypatch: pyt
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
     before = backend.counters()
-    assert fake.module.ENV_AT_IMPORT == {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path),
-                                         "TORCH_NEURONX_METRICS_ENABLED": "1"}
+    assert {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path),
+                                         "TORCH_NEURONX_METRICS_ENABLED": "1"} == fake.module.ENV_AT_IMPORT
     fake.kernel("matmul 2x128")
     fake.kernel("add 2x128")
     fake.kernel("matmul 2x128")  # the in-process tier
@@ -128,7 +124,7 @@ def test_no_counter_source_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     FakeNeuron("no_stats", "no_metrics").install(monkeypatch)
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
-    with pytest.raises(CacheError, match="neither _C._get_compilation_cache_stats nor torch_neuronx.metrics"):
+    with pytest.raises(CacheError, match=r"neither _C\._get_compilation_cache_stats nor torch_neuronx\.metrics"):
         backend.counters()
 
 
@@ -143,12 +139,12 @@ def test_an_xla_era_package_or_a_trn1_host_is_refused_before_loading(monkeypatch
     with monkeypatch.context() as patched:
         FakeNeuron().install(patched)
         patched.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-        with pytest.raises(UsageError, match="^this is a Trn1/Inf2 host"):
+        with pytest.raises(UsageError, match=r"^this is a Trn1/Inf2 host"):
             make_backend("neuron")
     FakeNeuron("xla").install(monkeypatch)  # metadata that does not tell: the missing torch.neuron does
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
-    with pytest.raises(UsageError, match="has no torch.neuron device"):
+    with pytest.raises(UsageError, match=r"has no torch\.neuron device"):
         backend.counters()
 
 
@@ -186,35 +182,6 @@ def test_settings_hold_the_target_and_code_changing_settings_normalized(monkeypa
     assert backend.settings()["target"] == "trn3"
 
 
-class FakeWarmer:
-    """Stands in for a method warmer: a shape compiles the first time the fake cache meets it."""
-
-    torch_compile = False
-    shares = None
-
-    def __init__(self, fake: FakeNeuron) -> None:
-        self.fake = fake
-        self.warnings: list[str] = []
-
-    def bind(self, plan: Plan) -> None:
-        pass
-
-    def tasks(self, plan: Plan) -> tuple[WarmTask, ...]:
-        return tasks_from_plan(plan, eval_passes=1)
-
-    def environment(self) -> dict[str, Any]:
-        return {"method": "sft", "model": "tiny"}
-
-    def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
-        tracker.start()
-        for task in tasks:
-            if task.seq < 0:
-                tracker.fail(task, "RuntimeError: boom")
-                continue
-            self.fake.kernel(task.key)
-            tracker.finish(task)
-
-
 def _plan(*seqs: int) -> Plan:
     shapes = tuple(Shape(phase="train", batch=2, seq=s, count=1, first_step=1) for s in seqs)
     return Plan(method="sft", exact=True, pad_to_multiple_of=128, shapes=shapes,
@@ -226,7 +193,7 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     fake = FakeNeuron().install(monkeypatch)
     backend = NeuronBackend()
     backend.prepare(tmp_path)
-    first = warm(_plan(128, 256, -1), FakeWarmer(fake), backend, tmp_path)
+    first = warm(_plan(128, 256, -1), FakeWarmer(fake.kernel, fail={"train 2x-1"}), backend, tmp_path)
     assert [(r.task.seq, r.status) for r in first.results] == [(128, "compiled"), (256, "compiled"), (-1, "failed")]
     assert first.results[0].counters["persistent_misses"] == 1
 
@@ -237,9 +204,9 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     assert {k: v["status"] for k, v in section["shapes"].items()} == {
         "train 2x128": "compiled", "train 2x256": "compiled", "train 2x-1": "failed"}
 
-    second = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path)
+    second = warm(_plan(128, 256, 384), FakeWarmer(fake.kernel), backend, tmp_path)
     assert [(r.task.seq, r.status) for r in second.results] == [(128, "skipped"), (256, "skipped"),
                                                                 (384, "compiled")]
     fake.restart()  # verify runs in a fresh process
-    verified = warm(_plan(128, 256, 384), FakeWarmer(fake), backend, tmp_path, verify=True)
+    verified = warm(_plan(128, 256, 384), FakeWarmer(fake.kernel), backend, tmp_path, verify=True)
     assert [r.status for r in verified.results] == ["cached", "cached", "cached"]

@@ -35,8 +35,8 @@ CONFIGS = {
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_warm_dispatches_every_op_signature_of_the_real_run(name: str, tmp_path: Path) -> None:
     argv = CONFIGS[name]
-    plan = plan_for(CAPYBARA, argv, tmp_path / "out")
-    real, _ = record(real_run, CAPYBARA, argv, tmp_path / "out")
+    plan = plan_for("sft", CAPYBARA, argv, tmp_path / "out")
+    real, _ = record(real_run, "sft", CAPYBARA, argv, tmp_path / "out")
     warmed, report = record(warm_plan, plan, tmp_path / "cache")
     assert [r.status for r in report.results] == ["cached"] * len(plan.shapes)  # eager on CPU: nothing compiles
     missing = real - warmed

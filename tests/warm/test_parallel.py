@@ -103,6 +103,14 @@ def test_lockstep_pads_rounds_and_calls_with_warmed_work() -> None:
                          Round(None, Call(2, 64, 1, 2), ())]
 
 
+def test_lockstep_gives_a_rank_with_no_rounds_repeats_of_another_ranks_last() -> None:
+    task = _generate(64, (8,))
+    rounds = [Round(task, Call(2, 64), (Call(2, 64, 1, 2),)), Round(task, Call(2, 64, 8, 0), last=True)]
+    padded = lockstep([rounds, []])
+    assert padded[0] == rounds
+    assert padded[1] == [Round(None, Call(2, 64, 8, 2), (Call(2, 64, 1, 2),)), Round(None, Call(2, 64, 8, 2))]
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -189,7 +197,7 @@ def test_workers_refuse_a_data_parallel_plan(tmp_path: Path, capsys: pytest.Capt
     from tests.warm.harness import plan_for
 
     argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2", "--num_processes", "2"]
-    write_plan(plan_for(CAPYBARA, argv, tmp_path / "out"), tmp_path / "plan.json")
+    write_plan(plan_for("sft", CAPYBARA, argv, tmp_path / "out"), tmp_path / "plan.json")
     capsys.readouterr()
     assert main(["warm", "--plan", str(tmp_path / "plan.json"), "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
                  "--workers", "2"]) == 2

@@ -15,7 +15,7 @@ from shapeplan.trainers import TRAINERS
 from shapeplan.warm.model import WarmTask
 from shapeplan.warm.preference import counted_batch, kto_batch
 from tests.conftest import ROOT, TINY_MODEL
-from tests.warm.trainer_harness import plan_for
+from tests.warm.harness import plan_for
 
 EXPLICIT = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from shapeplan.errors import CacheError
+from shapeplan.testing import FakeNeuron
 from shapeplan.warm.backends.neuron import NeuronBackend
 from shapeplan.warm.cachedir import existing_cache_dir, scratch_view
-from tests.warm.fake_neuron import FakeNeuron
 
 
 def _cache(folder: Path) -> Path:

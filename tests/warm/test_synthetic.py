@@ -51,7 +51,7 @@ def test_impossible_padding_free_values_are_reported() -> None:
 
 
 def test_every_planned_packing_shape_is_reproduced(tmp_path: Path) -> None:
-    plan = plan_for(CAPYBARA, ["--max_length", "256", "--per_device_train_batch_size", "2", "--packing",
+    plan = plan_for("sft", CAPYBARA, ["--max_length", "256", "--per_device_train_batch_size", "2", "--packing",
                                "--num_train_epochs", "1"], tmp_path)
     assert plan.shapes
     for shape in plan.shapes:

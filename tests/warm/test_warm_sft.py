@@ -21,7 +21,7 @@ ARGV = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_step
 
 
 def test_failed_shape_does_not_stop_the_others_and_eval_resumes_alone(tmp_path: Path) -> None:
-    plan = plan_for(CAPYBARA, ARGV, tmp_path / "out")
+    plan = plan_for("sft", CAPYBARA, ARGV, tmp_path / "out")
     assert [(s.phase, s.batch, s.seq, s.count) for s in plan.shapes] == [("train", 2, 256, 3), ("eval", 32, 256, 3)]
     broken = dataclasses.replace(plan, shapes=(Shape(phase="train", batch=2, seq=0, count=1, first_step=1),
                                                *plan.shapes))

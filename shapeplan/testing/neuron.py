@@ -1,5 +1,5 @@
-"""FakeNeuron: puts the fake torch_neuronx of tests/fake_site on this process's path (subprocesses get it from
-`fake_env`), in the modes its docstring lists.
+"""FakeNeuron: puts the fake torch_neuronx of `SITE` (shapeplan/testing/fake_site) on this process's path
+(subprocesses get it from `fake_env`), in the modes its docstring lists.
 
     fake = FakeNeuron("async").install(monkeypatch)   # found by importlib.util.find_spec, imported lazily
     fake.kernel("matmul 2x128")                        # an op meets the compile cache (after the backend imported it)
@@ -13,17 +13,20 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import pytest
-import torch
+if TYPE_CHECKING:
+    import pytest
 
-SITE = Path(__file__).resolve().parent.parent / "fake_site"
+# A plain folder, not a package: put on sys.path (or PYTHONPATH) it makes `import torch_neuronx` find the fake.
+SITE = Path(__file__).resolve().parent / "fake_site"
 VERSION = "2.13.3.0"
 
 
 def fake_env(*modes: str, site: Path = SITE, **extra: str) -> dict[str, str]:
-    """The environment of a subprocess that imports the fake (with the repo root on PYTHONPATH too)."""
-    root = SITE.parent.parent
+    """The environment of a subprocess that imports the fake (with the root shapeplan is imported from on
+    PYTHONPATH too)."""
+    root = SITE.parent.parent.parent
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(site), str(SITE), str(root)])),
             "FAKE_NEURON": ",".join(modes), **extra}
 
@@ -45,6 +48,8 @@ class FakeNeuron:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeNeuron:
         """Make the fake importable; everything it touches (sys.modules, torch.neuron, env) is undone after the
         test."""
+        import torch  # here, not at import: the other fakes of shapeplan.testing need no torch
+
         monkeypatch.syspath_prepend(str(SITE))
         monkeypatch.setenv("FAKE_NEURON", ",".join(self.modes))
         for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED"):  # the backend sets them

@@ -51,7 +51,7 @@ def refused(result: subprocess.CompletedProcess[str], code: int, message: str) -
 def eager_plan(tmp_path: Path) -> Path:
     """An SFT plan of one eager train shape: warming it builds the real trainer and runs one step."""
     path = tmp_path / "plan.json"
-    write_plan(plan_for(CAPYBARA, EAGER, tmp_path / "out"), path)
+    write_plan(plan_for("sft", CAPYBARA, EAGER, tmp_path / "out"), path)
     return path
 
 
@@ -126,7 +126,7 @@ def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
         (model / item.name).write_bytes(item.read_bytes())
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
     plan = tmp_path / "plan.json"
-    write_plan(plan_for(CAPYBARA, [*EAGER, "--model_name_or_path", str(model)], tmp_path / "out"), plan)
+    write_plan(plan_for("sft", CAPYBARA, [*EAGER, "--model_name_or_path", str(model)], tmp_path / "out"), plan)
     result = shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", tmp_path / "cache", "--json")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr

@@ -64,7 +64,7 @@ def _real_trainer(rows: int, batch: int, ga: int, epochs: float, max_steps: int,
     trainer.train()
     per_epoch = rows // batch if drop_last else math.ceil(rows / batch)
     train, evals, seen = [], [], 0
-    for (training, idx), step in zip(calls, steps):
+    for (training, idx), step in zip(calls, steps, strict=True):
         if training:
             train.append((seen // per_epoch, (idx[0] // batch), step + 1))
             seen += 1

@@ -1,6 +1,7 @@
 """A fake torch_neuronx (TorchNeuron, the native backend) for tests: the parts shapeplan reads, modelled on the
-April 2026 source (research/neuron.md sections 2.1 and 8). Put tests/fake_site on sys.path (in-process:
-tests/warm/fake_neuron.py; subprocesses: PYTHONPATH) and choose its behaviour with FAKE_NEURON, a comma list:
+April 2026 source (research/neuron.md sections 2.1 and 8). Put shapeplan/testing/fake_site on sys.path
+(in-process: shapeplan.testing.FakeNeuron; subprocesses: shapeplan.testing.fake_env) and choose its behaviour
+with FAKE_NEURON, a comma list:
 
     device              torch calls on device "neuron" run on the CPU, each op (name + input shapes/dtypes) a
                         kernel of the compile cache; `torch.compile(backend="neuron")` graphs are kernels too

@@ -180,7 +180,8 @@ def test_histogram_fits_80_columns_and_marks_bucket_edges() -> None:
     assert max(len(line) for line in text.splitlines()) <= WIDTH
     lines = text.splitlines()[1:]
     assert len(lines) <= 25
-    assert "32769-50000" in lines[-1] and ">max" in lines[-1] and lines[-1].endswith(f" {sum(1 for n in lengths if n > 32_768):,}")
+    assert "32769-50000" in lines[-1] and ">max" in lines[-1]
+    assert lines[-1].endswith(f" {sum(1 for n in lengths if n > 32_768):,}")
     # 256 buckets of 128 merged by 11 into bins of 1408 tokens
     assert lines[0].split()[0] == "1-1408"
     assert lines[0].endswith(f" {sum(1 for n in lengths if n <= 1408):,}")
@@ -224,8 +225,8 @@ def test_caveats_name_the_fix() -> None:
 
 
 def _shapeplan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], check=False, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600)
+    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], check=False, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600)
 
 
 def test_cli_advise_json_html_and_errors(tmp_path: Path) -> None:
@@ -267,7 +268,7 @@ def test_warm_records_steady_seconds_and_advise_calibrates_with_them(tmp_path: P
     from tests.warm.harness import plan_for, run_argv, warm_plan
 
     argv = ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "2"]
-    plan = plan_for(CAPYBARA, argv, tmp_path / "out")
+    plan = plan_for("sft", CAPYBARA, argv, tmp_path / "out")
     cache = tmp_path / "cache"
     report = warm_plan(plan, cache)
     assert all(r.steady_seconds is not None and r.steady_seconds > 0 for r in report.results)

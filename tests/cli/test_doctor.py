@@ -1,5 +1,5 @@
 """`shapeplan doctor` through the console script: a real Inductor self-test on CPU, and the Neuron self-test against
-the fake torch_neuronx (tests/fake_site), passing and failing the way a misconfigured trn2 host would."""
+the fake torch_neuronx (shapeplan/testing/fake_site), passing and failing the way a misconfigured trn2 host would."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from shapeplan.testing import fake_env, xla_site
 from tests.conftest import ROOT
-from tests.warm.fake_neuron import fake_env, xla_site
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 SELF_TEST = ["first run counts a compile", "first run writes cache files", "second run hits the cache",

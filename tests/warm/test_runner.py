@@ -1,0 +1,130 @@
+"""The warm runner's own logic (manifest, resume, failures, rank shares, the report) on shapeplan.testing's fakes:
+no trainer, no compiler, milliseconds per test. (Lockstep's padding of the rounds: test_parallel.py.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from shapeplan.errors import UsageError
+from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.testing import FakeBackend, FakeWarmer
+from shapeplan.warm.manifest import MANIFEST
+from shapeplan.warm.model import WarmResult, WarmTask
+from shapeplan.warm.runner import warm
+from shapeplan.report import result_row
+from shapeplan.warm.tracker import Tracker
+
+
+def _plan(*seqs: int, method: str = "sft") -> Plan:
+    shapes = tuple(Shape(phase="train", batch=2, seq=s, count=1, first_step=1) for s in seqs)
+    return Plan(method=method, exact=True, pad_to_multiple_of=128, shapes=shapes,
+                stats=PlanStats(rows=4, dropped_rows=0, micro_batches=len(seqs), optimizer_steps=len(seqs),
+                                tokens=1, padded_tokens=1))
+
+
+def _backend(cache_dir: Path) -> FakeBackend:
+    backend = FakeBackend()
+    backend.prepare(cache_dir)
+    return backend
+
+
+def _statuses(results: Sequence[WarmResult]) -> list[tuple[str, str]]:
+    return [(r.task.key, r.status) for r in results]
+
+
+def test_resume_runs_only_what_the_manifest_does_not_hold(tmp_path: Path) -> None:
+    first = _backend(tmp_path)
+    warm(_plan(128, 256), FakeWarmer(first.meet), first, tmp_path)
+    assert first.met == ["train 2x128", "train 2x256"]
+
+    fresh = _backend(tmp_path)  # the next process
+    warmer = FakeWarmer(fresh.meet)
+    report = warm(_plan(128, 256, 384), warmer, fresh, tmp_path)
+    assert _statuses(report.results) == [("train 2x128", "skipped"), ("train 2x256", "skipped"),
+                                         ("train 2x384", "compiled")]
+    assert warmer.runs == [["train 2x384"]] and fresh.met == ["train 2x384"]
+
+
+def test_another_environment_does_not_resume_from_this_one(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    warm(_plan(128), FakeWarmer(backend.meet), backend, tmp_path)
+    other = FakeWarmer(backend.meet, environment={"method": "sft", "model": "another"})
+    report = warm(_plan(128), other, backend, tmp_path)
+    # run again, not skipped (the fake keys its cache by task alone, so the run finds it warm)
+    assert _statuses(report.results) == [("train 2x128", "cached")] and other.runs == [["train 2x128"]]
+    sections = json.loads((tmp_path / MANIFEST).read_text())["environments"]
+    assert len(sections) == 2
+
+
+def test_a_failed_shape_is_recorded_the_others_go_on_and_a_rerun_retries_it(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    report = warm(_plan(128, 256, 384), FakeWarmer(backend.meet, fail={"train 2x256"}), backend, tmp_path)
+    assert _statuses(report.results) == [("train 2x128", "compiled"), ("train 2x256", "failed"),
+                                         ("train 2x384", "compiled")]
+    assert [r.error for r in report.failed] == ["RuntimeError: boom"]
+    (section,) = json.loads((tmp_path / MANIFEST).read_text())["environments"].values()
+    assert {k: v["status"] for k, v in section["shapes"].items()} == {
+        "train 2x128": "compiled", "train 2x256": "failed", "train 2x384": "compiled"}
+
+    retry = FakeWarmer(backend.meet)
+    again = warm(_plan(128, 256, 384), retry, backend, tmp_path)
+    assert retry.runs == [["train 2x256"]]
+    assert [r.status for r in again.results] == ["skipped", "compiled", "skipped"]
+
+
+def test_a_warmer_that_returns_early_leaves_its_tasks_failed(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+
+    class Quits(FakeWarmer):
+        def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+            tracker.start()
+
+    report = warm(_plan(128, 256), Quits(backend.meet), backend, tmp_path)
+    assert [(r.status, r.error) for r in report.results] == [("failed", "not run"), ("failed", "not run")]
+
+
+def test_verify_reruns_everything_and_writes_no_manifest(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    warm(_plan(128, 256), FakeWarmer(backend.meet), backend, tmp_path)
+    manifest = (tmp_path / MANIFEST).read_text()
+    backend.restart()  # verify runs in a fresh process
+    verified = warm(_plan(128, 256, 384), FakeWarmer(backend.meet), backend, tmp_path, verify=True)
+    assert [r.status for r in verified.results] == ["cached", "cached", "compiled"]
+    assert [r.counters for r in verified.results] == [{"persistent_hits": 1}, {"persistent_hits": 1},
+                                                      {"compiles": 1}]
+    assert (tmp_path / MANIFEST).read_text() == manifest
+
+
+def test_the_report_summarizes_in_plan_order(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    warm(_plan(256), FakeWarmer(backend.meet), backend, tmp_path)
+    report = warm(_plan(128, 256, 384), FakeWarmer(backend.meet, fail={"train 2x384"}), backend, tmp_path,
+                  )
+    data = report.to_dict()
+    assert [(r["seq"], r["status"]) for r in data["results"]] == [(128, "compiled"), (256, "skipped"),
+                                                                   (384, "failed")]
+    assert data["summary"]["compiled"] == 1 and data["summary"]["skipped"] == 1 and data["summary"]["failed"] == 1
+    assert data["environment"]["compiler"] == {"backend": "fake"}
+    assert data["script_lines"] == [f"export FAKE_CACHE_DIR={tmp_path}"]
+    assert backend.configured == {"torch_compile": False, "graphs": 6}  # 2 layouts a task, the skipped one too
+    row = result_row(report.results[0])
+    assert row.split()[:2] == ["compiled", "train"] and row.endswith("compiles=+1")
+    assert result_row(report.results[2]).endswith("RuntimeError: boom")
+
+
+def test_ranks_share_the_tasks_and_a_rank_with_none_still_steps(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    backend = _backend(tmp_path)
+    warmer = FakeWarmer(backend.meet)
+    report = warm(_plan(128, method="grpo"), warmer, backend, tmp_path)
+    assert warmer.shares is not None and [[t.key for t in s] for s in warmer.shares] == [["train 2x128"], []]
+    assert warmer.runs == [[]]  # rank 1 has nothing of its own, but runs so that rank 0's collectives complete
+    assert report.results == ()
+    with pytest.raises(UsageError, match="under `accelerate launch`"):
+        warm(_plan(128, method="sft"), FakeWarmer(backend.meet), backend, tmp_path)
