@@ -168,7 +168,8 @@ def self_test(backend: Backend) -> tuple[list[Check], str]:
         Check("second run hits the cache", backend.hit(delta), _shown(delta, "counters moved: "),
               "" if backend.hit(delta) else fixes["hit"] if checks[0].passed else
               "the counters did not count the first run's compile either (see its line): fix that first"),
-        Check("second run compiles nothing", not again, f"{_shown(delta, 'counters moved: ')}; {new_files2} new file(s)",
+        Check("second run compiles nothing", not again,
+              f"{_shown(delta, 'counters moved: ')}; {new_files2} new file(s)",
               fixes["again"] if again else ""),
     ]
     return checks, first["pad_to_multiple_of"]

@@ -85,9 +85,11 @@ def check_rows(dataset: Any, source: str) -> None:
         raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
 
 
-def load_tokenizer(model: str, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
+    if not model:  # TRL's ModelConfig leaves it None when neither --model nor --model_name_or_path is given
+        raise ModelError("no model is given; pass --model (TRL: --model_name_or_path)")
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
         raise ModelError(f"model folder {model} not found; pass an existing model folder or a Hub id with --model")
     try:

@@ -38,8 +38,8 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     prepared = prepare(_bare_trainer(tokenizer), dataset, tokenizer, config, name)
     prompt, chosen, rejected = list_lengths(prepared, "prompt_ids", "chosen_ids", "rejected_ids")
     check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
-    rows = PairedRows(chosen=tuple(p + c for p, c in zip(prompt, chosen)),
-                      rejected=tuple(p + r for p, r in zip(prompt, rejected)), prompt=tuple(prompt))
+    rows = PairedRows(chosen=tuple(p + c for p, c in zip(prompt, chosen, strict=True)),
+                      rejected=tuple(p + r for p, r in zip(prompt, rejected, strict=True)), prompt=tuple(prompt))
     return rows, len(dataset) - len(rows)
 
 

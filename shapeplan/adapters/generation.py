@@ -5,6 +5,7 @@ the call into `plan_generation`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,9 @@ def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
 
     kwargs: dict[str, Any] = {"max_new_tokens": config.max_completion_length,
                               "cache_implementation": config.cache_implementation}
-    kwargs.update(config.generation_kwargs or {})
+    extra = config.generation_kwargs or {}
+    # TRL's config accepts the JSON string a command line gives; its __post_init__ parses it
+    kwargs.update(json.loads(extra) if isinstance(extra, str) else extra)
     try:
         generation = GenerationConfig(**kwargs, disable_compile=True)
     except (ValueError, TypeError) as exc:

@@ -51,8 +51,8 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[
     labels = tuple(bool(label) for label in prepared["label"])
     check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
     rows = UnpairedRows(
-        lengths=tuple(p + c for p, c in zip(prompt, completion)),
-        kl_lengths=tuple(p + c for p, c in zip(prompt, kl_completion[0])) if kl else None,
+        lengths=tuple(p + c for p, c in zip(prompt, completion, strict=True)),
+        kl_lengths=tuple(p + c for p, c in zip(prompt, kl_completion[0], strict=True)) if kl else None,
         prompt=tuple(prompt),
         labels=labels,
     )

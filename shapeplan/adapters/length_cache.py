@@ -10,6 +10,7 @@ differs, counts as a miss and is rewritten.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -69,7 +70,7 @@ def load(key: str) -> tuple[Rows, int] | None:
             if "document_offsets" in data:
                 flat = data["documents"].tolist()
                 offsets = data["document_offsets"].tolist()
-                documents = tuple(tuple(flat[a:b]) for a, b in zip(offsets, offsets[1:]))
+                documents = tuple(tuple(flat[a:b]) for a, b in itertools.pairwise(offsets))
             dropped = int(data["dropped"])
     except FileNotFoundError:
         return None

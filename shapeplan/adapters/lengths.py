@@ -200,7 +200,7 @@ def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     assert job is not None
     start, stop = chunk
     columns = job.dataset[start:stop]
-    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     if job.kind == "messages":
         texts = [_render(job, row["messages"], row) for row in rows]
         return _encode_lengths(job.tokenizer, texts, special=False), np.full(len(rows), -1, dtype=np.int32)
@@ -239,7 +239,7 @@ def _lengths_and_prompt_bounds(job: _Job, full: list[str], prompts: list[str], *
     lengths = np.fromiter((len(e) for e in encodings), dtype=np.int32, count=len(full))
     bounds = np.empty(len(full), dtype=np.int32)
     pending = []
-    for i, (encoding, prompt) in enumerate(zip(encodings, prompts)):
+    for i, (encoding, prompt) in enumerate(zip(encodings, prompts, strict=True)):
         length = int(lengths[i])
         kept = range(length)[job.window]
         if kept.stop == length and encoding.ids.count(eos_id) > prompt.count(eos) + added:
@@ -254,7 +254,7 @@ def _render(job: _Job, messages: list[dict[str, Any]], row: dict[str, Any], **kw
     """The text `_tokenize` renders before tokenizing it (`SFTTrainer.tokenize_fn`'s chat template arguments)."""
     tools = row.get("tools")
     tools = json.loads(tools) if isinstance(tools, str) else tools
-    return job.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
+    return job.tokenizer.apply_chat_template(
         messages, tokenize=False, chat_template=job.chat_template, tools=tools,
         **kwargs, **row.get("chat_template_kwargs", {}),
     )
@@ -286,7 +286,7 @@ def _encode_lengths(tokenizer: Any, texts: list[str], *, special: bool) -> np.nd
 def _is_backend(tokenizer: Any) -> bool:
     from transformers import TokenizersBackend
 
-    return type(tokenizer)._encode_plus is TokenizersBackend._encode_plus  # type: ignore[no-any-return]
+    return type(tokenizer)._encode_plus is TokenizersBackend._encode_plus
 
 
 def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
@@ -302,7 +302,7 @@ def _encodings(tokenizer: Any, texts: list[str], *, special: bool) -> list[Any]:
     backend = tokenizer._tokenizer
     if backend.encode_special_tokens != tokenizer.split_special_tokens:
         backend.encode_special_tokens = tokenizer.split_special_tokens
-    return backend.encode_batch_fast(texts, add_special_tokens=special)  # type: ignore[no-any-return]
+    return backend.encode_batch_fast(texts, add_special_tokens=special)
 
 
 def _countable_eos(tokenizer: Any, eos: str, *, special: bool) -> tuple[int, int] | None:

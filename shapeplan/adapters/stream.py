@@ -176,8 +176,9 @@ def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[
                   for rank in range(num_processes))
         per_rank = [list(shard) for shard in shards]
     else:
+        # `starts` has one more item than `parts` (the end), which zip leaves out
         starts = itertools.accumulate((len(p.lengths) for p in parts), initial=0)
-        per_rank = [list(range(start, start + len(p.lengths))) for start, p in zip(starts, parts)]
+        per_rank = [list(range(start, start + len(p.lengths))) for start, p in zip(starts, parts, strict=False)]
     return rows, [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
 
 

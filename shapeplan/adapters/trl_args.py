@@ -7,7 +7,6 @@ through `accelerate launch`'s parser (for `--num_processes` and friends).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import warnings
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,7 @@ from ..errors import UsageError, first_line
 from ..trainers import trainer_spec
 
 if TYPE_CHECKING:
-    from trl import ModelConfig
+    from trl import ModelConfig, TrlParser
 
     from ..plan.model import Method
 
@@ -44,14 +43,14 @@ class TrainingArgs:
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
 
 
-def make_parser(method: str) -> argparse.ArgumentParser:
+def make_parser(method: str) -> TrlParser:
     module = importlib.import_module(trainer_spec(method).script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
         raise UsageError(f"{message}; see `trl {method} --help` for TRL's options")
 
-    parser.error = error  # type: ignore[method-assign]
+    parser.error = error
     return parser
 
 
@@ -150,11 +149,11 @@ def _world_size(num_processes: int) -> Iterator[None]:
     from transformers import TrainingArguments
 
     original = TrainingArguments.__dict__["world_size"]
-    TrainingArguments.world_size = property(lambda self: num_processes)  # type: ignore[method-assign,assignment]
+    TrainingArguments.world_size = property(lambda self: num_processes)  # type: ignore[method-assign,assignment]  # plan N ranks in one process
     try:
         yield
     finally:
-        TrainingArguments.world_size = original  # type: ignore[method-assign]
+        TrainingArguments.world_size = original  # type: ignore[method-assign]  # the restore
 
 
 # Sizes TRL accepts at parse time but the run fails on (a zero batch size, a zero padding multiple) or plans
@@ -200,7 +199,7 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
         raise UsageError(f"{message}; see `accelerate launch --help` for launch options")
 
-    parser.error = error  # type: ignore[method-assign]
+    parser.error = error
     # "shapeplan" stands for the training script accelerate expects; a bare token before it is a stray argument.
     known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
     if unknown:

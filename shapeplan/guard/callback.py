@@ -48,7 +48,7 @@ def _normalised(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-class ShapeGuard(TrainerCallback):  # type: ignore[misc]  # transformers ships no type hints for it
+class ShapeGuard(TrainerCallback):
     """Checks every input shape a trainer's models receive against `plan`, before the forward runs.
 
     `on_unplanned`: `warn` (one line, plus `shapeplan/unplanned` in the Trainer's logs), `error`

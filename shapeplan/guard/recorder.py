@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..plan.model import Method, Phase
 from ..trainers import TRAINERS
 
 
@@ -29,7 +30,7 @@ from ..trainers import TRAINERS
 class Forward:
     """One model input, as the plan counts it."""
 
-    phase: str
+    phase: Phase
     batch: int
     seq: int
     step: int  # train side: the optimizer step being computed (1-based); eval side: global_step when it ran
@@ -51,9 +52,9 @@ def shape_key(shape: Any) -> tuple[Any, ...]:
     return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep)
 
 
-def trainer_method(trainer: Any) -> str:
+def trainer_method(trainer: Any) -> Method:
     """The plan method of a TRL trainer instance (from its class or the first TRL base class it has)."""
-    methods = {spec.trainer_class: name for name, spec in TRAINERS.items()}
+    methods = {spec.trainer_class: spec.name for spec in TRAINERS.values()}
     for cls in type(trainer).__mro__:
         if cls.__name__ in methods:
             return methods[cls.__name__]
@@ -189,7 +190,7 @@ class ShapeRecorder:
     def _step(self) -> int:
         return self.trainer.state.global_step + (1 if self.policy.training else 0)
 
-    def _emit(self, phase: str, ids: Any, kwargs: dict[str, Any], **extra: Any) -> None:
+    def _emit(self, phase: Phase, ids: Any, kwargs: dict[str, Any], **extra: Any) -> None:
         if self.rules.precompute and not self.training:
             phase, step = "ref_precompute", 0
         else:
@@ -220,6 +221,7 @@ class ShapeRecorder:
         if self._in_generate:
             self._generate_prefill(module, ids, kwargs)
             return
+        phase: Phase
         if not module.training:
             phase = "eval_kl" if self._kl else "eval"
         elif self.rules.no_grad_phase and not torch.is_grad_enabled():
@@ -232,7 +234,7 @@ class ShapeRecorder:
         if self._in_generate:
             self._generate_prefill(module, _input_ids(args, kwargs), kwargs)
 
-    def _phase_hook(self, phase: str, eval_phase: str) -> Callable[..., None]:
+    def _phase_hook(self, phase: Phase, eval_phase: Phase) -> Callable[..., None]:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self._in_generate:
                 return
@@ -241,7 +243,7 @@ class ShapeRecorder:
         return hook
 
     def _ref_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        phase = "ref_kl" if self._kl else "ref"
+        phase: Phase = "ref_kl" if self._kl else "ref"
         if self.rules.ref_eval_twins and not self.policy.training:
-            phase = f"eval_{phase}"
+            phase = "eval_ref_kl" if self._kl else "eval_ref"
         self._emit(phase, _input_ids(args, kwargs), kwargs, logits_to_keep=self._logits_to_keep)

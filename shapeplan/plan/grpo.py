@@ -132,7 +132,7 @@ def plan_generation(
     def run_evals(before: int) -> None:
         while pending_evals and pending_evals[0] < before:
             step = pending_evals.pop(0)
-            for rank_state, rank_batches in zip(ranks or [], eval_batches):
+            for rank_state, rank_batches in zip(ranks or [], eval_batches, strict=False):
                 for batch in rank_batches:
                     bucket = round_up(max(eval_prompt_lengths[i] for i in batch), multiple)
                     counting.generate("eval_generate", len(batch), bucket, rank_state.cache.next(bucket), step)
@@ -149,7 +149,7 @@ def plan_generation(
             ranks = [_Rank(CacheLength(layout)) for _ in batches]
         run_evals(mb.step)  # the evals after earlier steps (0: eval_on_start)
         generating = micro_step % layout.generate_every == 0
-        for rank_state, rank_batches in zip(ranks, batches):
+        for rank_state, rank_batches in zip(ranks, batches, strict=True):
             if mb.index >= len(rank_batches):
                 continue
             if generating:

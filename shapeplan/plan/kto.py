@@ -36,8 +36,8 @@ class KTOLayout:
 def _completion_counts(rows: UnpairedRows, batch: Sequence[int], max_length: int | None) -> tuple[int, int]:
     """Completion tokens of the batch's desirable rows and of its undesirable rows (the collator keeps the start)."""
     counts = [completion_tokens(rows.prompt[i], rows.lengths[i], max_length, "keep_start") for i in batch]
-    return (sum(n for n, i in zip(counts, batch) if rows.labels[i]),
-            sum(n for n, i in zip(counts, batch) if not rows.labels[i]))
+    return (sum(n for n, i in zip(counts, batch, strict=True) if rows.labels[i]),
+            sum(n for n, i in zip(counts, batch, strict=True) if not rows.labels[i]))
 
 
 def plan_kto(

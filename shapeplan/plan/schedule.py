@@ -123,9 +123,7 @@ def evaluation_steps(
         interval = math.ceil(total * every) if every < 1 else int(every)
         last = epoch_end_steps(loop)[-1] if loop.steps_in_epoch else 0
         for step in range(1, last + 1):
-            if step % interval == 0 and eval_delay <= step:
-                out.append(step)
-            elif step >= total and eval_delay <= step:
+            if (step % interval == 0 and eval_delay <= step) or (step >= total and eval_delay <= step):
                 out.append(step)
     elif eval_strategy == "epoch":
         out += [step for step, epoch in _epoch_ends(loop) if eval_delay <= epoch]

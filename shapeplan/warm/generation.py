@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from ..errors import UsageError, first_line
 from ..plan.model import Plan
@@ -216,13 +216,15 @@ def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
 
 def _use_rounds(trainer: Any, rows: list[dict[str, Any]], rounds: list[Round], every: int) -> None:
     """The train dataloader yields each round's generation batch `every` times, as TRL's RepeatSampler does."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
     batches, start = [], 0
     for r in rounds:
         batches += [list(range(start, start + r.own.rows))] * every
         start += r.own.rows
-    trainer.get_train_dataloader = lambda: DataLoader(rows, batch_sampler=batches, collate_fn=trainer.data_collator)
+    dataset = cast("Dataset[Any]", rows)  # a list is a map-style dataset: __getitem__ and __len__
+    trainer.get_train_dataloader = lambda: DataLoader(dataset, batch_sampler=batches,
+                                                      collate_fn=trainer.data_collator)
 
 
 @contextlib.contextmanager
@@ -237,7 +239,7 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
     eos = trainer.eos_token_ids[0]
     decode_to: list[int] = []  # the length the model's generate must reach before it may stop
 
-    def stop_check(self, unfinished, tokens, length):  # type: ignore[no-untyped-def]
+    def stop_check(self, unfinished, tokens, length):
         stop = original_call(self, unfinished, tokens, length)  # the same device ops as always
         return stop and (not decode_to or length >= decode_to[-1])
 
@@ -279,15 +281,15 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
     model.generate = generate
     trainer._tokenize_prompts = lambda prompts: (_prompt_ids(prompts, filler), None, {})
     trainer._generate = generate_calls
-    generation_utils.StopCheck.__call__ = stop_check  # type: ignore[method-assign]
+    generation_utils.StopCheck.__call__ = stop_check  # type: ignore[method-assign]  # patched for the warm-up, restored below
     try:
         yield
     finally:
-        generation_utils.StopCheck.__call__ = original_call  # type: ignore[method-assign]
+        generation_utils.StopCheck.__call__ = original_call  # type: ignore[method-assign]  # the restore
         del model.generate, trainer._tokenize_prompts, trainer._generate
 
 
-class _Progress(callback_base()):  # type: ignore[misc]
+class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at run time (transformers loads lazily)
     """Starts the clock when training starts; steers logging, saving and evaluation as the trainer-loop warmer
     does."""
 
@@ -312,10 +314,10 @@ class _Progress(callback_base()):  # type: ignore[misc]
     def end_round(self) -> None:
         _Progress.charge_round(self.tracker, self.state)
 
-    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_train_begin(self, args, state, control, **kwargs):
         self.tracker.start()
 
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_end(self, args, state, control, **kwargs):
         control.should_log = self.logs and self.steps == 0
         control.should_save = False
         control.should_evaluate = False

@@ -24,7 +24,7 @@ def _arg(value: Any) -> Any:
         return tuple(_arg(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((k, _arg(v)) for k, v in value.items()))
-    if isinstance(value, bool) or isinstance(value, (int, str)) or value is None:
+    if isinstance(value, (bool, int, str)) or value is None:
         return value
     if isinstance(value, float):
         return "float"
@@ -45,7 +45,7 @@ class OpRecorder(TorchDispatchMode):
         self.signatures: set[Signature] = set()
         self._paused = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self._paused:
             self.signatures.add(signature(func, args, kwargs))
@@ -73,7 +73,7 @@ def outside_data_loading(recorder: OpRecorder) -> Iterator[None]:
     original_set_epoch = DataLoaderShard.set_epoch
     original_share = streams._maybe_share_with_torch_persistent_workers
 
-    def paused_set_epoch(self, epoch: int) -> None:  # type: ignore[no-untyped-def]
+    def paused_set_epoch(self, epoch: int) -> None:
         with recorder.paused():
             original_set_epoch(self, epoch)
 
@@ -81,7 +81,7 @@ def outside_data_loading(recorder: OpRecorder) -> Iterator[None]:
         with recorder.paused():
             return original_share(value)
 
-    def paused_iter(self):  # type: ignore[no-untyped-def]
+    def paused_iter(self):
         with recorder.paused():
             iterator = original(self)
         while True:
@@ -92,12 +92,12 @@ def outside_data_loading(recorder: OpRecorder) -> Iterator[None]:
                     return
             yield batch
 
-    DataLoaderShard.__iter__ = paused_iter  # type: ignore[method-assign]
-    DataLoaderShard.set_epoch = paused_set_epoch  # type: ignore[method-assign]
+    DataLoaderShard.__iter__ = paused_iter
+    DataLoaderShard.set_epoch = paused_set_epoch
     streams._maybe_share_with_torch_persistent_workers = paused_share
     try:
         yield
     finally:
-        DataLoaderShard.__iter__ = original  # type: ignore[method-assign]
-        DataLoaderShard.set_epoch = original_set_epoch  # type: ignore[method-assign]
+        DataLoaderShard.__iter__ = original
+        DataLoaderShard.set_epoch = original_set_epoch
         streams._maybe_share_with_torch_persistent_workers = original_share

@@ -175,7 +175,7 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
              for i in range(count)]
     outputs = [proc.communicate()[0] for proc in procs]
     reports = []
-    for i, (proc, out) in enumerate(zip(procs, outputs)):
+    for i, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
         try:
             reports.append(json.loads(out))
         except json.JSONDecodeError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..plan.model import Phase, Plan
 from .model import WarmTask
@@ -36,7 +36,8 @@ def paired_layouts(batch: SyntheticBatch) -> PairedBatch:
     """A layout of 2B sequence lengths as B rows: the first B are the chosen sides, the last B the rejected, each
     after a one-token prompt."""
     half = len(batch.documents) // 2
-    return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(batch.documents[:half], batch.documents[half:])))
+    chosen, rejected = batch.documents[:half], batch.documents[half:]
+    return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(chosen, rejected, strict=True)))
 
 
 def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> PairedBatch | None:
@@ -56,14 +57,14 @@ def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> Paired
     chosen_rows, rejected_rows = fill(chosen), fill(rejected)
     # the first row's prompt makes its longer side `longest` (the others keep a one-token prompt)
     first = (longest - max(chosen_rows[0], rejected_rows[0]), chosen_rows[0], rejected_rows[0])
-    return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:]))))
+    return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:], strict=True))))
 
 
 def taking_prepared_rows(trainer: Any) -> Any:
     """A subclass of TRL's `trainer` that takes the synthetic rows as `_prepare_dataset`'s output (DPO and KTO have
     no option to skip their preparation)."""
 
-    class Prepared(trainer):  # type: ignore[misc]  # TRL's class, known at run time only
+    class Prepared(trainer):
         def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
             return dataset
 
@@ -114,7 +115,7 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
 
 
 class DPOWarmer(_PreferenceWarmer):
-    inner_phases = {"ref": "train", "eval_ref": "eval"}
+    inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "eval_ref": "eval"}
 
     def layouts(self, task: WarmTask) -> list[PairedBatch]:
         """One batch per two planned completion-token counts (chosen half, rejected half), as long as the padded
@@ -123,7 +124,7 @@ class DPOWarmer(_PreferenceWarmer):
         longest = max(max(p + c, p + r) for p, c, r in padded[0].rows)
         counts = list(task.completion_tokens)
         counted = []
-        for chosen, rejected in zip(counts[::2], counts[1::2] + counts[-1:]):
+        for chosen, rejected in zip(counts[::2], counts[1::2] + counts[-1:], strict=False):
             batch = counted_batch(len(padded[0].rows), longest, chosen, rejected)
             counted.append(batch or counted_batch(len(padded[0].rows), task.seq, chosen, rejected))
         return [b for b in counted if b is not None] + padded
@@ -177,8 +178,8 @@ class KTOWarmer(_PreferenceWarmer):
     `kl` (`eval_kl`) shape is run by the `train` (`eval`) step of a shape with as many rows: each such shape's
     batches take the KL lengths in turn."""
 
-    inner_phases = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval", "eval_kl": "eval",
-                    "eval_ref_kl": "eval"}
+    inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval",
+                                              "eval_kl": "eval", "eval_ref_kl": "eval"}
     rows_per_example = 1
 
     def bind(self, plan: Plan) -> None:

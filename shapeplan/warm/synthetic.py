@@ -60,7 +60,7 @@ def padding_free_documents(seq: int, cu_len: int, max_q: int, multiple: int | No
         if tokens <= 0 or docs < 1 or round_up(tokens, multiple) != seq:
             continue
         longest = 1 if (max_q == 1 and pads) else max_q
-        if pads and longest > max_q or longest > tokens:
+        if (pads and longest > max_q) or longest > tokens:
             continue
         rest, slots = tokens - longest, docs - 1
         if not slots <= rest <= slots * longest or (slots == 0 and rest != 0):

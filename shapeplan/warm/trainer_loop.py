@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
@@ -67,7 +67,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
     rows (`rows`); the trainer is the method's TRL trainer (`trainer_type`), built as `trl <method>` builds it."""
 
     # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
-    inner_phases: dict[str, str] = {}
+    inner_phases: ClassVar[dict[str, str]] = {}
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
     rows_per_example = 1
     shares: list[list[WarmTask]] | None = None  # never set: the runner splits no tasks among ranks (no lockstep)
@@ -310,7 +310,7 @@ class _FixedBatches:
         self.batch_size = batch_size
         self.drop_last = False
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         return iter([list(b) for b in self.batches])
 
     def __len__(self) -> int:
@@ -333,22 +333,23 @@ class _Rows:
 
 def _loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
             description: str) -> Any:
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
     dataset = trainer._remove_unused_columns(dataset, description=description)
-    loader = DataLoader(_Rows(dataset, batch_size + remainder), batch_sampler=_FixedBatches(index, batch_size),
-                        collate_fn=trainer.data_collator, num_workers=0)
+    rows = cast("Dataset[Any]", _Rows(dataset, batch_size + remainder))  # map-style: __getitem__ and __len__
+    loader: DataLoader[Any] = DataLoader(rows, batch_sampler=_FixedBatches(index, batch_size),
+                                         collate_fn=trainer.data_collator, num_workers=0)
     return trainer.accelerator.prepare(loader)
 
 
-def callback_base():  # type: ignore[no-untyped-def]
+def callback_base():
     """transformers' `TrainerCallback`, imported when a warmer module is (the base of the warmers' callbacks)."""
     from transformers import TrainerCallback
 
     return TrainerCallback
 
 
-class _Progress(callback_base()):  # type: ignore[misc]
+class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at run time (transformers loads lazily)
     """Charges each optimizer step and each eval batch to its task as the Trainer runs them."""
 
     def __init__(self, tracker: Tracker, steps: list[_Step], eval_batches: list[WarmTask],
@@ -361,22 +362,22 @@ class _Progress(callback_base()):  # type: ignore[misc]
         self.step = -1  # index of the optimizer step in progress
         self.evaluated = 0  # eval batches done
 
-    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_train_begin(self, args, state, control, **kwargs):
         self.tracker.start()
 
-    def on_prediction_step(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_prediction_step(self, args, state, control, **kwargs):
         if self.evaluated < len(self.eval_batches):
             self.tracker.charge(self.eval_batches[self.evaluated])
         self.evaluated += 1
 
-    def on_evaluate(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_evaluate(self, args, state, control, **kwargs):
         for task in self.eval_tasks:
             self.tracker.finish(task)
 
-    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_begin(self, args, state, control, **kwargs):
         self.step += 1
 
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_end(self, args, state, control, **kwargs):
         step = self.steps[self.step]
         if step.task is None:
             self.tracker.start()

@@ -8,8 +8,8 @@ from pathlib import Path
 from shapeplan.analyze import analyze
 from shapeplan.plan.io import write_plan
 from shapeplan.plan.model import Shape
-from tests.conftest import CAPYBARA, TINY_MODEL
 from tests.cli.test_exit_codes import ok, refused, shapeplan
+from tests.conftest import CAPYBARA, TINY_MODEL
 
 ARGV = ["--dataset_name", str(CAPYBARA), "--model_name_or_path", str(TINY_MODEL), "--max_length", "512",
         "--per_device_train_batch_size", "4", "--max_steps", "6", "--pad_to_multiple_of", "64"]

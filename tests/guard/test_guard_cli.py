@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.io import load_plan, write_plan
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 from tests.cli.test_exit_codes import refused, shapeplan
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 
 TRL_RUN = ["--report_to", "none", "--use_cpu", "true", "--save_strategy", "no", "--disable_tqdm", "true"]
 

@@ -11,11 +11,11 @@ import pytest
 
 from shapeplan.errors import UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.report import result_row
 from shapeplan.testing import FakeBackend, FakeWarmer
 from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmResult, WarmTask
 from shapeplan.warm.runner import warm
-from shapeplan.report import result_row
 from shapeplan.warm.tracker import Tracker
 
 

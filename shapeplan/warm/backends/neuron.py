@@ -118,7 +118,8 @@ def require_torch_neuronx() -> None:
         raise UsageError(MISSING)
     version = installed_version()
     if version is not None and _release(version)[:2] < FIRST_NATIVE:
-        raise UsageError(f"torch-neuronx {version} is the PyTorch/XLA stack, which shapeplan does not warm; use {NATIVE}")
+        raise UsageError(f"torch-neuronx {version} is the PyTorch/XLA stack, which shapeplan does not warm; "
+                         f"use {NATIVE}")
     if platform_target() == "trn1":
         raise UsageError(f"this is a Trn1/Inf2 host, which TorchNeuron does not support; use {NATIVE}")
 

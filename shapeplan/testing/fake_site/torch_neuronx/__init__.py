@@ -108,12 +108,12 @@ def restart() -> None:
 
 _C = types.ModuleType("torch_neuronx._C")
 if not MODES & {"no_stats", "xla"}:
-    _C._get_compilation_cache_stats = lambda: dict(stats)  # type: ignore[attr-defined]
+    _C._get_compilation_cache_stats = lambda: dict(stats)  # type: ignore[attr-defined]  # the fake fills a bare module
 
 if "xla" not in MODES:
     neuron = types.ModuleType("torch.neuron")
-    neuron.synchronize = synchronize  # type: ignore[attr-defined]
-    neuron.is_available = lambda: True  # type: ignore[attr-defined]
+    neuron.synchronize = synchronize  # type: ignore[attr-defined]  # the fake fills a bare module
+    neuron.is_available = lambda: True  # type: ignore[attr-defined]  # the fake fills a bare module
     torch.neuron = neuron  # type: ignore[attr-defined]  # what the real backend registers
 
 
@@ -133,7 +133,7 @@ if "device" in MODES:
     class _Device(TorchFunctionMode):
         """Every op runs on the CPU; outside a compiled graph each op with a tensor result is a kernel."""
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
             kwargs = dict(kwargs or {})
             if str(kwargs.get("device", "")).startswith("neuron"):
                 kwargs["device"] = "cpu"
@@ -145,10 +145,10 @@ if "device" in MODES:
                 kernel(f"{getattr(func, '__name__', func)}{_signature(args)}")
             return result
 
-    def _backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+    def _backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
         kernel("graph:" + gm.code + _signature(example_inputs))
 
-        def run(*args: torch.Tensor):  # type: ignore[no-untyped-def]
+        def run(*args: torch.Tensor):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
             _in_graph[0] = True
             try:
                 return gm.forward(*args)
