@@ -39,7 +39,7 @@ def test_slurm_array_with_count_and_with_min_max() -> None:
     assert resolve_shard(None, None, env) == Shard(7, 8, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_MIN/MAX")
     with pytest.raises(UsageError, match="SLURM_ARRAY_TASK_COUNT"):
         resolve_shard(None, None, {"SLURM_ARRAY_TASK_ID": "1"})
-    with pytest.raises(UsageError, match="0..3"):
+    with pytest.raises(UsageError, match=r"0\.\.3"):
         resolve_shard(None, None, {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4"})
 
 
