@@ -10,7 +10,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed", "advise_speed", "warm_speedup")
+BENCHMARKS = ("analyze_speed", "advise_speed", "warm_speedup", "fleet_balance")
 
 
 def main(argv: list[str] | None = None) -> int:
