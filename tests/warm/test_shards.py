@@ -4,6 +4,7 @@ the split every shard computes alone, from the plan."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,50 @@ def test_cli_refuses_a_bad_shard_in_one_line_exit_2(args: list[str], env: dict[s
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("Error: ") and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_status_merges_the_shard_manifests_and_exits_0_only_when_complete(tmp_path: Path) -> None:
+    from shapeplan.warm.manifest import Manifest, environment_key, manifest_name
+    from shapeplan.warm.model import ManifestEntry
+    from tests.conftest import CAPYBARA
+    from tests.warm.harness import run_argv
+
+    plan, cache = tmp_path / "plan.json", tmp_path / "cache"
+    argv = run_argv(CAPYBARA, ["--max_length", "384", "--per_device_train_batch_size", "1", "--max_steps", "8"],
+                    tmp_path / "out")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    analyzed = subprocess.run([SHAPEPLAN, "analyze", *argv, "-o", str(plan)], capture_output=True, text=True, env=env,
+                              timeout=300)
+    assert analyzed.returncode == 0, analyzed.stderr
+
+    def status() -> tuple[int, dict]:
+        done = subprocess.run([SHAPEPLAN, "warm", "--plan", str(plan), "--status", "--cache-dir", str(cache),
+                               "--device", "cpu", "--json"], capture_output=True, text=True, env=env, timeout=300)
+        return done.returncode, json.loads(done.stdout)
+
+    code, empty = status()
+    keys = [s["key"] for s in empty["shapes"]]
+    assert code == 1 and empty["missing"] == keys and len(keys) == 3 and not cache.exists()  # nothing created
+    environment = {"method": "sft", "versions": {"torch": "x"}, "compiler": {"device": "cpu"}}
+    other = {**environment, "versions": {"torch": "y"}}
+    cache.mkdir()
+    for index, key in enumerate(keys[:2]):  # shards 0 and 1 of 3 done
+        Manifest(cache / manifest_name(Shard(index, 3, "--shard"))).record(
+            ManifestEntry(environment_key(environment), key, "compiled", 1.0), environment)
+    # the last shape done only in another environment, and failed in this one
+    Manifest(cache / manifest_name(Shard(2, 3, "--shard"))).record(
+        ManifestEntry(environment_key(other), keys[2], "cached", 1.0), other)
+    Manifest(cache / manifest_name(None)).record(
+        ManifestEntry(environment_key(environment), keys[2], "failed", 1.0), environment)
+    code, partial = status()
+    assert code == 1 and partial["missing"] == [] and not partial["complete"]
+    assert [[d["shard"] for d in s["done"]] for s in partial["shapes"]] == [["0/3"], ["1/3"], ["2/3"]]
+    Manifest(cache / manifest_name(Shard(2, 3, "--shard"))).record(
+        ManifestEntry(environment_key(environment), keys[2], "compiled", 1.0), environment)
+    code, complete = status()
+    assert code == 0 and complete["complete_in"] == [environment_key(environment)]
+    text = subprocess.run([SHAPEPLAN, "warm", "--plan", str(plan), "--status", "--cache-dir", str(cache),
+                           "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
+    assert text.returncode == 0 and "3/3 shape(s) done, complete" in text.stdout
+    no_plan = subprocess.run([SHAPEPLAN, "warm", "--status"], capture_output=True, text=True, env=env, timeout=300)
+    assert no_plan.returncode == 2 and no_plan.stderr.count("\n") == 1 and "--plan" in no_plan.stderr
