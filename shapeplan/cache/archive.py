@@ -145,6 +145,13 @@ def _write_archive(cache_dir: Path, environment: dict[str, Any], files: dict[str
 MERGE_STAGING = ".shapeplan-merging-"
 
 
+def _same_build(name: str, first: ArchiveInfo, other: ArchiveInfo) -> bool:
+    """Whether `name` is a native object both parts built from one source: Inductor names it after its source's hash
+    (`<hash>.main.so` next to `<hash>.main.cpp`), and the C++ compiler does not rebuild it byte for byte."""
+    source = name.removesuffix(".so") + ".cpp"
+    return name.endswith(".so") and source in first.files and first.files[source] == other.files.get(source)
+
+
 def merge_archives(parts: list[Path], output: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
     """The archives of several shards as one `output`, written atomically: every part from one environment (else
     CacheMismatchError), no path with two contents (else CacheError, nothing written), every file checked against
@@ -158,13 +165,13 @@ def merge_archives(parts: list[Path], output: Path, limits: Limits = DEFAULT_LIM
                                      f"{'; '.join(differences)}; merge only archives of one environment",
                                      differences=differences)
     files: dict[str, str] = {}
-    owner: dict[str, str] = {}
+    owner: dict[str, ArchiveInfo] = {}
     for info in infos:
         for name, digest in info.files.items():
-            if files.setdefault(name, digest) != digest:
-                raise CacheError(f"{info.path} and {owner[name]} hold different contents for {name}; nothing was "
-                                 "written: merge archives of disjoint shards (`warm --shard I/N` per part)")
-            owner.setdefault(name, info.path)
+            if files.setdefault(name, digest) != digest and not _same_build(name, owner[name], info):
+                raise CacheError(f"{info.path} and {owner[name].path} hold different contents for {name}; nothing "
+                                 "was written: merge archives of disjoint shards (`warm --shard I/N` per part)")
+            owner.setdefault(name, info)
     expanded = sum(info.expanded for info in infos)
     if len(files) > limits.max_files or expanded > limits.max_bytes:
         raise CacheError(f"the merged archive would exceed the limits ({len(files)} files, {expanded} bytes); raise "
@@ -177,7 +184,7 @@ def merge_archives(parts: list[Path], output: Path, limits: Limits = DEFAULT_LIM
     except OSError as exc:
         raise CacheError(f"cannot write {output}: {exc.strerror}; choose a writable path with -o") from exc
     try:
-        for info in infos:
+        for info in reversed(infos):  # the first part's build of a native object (`_same_build`) is written last
             missing = set(info.files) - _extract(Path(info.path), info, staging, limits)
             if any(not is_temporary(name) for name in missing):
                 raise CacheError(f"{info.path} is damaged: {sorted(missing)[0]} is listed but missing; export it "

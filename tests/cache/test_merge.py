@@ -116,3 +116,23 @@ def test_a_tampered_part_is_refused(tmp_path: Path) -> None:
         environment["compiler"] = {**environment["compiler"], "device": "neuron"}
         odd = _shard_cache(tmp_path / "odd", 0, 1, {}, ("train 8x128",), environment=environment)
         merge_archives([parts[0], Path(export_cache(odd, tmp_path / "odd.tar.gz").path)], tmp_path / "x.tar.gz")
+
+
+def test_two_builds_of_one_native_source_are_one_entry(tmp_path: Path) -> None:
+    """Inductor's `<hash>.main.so` is named after its `.cpp` source, and gcc does not rebuild it byte for byte: the
+    same source with two builds keeps the first part's; another source under the name is still a conflict."""
+    source = {"ab/cab.main.cpp": b"extern \"C\" void kernel() {}"}
+    first = _shard_cache(tmp_path / "a", 0, 2, {**source, "ab/cab.main.so": b"\x7fELF build 1"}, ("train 2x128",))
+    second = _shard_cache(tmp_path / "b", 1, 2, {**source, "ab/cab.main.so": b"\x7fELF build 2"}, ("train 2x256",))
+    parts = [Path(export_cache(c, tmp_path / f"{c.name}.tar.gz").path) for c in (first, second)]
+    merged = merge_archives(parts, tmp_path / "all.tar.gz")
+    assert merged.files["ab/cab.main.so"] == read_info(parts[0]).files["ab/cab.main.so"]
+    done = _cli("import", str(tmp_path / "all.tar.gz"), "--cache-dir", str(tmp_path / "imported"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "imported/ab/cab.main.so").read_bytes() == b"\x7fELF build 1"
+
+    third = _shard_cache(tmp_path / "c", 1, 2, {"ab/cab.main.cpp": b"other source", "ab/cab.main.so": b"\x7fELF 3"},
+                         ("train 4x256",))
+    with pytest.raises(CacheError, match=r"different contents for ab/cab\.main"):
+        merge_archives([parts[0], Path(export_cache(third, tmp_path / "c.tar.gz").path)], tmp_path / "x.tar.gz")
+    assert not (tmp_path / "x.tar.gz").exists()
