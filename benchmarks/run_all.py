@@ -10,7 +10,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead")
+BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead", "fleet_balance")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,6 @@ padding, packing or max_length re-derives its rows from those token counts.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,19 +142,15 @@ def with_flags(argv: Sequence[str], candidate: Candidate) -> list[str]:
 
 
 def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:
-    """The cost model fitted to what `shapeplan warm` measured in `cache_dir` (its manifest)."""
-    from .warm.manifest import MANIFEST
+    """The cost model fitted to what `shapeplan warm` measured in `cache_dir` (its manifest files, merged)."""
+    from .warm.manifest import MANIFEST, read_merged
 
-    path = cache_dir / MANIFEST
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CacheError(f"{cache_dir} has no {MANIFEST}; pass a cache dir `shapeplan warm` wrote") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CacheError(f"manifest {path} is unreadable ({exc}); pass a cache dir `shapeplan warm` wrote") from exc
+    merged = read_merged(cache_dir)
+    if not merged.files:
+        raise CacheError(f"{cache_dir} has no {MANIFEST}; pass a cache dir `shapeplan warm` wrote")
     measurements = []
-    for section in (data.get("environments") or {}).values():
-        for key, entry in (section.get("shapes") or {}).items():
+    for section in merged.environments.values():
+        for key, entry in section["shapes"].items():
             compiled = entry.get("status") == "compiled"
             if not compiled and entry.get("steady_seconds") is None:
                 continue

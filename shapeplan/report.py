@@ -108,6 +108,8 @@ def render_warm(report: WarmReport, *, verify: bool) -> str:
     summary = report.to_dict()["summary"]
     lines.append("")
     lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
+    if report.shard:
+        lines.append(f"shard {report.shard.label} (from {report.shard.source})")
     if verify:
         lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
                      f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")

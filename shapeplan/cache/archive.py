@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..plan.io import temp_file, write_atomic
+from ..plan.io import remove_stale, temp_file, write_atomic
 from ..warm.manifest import MANIFEST, machine_environment
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -85,13 +85,14 @@ def _cache_files(cache_dir: Path) -> Iterator[Path]:
 
 
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
-    """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count."""
-    from ..warm.manifest import Manifest
+    """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count,
+    from all its manifest files (a shard's too)."""
+    from ..warm.manifest import read_merged
 
-    manifest_path = cache_dir / MANIFEST
-    if not manifest_path.is_file():
+    merged = read_merged(cache_dir)
+    if not merged.files:
         raise CacheError(f"{cache_dir} has no {MANIFEST}; warm it with `shapeplan warm --cache-dir {cache_dir}` first")
-    sections = Manifest(manifest_path).data["environments"].values()
+    sections = merged.environments.values()
     found = {json.dumps({"versions": s["environment"].get("versions"), "compiler": s["environment"].get("compiler")},
                         sort_keys=True) for s in sections}
     if len(found) != 1:
@@ -109,6 +110,13 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     paths = list(_cache_files(cache_dir))
     files = {path.relative_to(cache_dir).as_posix(): _sha256(path) for path in paths}
     expanded = sum(path.stat().st_size for path in paths)
+    _write_archive(cache_dir, environment, files, expanded, archive)
+    return ArchiveInfo(str(archive), environment, files, shapes, expanded)
+
+
+def _write_archive(cache_dir: Path, environment: dict[str, Any], files: dict[str, str], expanded: int,
+                   archive: Path) -> None:
+    """`files` of `cache_dir` (path -> sha256), behind their metadata, to `archive` atomically."""
     meta = json.dumps({"schema": ARCHIVE_SCHEMA, "environment": environment, "files": files, "expanded": expanded},
                       indent=2, sort_keys=True).encode()
     try:
@@ -130,7 +138,65 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
         if isinstance(exc, OSError):
             raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
         raise
-    return ArchiveInfo(str(archive), environment, files, shapes, expanded)
+
+
+MERGE_STAGING = ".shapeplan-merging-"
+
+
+def _same_build(name: str, first: ArchiveInfo, other: ArchiveInfo) -> bool:
+    """Whether `name` is a native object both parts built from one source: Inductor names it after its source's hash
+    (`<hash>.main.so` next to `<hash>.main.cpp`), and the C++ compiler does not rebuild it byte for byte."""
+    source = name.removesuffix(".so") + ".cpp"
+    return name.endswith(".so") and source in first.files and first.files[source] == other.files.get(source)
+
+
+def merge_archives(parts: list[Path], output: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
+    """The archives of several shards as one `output`, written atomically: every part from one environment (else
+    CacheMismatchError), no path with two contents (else CacheError, nothing written), every file checked against
+    its checksum as it is extracted into a staging folder next to `output`."""
+    infos = [read_info(part, limits) for part in parts]
+    environment = infos[0].environment
+    for info in infos[1:]:
+        differences = mismatches(environment, info.environment)
+        if differences:
+            raise CacheMismatchError(f"{info.path} was compiled in another environment than {infos[0].path}: "
+                                     f"{'; '.join(differences)}; merge only archives of one environment",
+                                     differences=differences)
+    files: dict[str, str] = {}
+    owner: dict[str, ArchiveInfo] = {}
+    for info in infos:
+        for name, digest in info.files.items():
+            if files.setdefault(name, digest) != digest and not _same_build(name, owner[name], info):
+                raise CacheError(f"{info.path} and {owner[name].path} hold different contents for {name}; nothing "
+                                 "was written: merge archives of disjoint shards (`warm --shard I/N` per part)")
+            owner.setdefault(name, info)
+    expanded = sum(info.expanded for info in infos)
+    if len(files) > limits.max_files or expanded > limits.max_bytes:
+        raise CacheError(f"the merged archive would exceed the limits ({len(files)} files, {expanded} bytes); raise "
+                         "--max-gib / --max-files if it is genuine")
+    folder = output.parent if str(output.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_stale(folder, MERGE_STAGING)  # staging folders of killed merges
+        staging = Path(tempfile.mkdtemp(prefix=f"{MERGE_STAGING}{os.getpid()}-", dir=folder))
+    except OSError as exc:
+        raise CacheError(f"cannot write {output}: {exc.strerror}; choose a writable path with -o") from exc
+    try:
+        for info in reversed(infos):  # the first part's build of a native object (`_same_build`) is written last
+            missing = set(info.files) - _extract(Path(info.path), info, staging, limits)
+            if any(not is_temporary(name) for name in missing):
+                raise CacheError(f"{info.path} is damaged: {sorted(missing)[0]} is listed but missing; export it "
+                                 "again")
+        merged_environment, shapes = cache_environment(staging)
+        if merged_environment != {"versions": environment["versions"], "compiler": environment["compiler"]}:
+            raise CacheError(f"the parts' {MANIFEST} files record another environment than the archives; export "
+                             "them again")
+        present = {name: digest for name, digest in files.items() if (staging / name).is_file()}
+        total = sum((staging / name).stat().st_size for name in present)
+        _write_archive(staging, environment, present, total, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ArchiveInfo(str(output), environment, present, shapes, total)
 
 
 class _Counted(io.RawIOBase):

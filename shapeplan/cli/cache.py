@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from ..cache.limits import DEFAULT_LIMITS, Limits
+from ..cache.limits import Limits
 from ..warm.backends import DEVICES
+from .options import limit_options
 
 
 @click.group("cache")
@@ -19,6 +20,7 @@ def cache_group() -> None:
     \b
     shapeplan cache export --cache-dir /var/cache/shapeplan -o cache.tar.gz
     shapeplan cache import cache.tar.gz --cache-dir /var/cache/shapeplan
+    shapeplan cache merge shard-0.tar.gz shard-1.tar.gz -o cache.tar.gz
 
     Exit codes: 0 done, 1 unusable (missing, damaged or tampered archive, non-empty target), 2 usage error,
     3 the archive was compiled for another environment (package versions, compiler flags, logical NeuronCore
@@ -50,6 +52,10 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
     _emit(info, f"exported {_summary(info)} to {info.path}", as_json)
 
 
+def _limits(max_gib: float, max_files: int, max_metadata_mib: float) -> Limits:
+    return Limits(max_bytes=int(max_gib * 2**30), max_files=max_files, max_metadata=int(max_metadata_mib * 2**20))
+
+
 @cache_group.command("import")
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), required=True, metavar="DIR",
@@ -58,13 +64,7 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
               help="The compiler stack to check against. Default: the archive's.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
 @click.option("--follow-symlink", is_flag=True, help="Import into DIR even if it is a symbolic link.")
-@click.option("--max-gib", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_LIMITS.max_bytes / 2**30,
-              show_default=True, help="Refuse an archive whose files expand to more than this.")
-@click.option("--max-files", type=click.IntRange(min=1), default=DEFAULT_LIMITS.max_files, show_default=True,
-              help="Refuse an archive holding more files than this.")
-@click.option("--max-metadata-mib", type=click.FloatRange(min=0, min_open=True),
-              default=DEFAULT_LIMITS.max_metadata / 2**20, show_default=True,
-              help="Refuse an archive whose metadata (checksum list) is larger than this.")
+@limit_options
 def import_command(archive: str, cache_dir: str, device: str | None, as_json: bool, follow_symlink: bool,
                    max_gib: float, max_files: int, max_metadata_mib: float) -> None:
     """Check ARCHIVE against this machine and extract it into DIR, all or nothing.
@@ -75,10 +75,28 @@ def import_command(archive: str, cache_dir: str, device: str | None, as_json: bo
     """
     from ..cache.archive import import_cache
 
-    limits = Limits(max_bytes=int(max_gib * 2**30), max_files=max_files,
-                    max_metadata=int(max_metadata_mib * 2**20))
+    limits = _limits(max_gib, max_files, max_metadata_mib)
     info = import_cache(Path(archive), Path(cache_dir), device=device, limits=limits, follow_symlink=follow_symlink)
     _emit(info, f"imported {_summary(info)} into {Path(cache_dir).resolve()}", as_json)
+
+
+@cache_group.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, metavar="ARCHIVE",
+              help="The merged .tar.gz to write (atomically).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was merged as JSON.")
+@limit_options
+def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: float, max_files: int,
+                  max_metadata_mib: float) -> None:
+    """Join the archives of the shards of one plan (`warm --shard I/N`, then `cache export` each) into ARCHIVE.
+
+    Every file of every part is checked against its checksum. Refused, nothing written: parts compiled in
+    different environments (exit 3); one path with different contents in two parts, a damaged part (1).
+    """
+    from ..cache.archive import merge_archives
+
+    info = merge_archives([Path(p) for p in parts], Path(output), _limits(max_gib, max_files, max_metadata_mib))
+    _emit(info, f"merged {len(parts)} archive(s): {_summary(info)} into {info.path}", as_json)
 
 
 @cache_group.command("inspect")

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cache.limits import DEFAULT_LIMITS
 from ..trainers import DEFAULT_METHOD, METHODS
 from ..warm.backends import DEVICES
 
@@ -41,3 +42,15 @@ def device_option(command: Command) -> Command:
     command = click.option("--json", "as_json", is_flag=True,
                            help="Print a machine-readable report on stdout.")(command)
     return command
+
+
+def limit_options(command: Command) -> Command:
+    """--max-gib, --max-files, --max-metadata-mib: the limits an archive read is checked against."""
+    command = click.option("--max-metadata-mib", type=click.FloatRange(min=0, min_open=True),
+                           default=DEFAULT_LIMITS.max_metadata / 2**20, show_default=True,
+                           help="Refuse an archive whose metadata (checksum list) is larger than this.")(command)
+    command = click.option("--max-files", type=click.IntRange(min=1), default=DEFAULT_LIMITS.max_files,
+                           show_default=True, help="Refuse an archive holding more files than this.")(command)
+    return click.option("--max-gib", type=click.FloatRange(min=0, min_open=True),
+                        default=DEFAULT_LIMITS.max_bytes / 2**30, show_default=True,
+                        help="Refuse an archive whose files expand to more than this.")(command)

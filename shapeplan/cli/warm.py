@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,18 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
               "within NEURON_RT_VISIBLE_CORES when set), capped by host memory and the visible NeuronCores.")
 @click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
               help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
+@click.option("--shard", "shard_option", default=None, metavar="I/N",
+              help="Warm shard I of N (from 0) of the plan's shapes, into its own manifest file; default: from "
+              "SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX or AWS_BATCH_JOB_ARRAY_INDEX. See docs/fleet.md.")
+@click.option("--shard-count", type=int, default=None, metavar="N",
+              help="The shard count of a Kubernetes Indexed Job (JOB_COMPLETION_INDEX comes without one).")
+@click.option("--status", is_flag=True,
+              help="Warm nothing: show, from every manifest in the cache dir, which shapes are done (by which shard, "
+              "in which environment) and which are missing. Exit 0 only when the plan is complete.")
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
-                 as_json: bool, workers: int, worker_memory: float | None) -> None:
+                 as_json: bool, workers: int, worker_memory: float | None, shard_option: str | None,
+                 shard_count: int | None, status: bool) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -69,12 +79,21 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       shapeplan warm data.jsonl --model ./my-model --max_length 2048 --cache-dir /var/cache/shapeplan
       shapeplan warm --plan grpo-plan.json --workers 4
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
+      shapeplan warm --plan plan.json --shard 3/8 --cache-dir /fsx/shapeplan
+      shapeplan warm --plan plan.json --status --cache-dir /fsx/shapeplan
     """
+    import os
+
     from ..run import load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
+    from ..warm.shards import resolve_shard
 
+    if status:
+        _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json)
+        return
+    shard = resolve_shard(shard_option, shard_count, os.environ)
     backend, cache = prepare(device, cache_dir)
     with refused_leaves_no_cache_dir(cache):
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
@@ -84,13 +103,40 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
                              "processes, whose ranks share the shapes; drop --workers")
     check_cache_dir(cache)
     if count > 1:
-        report = _warm_in_workers(plan, count, backend.device, cache)
+        report = _warm_in_workers(plan, count, backend.device, cache, shard)
     else:
-        report = warm(plan, warmer, backend, cache, progress=ProgressBar())
+        report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
     emit_warm(report, as_json=as_json, verify=False)
 
 
-def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
+def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
+            trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """`warm --status`: the plan's shapes against the cache dir's merged manifests; exit 1 unless complete."""
+    from ..run import choose_backend, load_run
+    from ..warm.manifest import plan_status, read_merged
+
+    if plan_path is None:
+        raise UsageError("--status needs --plan PLAN: the plan whose shapes to look up")
+    backend, cache = choose_backend(device, cache_dir)
+    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
+    warmer.bind(plan)
+    report = plan_status(list(warmer.tasks(plan)), read_merged(cache))  # a missing cache dir holds nothing
+    if as_json:
+        click.echo(json.dumps({"cache_dir": str(cache), **report.to_dict()}, indent=2))
+    else:
+        for key, label in report.tasks.items():
+            where = ", ".join(f"shard {d['shard'] or '-'} env {d['environment']}" for d in report.done[key])
+            click.echo(f"{'done' if where else 'missing':<8} {label:<22} {where}")
+        for env_key, environment in report.environments.items():
+            click.echo(f"environment {env_key}: {json.dumps(environment.get('versions'), sort_keys=True)} "
+                       f"{json.dumps(environment.get('compiler'), sort_keys=True)}")
+        click.echo(f"{len(report.tasks) - len(report.missing)}/{len(report.tasks)} shape(s) done, "
+                   f"{'complete' if report.complete else 'incomplete'}  (cache: {cache})")
+    if not report.complete:
+        raise click.exceptions.Exit(1)
+
+
+def _warm_in_workers(plan: Any, count: int, device: str, cache: Path, shard: Any) -> Any:
     """The plan, written for the workers to read, warmed by `count` worker processes."""
     import os
     import tempfile
@@ -102,4 +148,4 @@ def _warm_in_workers(plan: Any, count: int, device: str, cache: Path) -> Any:
     with tempfile.TemporaryDirectory(prefix=f"shapeplan-workers-{os.getpid()}-") as folder:
         plan_file = Path(folder) / "plan.json"
         write_plan(plan, plan_file)
-        return run_workers(plan_file, count=count, device=device, cache_dir=cache)
+        return run_workers(plan_file, count=count, device=device, cache_dir=cache, shard=shard)

@@ -4,22 +4,47 @@ A shape enters `shapeplan-manifest.json`, atomically and under a lock, only afte
 killed mid-shape leaves the manifest as it was and the next run redoes that shape (the compile caches write their
 own entries atomically too). Its environment key is the hash of everything besides the shapes that decides what is
 compiled: versions, compiler settings, world size, dtype, model and config.
+
+Shard I of N (`warm --shard`) records into its own `shapeplan-manifest.<I>-of-<N>.json`: on a shared file system
+(FSx, EFS) no lock then spans hosts. Readers (the skip check, `--status`, `cache export`) merge every manifest file
+of the cache dir (`read_merged`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, CacheMismatchError, UsageError
 from ..host import installed_versions
 from ..plan.io import write_atomic
 from .model import ManifestEntry, Task
 
+if TYPE_CHECKING:
+    from .shards import Shard
+
 MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
+_SHARD_MANIFEST = re.compile(r"shapeplan-manifest\.(\d+)-of-(\d+)\.json")
+WARMED = ("compiled", "cached")
+
+
+def manifest_name(shard: Shard | None) -> str:
+    """The manifest file a process records into: the shard's own, else the cache dir's plain one."""
+    return MANIFEST if shard is None else f"shapeplan-manifest.{shard.index}-of-{shard.count}.json"
+
+
+def manifest_files(cache_dir: Path) -> list[Path]:
+    """Every manifest file of `cache_dir`: the plain one first, then the shards' by shard."""
+    shards = sorted((tuple(int(n) for n in m.groups()), path)
+                    for path in cache_dir.glob("shapeplan-manifest.*-of-*.json")
+                    if (m := _SHARD_MANIFEST.fullmatch(path.name)) and path.is_file())
+    plain = cache_dir / MANIFEST
+    return ([plain] if plain.is_file() else []) + [path for _, path in shards]
 
 
 def environment_key(environment: dict[str, Any]) -> str:
@@ -67,7 +92,7 @@ class Manifest:
 
     def done(self, environment: str, task: Task) -> bool:
         entry = self.data["environments"].get(environment, {}).get("shapes", {}).get(task.key)
-        return entry is not None and entry.get("status") in ("compiled", "cached")
+        return entry is not None and entry.get("status") in WARMED
 
     def record(self, entry: ManifestEntry, environment: dict[str, Any]) -> None:
         """Add `entry` under a lock, to the manifest as it is on disk: other processes (workers, ranks) record
@@ -100,3 +125,78 @@ def machine_environment(device: str) -> dict[str, Any]:
         raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
     versions = {name: version or "none" for name, version in installed_versions(MACHINE_PACKAGES).items()}
     return {"versions": versions, "compiler": compiler}
+
+
+def _shard_of(path: Path) -> str | None:
+    """"I/N" for a shard's manifest file, None for the plain one."""
+    match = _SHARD_MANIFEST.fullmatch(path.name)
+    return f"{match[1]}/{match[2]}" if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class MergedManifest:
+    """Every manifest file of a cache dir as one: per environment key, its environment and, per task key, the entry
+    that warmed it (a warmed entry wins over a failed one, then the first file), with "shard": the "I/N" whose
+    manifest holds it (None: the plain manifest)."""
+
+    files: tuple[Path, ...]
+    environments: dict[str, dict[str, Any]]
+
+    def done(self, environment: str, task: Task) -> bool:
+        entry = self.environments.get(environment, {}).get("shapes", {}).get(task.key)
+        return entry is not None and entry["status"] in WARMED
+
+
+def read_merged(cache_dir: Path) -> MergedManifest:
+    files = manifest_files(cache_dir)
+    environments: dict[str, dict[str, Any]] = {}
+    for path in files:
+        shard = _shard_of(path)
+        for key, section in Manifest(path).data["environments"].items():
+            merged = environments.setdefault(key, {"environment": section["environment"], "shapes": {}})
+            for task, entry in section["shapes"].items():
+                held = merged["shapes"].get(task)
+                if held is None or (held["status"] not in WARMED and entry["status"] in WARMED):
+                    merged["shapes"][task] = {**entry, "shard": shard}
+    return MergedManifest(tuple(files), environments)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStatus:
+    """How far the merged manifests are with a plan: per task key, where it was warmed ([{"environment": key,
+    "shard": "I/N" or None, "status": ...}]); the plan is complete when one environment holds every task."""
+
+    tasks: dict[str, str]  # task key -> label, in plan order
+    done: dict[str, list[dict[str, Any]]]
+    environments: dict[str, dict[str, Any]]  # environment key -> environment
+    complete_in: tuple[str, ...]  # the environment keys that hold every task
+
+    @property
+    def missing(self) -> list[str]:
+        """Task keys no environment holds."""
+        return [key for key in self.tasks if not self.done[key]]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.complete_in)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"complete": self.complete, "complete_in": list(self.complete_in),
+                "environments": self.environments,
+                "shapes": [{"key": key, "label": label, "done": self.done[key]} for key, label in self.tasks.items()],
+                "missing": self.missing}
+
+
+def plan_status(tasks: list[Task], merged: MergedManifest) -> PlanStatus:
+    done: dict[str, list[dict[str, Any]]] = {t.key: [] for t in tasks}
+    for env_key, section in merged.environments.items():
+        for task in tasks:
+            entry = section["shapes"].get(task.key)
+            if entry is not None and entry["status"] in WARMED:
+                done[task.key].append({"environment": env_key, "shard": entry["shard"], "status": entry["status"]})
+    complete_in = tuple(key for key in merged.environments
+                        if all(any(d["environment"] == key for d in done[t.key]) for t in tasks))
+    used = {d["environment"] for entries in done.values() for d in entries}
+    return PlanStatus(tasks={t.key: t.label for t in tasks}, done=done,
+                      environments={k: s["environment"] for k, s in merged.environments.items() if k in used},
+                      complete_in=complete_in)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .shards import Shard
 
 # compiled: something was compiled; cached: it ran and everything came from the cache; failed: it raised;
 # skipped: the manifest already records it as warmed in the same environment.
@@ -115,6 +118,7 @@ class WarmReport:
     environment: dict[str, Any]
     script_lines: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    shard: Shard | None = None  # the shard whose share this run warmed (`warm --shard`); None: the whole plan
 
     @property
     def failed(self) -> tuple[WarmResult, ...]:
@@ -131,6 +135,7 @@ class WarmReport:
             "environment": self.environment,
             "script_lines": list(self.script_lines),
             "warnings": list(self.warnings),
+            "shard": self.shard.to_dict() if self.shard else None,
             "results": [
                 {"phase": r.task.phase, "batch": r.task.batch, "seq": r.task.seq, "key": r.task.key,
                  "status": r.status, "seconds": round(r.seconds, 3), "counters": dict(sorted(r.counters.items())),

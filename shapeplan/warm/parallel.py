@@ -49,11 +49,17 @@ def task_cost(task: Any) -> tuple[float, int]:
     return float(getattr(task, "cost", TRAIN_SHAPE_MINUTES)), task.batch * task.seq
 
 
+def _longest_first(task: Any) -> tuple[float, int, str]:
+    cost, size = task_cost(task)
+    return -cost, -size, task.key
+
+
 def split(tasks: Sequence[T], count: int) -> list[list[T]]:
-    """Longest first: each task, costliest first, goes to the least loaded share; each share keeps plan order."""
+    """Longest first: each task, costliest first (ties by task key, so the split depends on the tasks alone, not
+    their order), goes to the least loaded share (ties: the lowest share); each share keeps plan order."""
     loads = [0.0] * count
     owner: dict[int, int] = {}
-    for i in sorted(range(len(tasks)), key=lambda i: task_cost(tasks[i]), reverse=True):
+    for i in sorted(range(len(tasks)), key=lambda i: _longest_first(tasks[i])):
         share = min(range(count), key=lambda s: (loads[s], s))
         owner[i] = share
         loads[share] += task_cost(tasks[i])[0]
@@ -158,9 +164,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, cores_per_worker: int = 1) -> Any:
+def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, cores_per_worker: int = 1,
+                shard: Any = None) -> Any:
     """Run `shapeplan warm --plan PLAN` in `count` worker processes at once, each on its share (and, on neuron, its
-    own NeuronCores), all recording into the cache dir's manifest; return their reports merged into one."""
+    own NeuronCores) of the plan or of `shard`'s share, all recording into the cache dir's (the shard's) manifest;
+    return their reports merged into one."""
     import json
     import subprocess
     import sys
@@ -169,7 +177,7 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
     from .model import WarmReport, WarmResult
 
     command = [sys.executable, "-m", "shapeplan", "warm", "--plan", str(plan_path), "--device", device,
-               "--cache-dir", str(cache_dir), "--json"]
+               "--cache-dir", str(cache_dir), "--json", *(["--shard", shard.label] if shard else [])]
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent,
                               env={**os.environ, **worker_env(i, count, device, cores_per_worker)})
              for i in range(count)]
@@ -191,4 +199,4 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
                                            counters=r["counters"], error=r.get("error"))
     first = reports[0]
     return WarmReport(results=tuple(results.values()), cache_dir=first["cache_dir"], device=first["device"],
-                      environment=first["environment"], script_lines=tuple(first["script_lines"]))
+                      environment=first["environment"], script_lines=tuple(first["script_lines"]), shard=shard)

@@ -12,9 +12,10 @@ from ..errors import PlanFileError, UsageError
 from ..plan.model import Plan
 from ..trainers import TRAINERS
 from .backends.base import Backend
-from .manifest import MANIFEST, Manifest, environment_key
+from .manifest import Manifest, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask
 from .parallel import current_part, split
+from .shards import Shard, shard_tasks
 from .tracker import Progress, TaskT, Tracker
 
 # Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
@@ -91,22 +92,25 @@ def graph_bound(tasks: Sequence[Task]) -> int:
 
 
 def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, verify: bool = False,
-         progress: Progress | None = None) -> WarmReport:
-    """Run every planned shape through `warmer` on `backend`, caching into `cache_dir` (already `prepare`d),
-    reporting each finished shape to `progress` (None: silently).
+         progress: Progress | None = None, shard: Shard | None = None) -> WarmReport:
+    """Run every planned shape (`shard`'s share of them) through `warmer` on `backend`, caching into `cache_dir`
+    (already `prepare`d), reporting each finished shape to `progress` (None: silently). A shape any manifest file
+    of `cache_dir` holds is skipped.
 
     verify=True runs every shape regardless of the manifest and writes none: it reports what compiled (the
     caller points the backend at a `scratch_view` of `cache_dir`, so compiles do not land there either).
     """
     warmer.bind(plan)
     tasks = warmer.tasks(plan)
+    mine = shard_tasks(tasks, shard)
     graphs = graph_bound(tasks)
     backend.configure(torch_compile=warmer.torch_compile, graphs=graphs)
     environment = {**warmer.environment(), "compiler": backend.settings()}
-    manifest = None if verify else Manifest(cache_dir / MANIFEST)
+    manifest = None if verify else Manifest(cache_dir / manifest_name(shard))
     key = environment_key(environment)
-    skipped = [t for t in tasks if manifest is not None and manifest.done(key, t)]
-    todo = [t for t in tasks if t not in skipped]
+    merged = None if verify else read_merged(cache_dir)
+    skipped = [t for t in mine if merged is not None and merged.done(key, t)]
+    todo = [t for t in mine if t not in skipped]
     part = current_part()
     lockstep = False
     if part is not None:  # one of several workers or ranks: warm this one's share
@@ -130,10 +134,11 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
     finally:
         tracker.close()
     return WarmReport(
-        results=tuple(tracker.results[t] for t in tasks if t in tracker.results),
+        results=tuple(tracker.results[t] for t in mine if t in tracker.results),
         cache_dir=str(cache_dir),
         device=backend.device,
         environment=environment,
         script_lines=backend.script_lines(cache_dir, torch_compile=warmer.torch_compile, graphs=graphs),
         warnings=tuple(dict.fromkeys(warmer.warnings)),
+        shard=shard,
     )

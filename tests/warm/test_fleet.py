@@ -1,0 +1,137 @@
+"""One plan warmed by 3 shard processes on CPU (Inductor, `torch_compile`), in both ways of bringing shards
+together: a shared cache dir (3 concurrent processes, one killed with -9 and re-run alone) and archives (3 exports,
+`cache merge`, `import`). The shards' task sets are disjoint and together the plan; `--status` exits 1 before the
+last shard and 0 after; `verify` compiles nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CAPYBARA, ROOT
+from tests.warm.harness import run_argv
+
+pytestmark = pytest.mark.slow
+
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+# Six shapes: train and eval at 128, 256 and 384 (batch 1); every shard gets one train shape to compile.
+ARGV = ["--max_length", "384", "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "1",
+        "--max_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8", "--torch_compile", "true"]
+SHARDS = 3
+
+
+def _env() -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_COMPLETION", "AWS_BATCH"))}
+    return {**base, "PYTHONPATH": str(ROOT), "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHAPEPLAN, *args], capture_output=True, text=True, env=_env(), timeout=3600)
+
+
+def _shard(plan: Path, cache: Path, index: int, log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([SHAPEPLAN, "warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache),
+                             "--shard", f"{index}/{SHARDS}", "--json"], stdout=subprocess.PIPE,
+                            stderr=log.open("w"), text=True, env=_env())
+
+
+def _warmed(stdout: str) -> set[str]:
+    return {r["key"] for r in json.loads(stdout)["results"] if r["status"] in ("compiled", "cached")}
+
+
+def _status(plan: Path, cache: Path) -> tuple[int, dict]:
+    done = _run("warm", "--plan", str(plan), "--status", "--cache-dir", str(cache), "--device", "cpu", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def _verify_compiles_nothing(plan: Path, cache: Path) -> None:
+    done = _run("verify", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)["results"]
+    assert results and all(r["status"] == "cached" and not r["counters"].get("fxgraph_cache_miss") for r in results)
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fleet-plan")
+    path = folder / "plan.json"
+    done = _run("analyze", *run_argv(CAPYBARA, ARGV, folder / "out"), "--eval-dataset", str(CAPYBARA), "-o",
+                str(path))
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(path.read_text())["shapes"]) >= 6
+    return path
+
+
+def test_shared_cache_dir_with_a_shard_killed_and_rerun(plan: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "fsx"
+    procs = [_shard(plan, cache, i, tmp_path / f"shard{i}.log") for i in range(SHARDS)]
+    victim = cache / f"shapeplan-manifest.0-of-{SHARDS}.json"
+    while procs[0].poll() is None and not (victim.is_file() and '"status"' in victim.read_text()):
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGKILL)  # after its first shape
+    procs[0].wait()
+    outputs = {i: procs[i].communicate()[0] for i in (1, 2)}
+    assert all(procs[i].returncode == 0 for i in (1, 2)), [(tmp_path / f"shard{i}.log").read_text()[-2000:]
+                                                          for i in (1, 2)]
+    code, before = _status(plan, cache)
+    planned = {s["key"] for s in before["shapes"]}
+    assert code == 1 and before["missing"]
+    others = {name: (cache / name).read_bytes() for name in
+              (f"shapeplan-manifest.1-of-{SHARDS}.json", f"shapeplan-manifest.2-of-{SHARDS}.json")}
+
+    rerun = _run("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--shard",
+                 f"0/{SHARDS}", "--json")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads(rerun.stdout)
+    assert report["shard"] == {"index": 0, "count": SHARDS, "source": "--shard"}
+    statuses = {r["key"]: r["status"] for r in report["results"]}
+    assert {k for k, s in statuses.items() if s != "skipped"} == set(before["missing"])  # exactly the rest
+    shares = [set(statuses), _warmed(outputs[1]), _warmed(outputs[2])]
+    assert sum(map(len, shares)) == len(planned) and set().union(*shares) == planned  # disjoint, the whole plan
+    assert {name: (cache / name).read_bytes() for name in others} == others  # no other shard's entry lost
+
+    code, after = _status(plan, cache)
+    assert code == 0 and not after["missing"] and after["complete"]
+    assert {d["shard"] for s in after["shapes"] for d in s["done"]} == {f"{i}/{SHARDS}" for i in range(SHARDS)}
+    _verify_compiles_nothing(plan, cache)
+
+
+def test_archives_merged_and_imported(plan: Path, tmp_path: Path) -> None:
+    caches = [tmp_path / f"local{i}" for i in range(SHARDS)]
+    procs = [_shard(plan, caches[i], i, tmp_path / f"shard{i}.log") for i in range(SHARDS)]
+    outputs = [proc.communicate()[0] for proc in procs]
+    assert all(p.returncode == 0 for p in procs), [(tmp_path / f"shard{i}.log").read_text()[-2000:]
+                                                   for i in range(SHARDS)]
+    shares = [_warmed(out) for out in outputs]
+    parts = []
+    for i, cache in enumerate(caches):
+        part = tmp_path / f"shard-{i}.tar.gz"
+        done = _run("cache", "export", "--cache-dir", str(cache), "-o", str(part))
+        assert done.returncode == 0, done.stderr
+        parts.append(str(part))
+
+    early = tmp_path / "early.tar.gz"  # before the last shard's part arrives
+    assert _run("cache", "merge", *parts[:2], "-o", str(early)).returncode == 0
+    assert _run("cache", "import", str(early), "--cache-dir", str(tmp_path / "early")).returncode == 0
+    code, before = _status(plan, tmp_path / "early")
+    assert code == 1 and set(before["missing"]) == shares[2]
+
+    merged = tmp_path / "all.tar.gz"
+    done = _run("cache", "merge", *parts, "-o", str(merged))
+    assert done.returncode == 0, done.stderr
+    image = tmp_path / "image"
+    done = _run("cache", "import", str(merged), "--cache-dir", str(image))
+    assert done.returncode == 0, done.stderr
+    code, after = _status(plan, image)
+    planned = {s["key"] for s in after["shapes"]}
+    assert sum(map(len, shares)) == len(planned) and set().union(*shares) == planned
+    assert code == 0 and after["complete"]
+    _verify_compiles_nothing(plan, image)
