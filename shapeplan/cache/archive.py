@@ -248,18 +248,25 @@ def _open(archive: Path, cap: int) -> Iterator[tuple[tarfile.TarFile, _Counted]]
         raise CacheError(f"cannot read archive {archive} ({exc.strerror}); pass a readable file") from None
     with raw, gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
         counted = _Counted(unzipped, cap, archive)
-        try:
+        with _stream_errors(archive):
             tar = tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo)  # noqa: SIM115  # `with tar` below
-        except EOFError as exc:  # a gzip stream cut short
-            raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
-        except gzip.BadGzipFile:
-            raise CacheError(f"{archive} is not a shapeplan cache archive (not a gzip file); pass a file written by "
-                             "`shapeplan cache export`") from None
-        except (OSError, tarfile.TarError) as exc:
-            raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
-                             "`shapeplan cache export`") from None
         with tar:
             yield tar, counted
+
+
+@contextlib.contextmanager
+def _stream_errors(archive: Path) -> Iterator[None]:
+    """What reading the archive's gzip and tar stream raises, as one line each."""
+    try:
+        yield
+    except EOFError as exc:  # a gzip stream cut short
+        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
+    except gzip.BadGzipFile:
+        raise CacheError(f"{archive} is not a shapeplan cache archive (not a gzip file); pass a file written by "
+                         "`shapeplan cache export`") from None
+    except (OSError, tarfile.TarError) as exc:
+        raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
+                         "`shapeplan cache export`") from None
 
 
 def _read_meta(tar: tarfile.TarFile, archive: Path, limits: Limits) -> ArchiveInfo:
@@ -307,17 +314,8 @@ def _cap(limits: Limits) -> int:
 
 def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
     """The archive's environment and file list (its first member), without extracting anything."""
-    try:
-        with _open(archive, _cap(limits)) as (tar, _):
-            return _read_meta(tar, archive, limits)
-    except EOFError as exc:  # a gzip stream cut short
-        raise CacheError(f"{archive} is damaged ({exc}); export it again") from None
-    except gzip.BadGzipFile:
-        raise CacheError(f"{archive} is not a shapeplan cache archive (not a gzip file); pass a file written by "
-                         "`shapeplan cache export`") from None
-    except (OSError, tarfile.TarError) as exc:
-        raise CacheError(f"{archive} is not a shapeplan cache archive ({exc}); pass a file written by "
-                         "`shapeplan cache export`") from None
+    with _stream_errors(archive), _open(archive, _cap(limits)) as (tar, _):
+        return _read_meta(tar, archive, limits)
 
 
 def mismatches(archived: dict[str, Any], here: dict[str, Any]) -> list[str]:
