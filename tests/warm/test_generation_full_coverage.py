@@ -1,9 +1,11 @@
-"""GRPO/RLOO at 100% device-op coverage on issue 14's config: batch 8, 4 generations, 32 new tokens, a static cache,
-bf16, one reward function, and prompts long enough to meet prompt buckets from 512 to 896 (completion bucket 128).
+"""GRPO/RLOO/Distillation at 100% device-op coverage on issue 14's config: batch 8, 4 generations, 32 new tokens, a
+static cache, bf16, one reward function (Distillation: the same without generations and rewards), and prompts long
+enough to meet prompt buckets from 512 to 896 (completion bucket 128).
 
 Covers: every device-op signature the real run dispatches (the loss's and metrics' masked sums over the (8, C)
-completion mask, the prefill and decode of each prompt bucket, the old-logprob / reference forwards of RLOO) is
-dispatched by the warm-up of its plan; host work is left out (tests/warm/placement.py)."""
+completion mask, the prefill and decode of each prompt bucket, the old-logprob / reference forwards of RLOO, the
+teacher forward of Distillation) is dispatched by the warm-up of its plan; host work is left out
+(tests/warm/placement.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from shapeplan.analyze import analyze
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
+from tests.warm.test_distillation_opsig import _argv, _device_ops, _real_run, _warm
 
 pytestmark = pytest.mark.slow
 
@@ -45,4 +49,14 @@ def test_issue_config_warm_covers_every_device_op(method: str, tmp_path: Path) -
         assert report.results and not report.failed, [r.error for r in report.failed]
 
     missing = real - device_ops(warmed)
+    assert missing == set(), sorted(map(str, missing))[:20]
+
+
+def test_issue_config_distillation_warm_covers_every_device_op(tmp_path: Path) -> None:
+    argv = [*ISSUE_CONFIG[:2], *ISSUE_CONFIG[4:]]  # Distillation has no --num_generations
+    data = _long_prompts(tmp_path / "train.jsonl", 32)
+    plan = analyze("distillation", _argv(data, argv, tmp_path / "out"))
+    assert min(s.seq for s in plan.shapes if s.phase == "generate") >= 512
+    real = _device_ops(_real_run, data, argv, tmp_path / "out")
+    missing = real - _device_ops(_warm, plan, tmp_path / "cache")
     assert missing == set(), sorted(map(str, missing))[:20]
