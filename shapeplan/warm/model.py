@@ -65,7 +65,7 @@ class WarmTask:
             parts.append("completion=" + ",".join(map(str, self.completion_tokens)))
         if self.chosen_rows:
             parts.append("chosen=" + ",".join(map(str, self.chosen_rows)))
-        if self.phase != "train":
+        if self.phase == "eval":
             parts.append(f"per_pass={self.per_pass}")
         return " ".join(parts)
 
@@ -98,7 +98,8 @@ class ManifestEntry:
     steady_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"status": self.status, "seconds": round(self.seconds, 3), "counters": dict(sorted(self.counters.items()))}
+        out = {"status": self.status, "seconds": round(self.seconds, 3),
+               "counters": dict(sorted(self.counters.items()))}
         if self.steady_seconds is not None:
             out["steady_seconds"] = round(self.steady_seconds, 4)
         return out

@@ -24,14 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
-from .runner import tasks_from_plan
+from .runner import WARMED_PHASES, tasks_from_plan
 from .tracker import Tracker
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
     rows (`rows`); the trainer is the method's TRL trainer (`trainer_type`), built as `trl <method>` builds it."""
 
     # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
-    inner_phases: dict[str, str] = {}
+    inner_phases: ClassVar[dict[str, str]] = {}
+    phases: tuple[str, ...] = WARMED_PHASES  # the planned phases this warmer runs as tasks
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
     rows_per_example = 1
     shares: list[list[WarmTask]] | None = None  # never set: the runner splits no tasks among ranks (no lockstep)
@@ -95,7 +96,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     def tasks(self, plan: Plan) -> tuple[WarmTask, ...]:
         """One task per planned train/eval shape."""
-        return tasks_from_plan(plan, eval_passes=plan.stats.evaluations, inner_phases=self.inner_phases)
+        return tasks_from_plan(plan, eval_passes=plan.stats.evaluations, inner_phases=self.inner_phases,
+                               phases=self.phases)
 
     def bind(self, plan: Plan) -> None:
         """Check the plan is for this method and tokenizer; note whether the run logs and its remainders."""
@@ -221,8 +223,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         try:
             if self._trainer is None:
                 self._trainer = self._build_trainer(train_rows, eval_rows)
-        except Exception as exc:  # the model or config cannot be used: no shape can run
-            for task in pending:
+        except Exception as exc:  # the model or config cannot be used: no shape left can run
+            for task in tracker.pending(pending):
                 tracker.fail(task, first_line(exc, named=True))
             return
         trainer = self._trainer
