@@ -299,8 +299,8 @@ def _use_batches(trainer: Any, train: _Batches, evals: _Batches) -> None:
     trainer.train_dataset = train_set
     if eval_set is not None:
         trainer.eval_dataset = eval_set
-    trainer.get_train_dataloader = lambda: _loader(trainer, train_set, *train[1:], "training")
-    trainer.get_eval_dataloader = lambda eval_dataset=None: _loader(trainer, eval_set, *evals[1:], "evaluation")
+    trainer.get_train_dataloader = lambda: prepared_loader(trainer, train_set, *train[1:], "training")
+    trainer.get_eval_dataloader = lambda eval_dataset=None: prepared_loader(trainer, eval_set, *evals[1:], "evaluation")
 
 
 class _FixedBatches:
@@ -333,8 +333,10 @@ class _Rows:
         return len(self.rows)
 
 
-def _loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
-            description: str) -> Any:
+def prepared_loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
+                    description: str) -> Any:
+    """A dataloader of these batches, prepared by the trainer's accelerator, whose end-of-data bookkeeping reports
+    `remainder` (what `gather_for_metrics` cuts the last batch's gathered values to)."""
     from torch.utils.data import DataLoader
 
     dataset = trainer._remove_unused_columns(dataset, description=description)
