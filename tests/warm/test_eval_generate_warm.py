@@ -1,9 +1,9 @@
-"""GRPO and Distillation with `--eval_strategy steps`: the warm-up runs the Trainer's own eval loop, whose batches
+"""GRPO, RLOO and Distillation with `--eval_strategy steps`: the warm-up runs the Trainer's own eval loop, whose batches
 generate with the model's static-cache `generate` in eval mode (`eval_generate`) and compute the eval loss on
 (B, P + C), once per planned eval generate size; a real run after it dispatches no device op the warm-up did not
 (host work left out, tests/warm/placement.py).
 
-Covers: GRPO eval generation batches of 4 rows (2 prompts x 2 generations) over two prompt buckets, decoded to the
+Covers: GRPO/RLOO eval generation batches of 4 rows (2 prompts x 2 generations) over two prompt buckets, decoded to the
 full max_completion_length, TRL's post-processing of every generated length, the eval forward of each completion
 bucket, and as many eval batches as a real eval pass (the loop concatenates their losses batch by batch, and cuts the
 last batch's to the eval set's rows modulo the batch size). Distillation: eval batches of 2 prompts and a short last
@@ -54,9 +54,10 @@ def _rows(path: Path, rows: slice) -> Path:
     return path
 
 
-def test_grpo_eval_generate_warm_covers_every_device_op_of_the_real_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+def test_eval_generate_warm_covers_every_device_op_of_the_real_run(method: str, tmp_path: Path) -> None:
     data = _rows(tmp_path / "train.jsonl", slice(0, 6))
-    plan = plan_for("grpo", data, ARGV, tmp_path / "out")
+    plan = plan_for(method, data, ARGV, tmp_path / "out")
     eval_generate = {(s.batch, s.seq) for s in plan.by_phase("eval_generate")}
     assert len({p for _, p in eval_generate}) >= 2 and plan.by_phase("eval"), plan.shapes
     report = None
@@ -68,7 +69,7 @@ def test_grpo_eval_generate_warm_covers_every_device_op_of_the_real_run(tmp_path
     ops = device_ops(warmed)
     assert report is not None and not report.failed, [r.error for r in report.failed]
     assert {(r.task.batch, r.task.seq) for r in report.results if r.task.phase == "eval_generate"} == eval_generate
-    real = device_ops(_real_run, "grpo", data, ARGV, tmp_path / "out")
+    real = device_ops(_real_run, method, data, ARGV, tmp_path / "out")
     missing = real - ops
     assert missing == set(), sorted(map(str, missing))[:20]
 
