@@ -19,6 +19,10 @@ A static cache's length is the running maximum over a model's `generate` calls; 
 planned length the way transformers carries it from call to call (`_previous_max_cache_length`), so sizes can be
 warmed in any order and on any worker.
 
+Planned `eval_generate` sizes (an `--eval_strategy` run) are tasks too, with the same rounds over the completion buckets
+of the eval forwards, run after training by the Trainer's own eval loop (`trainer.evaluate()`), one eval batch per
+round, in passes of as many batches as a planned eval pass.
+
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
 padding its share with repeats of work already warmed.
