@@ -128,10 +128,13 @@ def plan_generation(
     micro = tokens = padded = 0
     last_step = 0
     micro_step = 0  # TRL's `_step`: micro-batches trained so far, across epochs
+    evaluations = 0
 
     def run_evals(before: int) -> None:
+        nonlocal evaluations
         while pending_evals and pending_evals[0] < before:
             step = pending_evals.pop(0)
+            evaluations += 1
             for rank_state, rank_batches in zip(ranks or [], eval_batches, strict=False):
                 for batch in rank_batches:
                     bucket = round_up(max(eval_prompt_lengths[i] for i in batch), multiple)
@@ -149,7 +152,7 @@ def plan_generation(
             ranks = [_Rank(CacheLength(layout)) for _ in batches]
         run_evals(mb.step)  # the evals after earlier steps (0: eval_on_start)
         generating = micro_step % layout.generate_every == 0
-        for rank_state, rank_batches in zip(ranks, batches, strict=True):
+        for rank_state, rank_batches in zip(ranks, batches, strict=False):
             if mb.index >= len(rank_batches):
                 continue
             if generating:
@@ -179,7 +182,8 @@ def plan_generation(
         pad_to_multiple_of=multiple,
         shapes=shapes,
         stats=PlanStats(rows=len(prompt_lengths), dropped_rows=0, micro_batches=micro, optimizer_steps=last_step,
-                        tokens=tokens, padded_tokens=padded),
+                        tokens=tokens, padded_tokens=padded, evaluations=evaluations,
+                        eval_rows=len(eval_prompt_lengths) if evaluations else 0),
         config=dict(config or {}),
         versions=dict(versions or {}),
         fingerprint=dict(fingerprint or {}),

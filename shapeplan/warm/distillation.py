@@ -16,14 +16,16 @@ from ..plan.model import Phase
 from ..trainers import trainer_spec
 from .generation import GenerationWarmer
 
-# The forwards of a round; eval-side phases (eval_generate, eval, eval_teacher) are refused as for GRPO.
+# The forwards of a round: on the train side, and in the eval loop.
 ROUND_PHASES: tuple[Phase, ...] = ("train", "teacher")
+EVAL_ROUND_PHASES: tuple[Phase, ...] = ("eval", "eval_teacher")
 
 
 class DistillationWarmer(GenerationWarmer):
     """Warms Distillation shapes with `DistillationTrainer` (see the module docstring)."""
 
     round_phases = ROUND_PHASES
+    eval_round_phases = EVAL_ROUND_PHASES
 
     def _reward_functions(self) -> list[Any]:
         return []  # the teacher's log-probabilities are the signal

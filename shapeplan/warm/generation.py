@@ -19,6 +19,10 @@ A static cache's length is the running maximum over a model's `generate` calls; 
 planned length the way transformers carries it from call to call (`_previous_max_cache_length`), so sizes can be
 warmed in any order and on any worker.
 
+Planned `eval_generate` sizes (an `--eval_strategy` run) are tasks too, with the same rounds over the completion buckets
+of the eval forwards, run after training by the Trainer's own eval loop (`trainer.evaluate()`), one eval batch per
+round, in passes of as many batches as a planned eval pass.
+
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
 padding its share with repeats of work already warmed.
@@ -38,6 +42,7 @@ from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .rounds import (
+    EVAL_ROUND_PHASES,
     ROUND_PHASES,
     Call,
     GenerateTask,
@@ -62,6 +67,7 @@ class GenerationWarmer:
     """Warms GRPO / RLOO shapes with the method's own trainer (see the module docstring)."""
 
     round_phases = ROUND_PHASES
+    eval_round_phases = EVAL_ROUND_PHASES
 
     def __init__(self, args: Any) -> None:
         self.args = args
@@ -72,6 +78,7 @@ class GenerationWarmer:
         self.multiple: int | None = None
         self.warnings: list[str] = []
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
+        self.eval_batches = self.eval_remainder = 0  # one eval pass's generation batches, its remainder (set by bind)
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
         self.reward_funcs = self._reward_functions()
 
@@ -82,28 +89,39 @@ class GenerationWarmer:
         return load_run_tokenizer(self.args)
 
     def tasks(self, plan: Plan) -> tuple[GenerateTask, ...]:
-        return generation_tasks(plan, self.round_phases)
+        return generation_tasks(plan, self.round_phases, self.eval_round_phases)
 
     def bind(self, plan: Plan) -> None:
         check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
         self.multiple = plan.pad_to_multiple_of
         self.logs = run_logs(self.config, plan.stats.optimizer_steps)
+        # the generation batches of one eval pass: the eval loop concatenates their losses batch by batch (each
+        # concatenation length is an op of its own), so the warm pass runs at least as many
+        passes = max(plan.stats.evaluations, 1)
+        self.eval_batches = sum(s.count for s in plan.by_phase("eval_generate")) // passes
+        # accelerate cuts the last eval batch's gathered losses to the eval set's rows modulo the batch size (the
+        # set's prompts, not the batch's repeated rows); several ranks pad their last batches instead
+        one = self.args.num_processes == 1
+        self.eval_remainder = plan.stats.eval_rows % self.config.per_device_eval_batch_size if one else 0
 
     def environment(self) -> dict[str, Any]:
         return environment(self.args)
 
     # -- rounds -----------------------------------------------------------------------------------------------
 
-    def _rounds(self, tasks: Sequence[GenerateTask]) -> list[list[Round]]:
+    def _rounds(self, tasks: Sequence[GenerateTask]) -> list[tuple[list[Round], list[Round]]]:
+        """Every rank's (train rounds, eval-loop rounds), each side in lockstep across ranks."""
         shares = self.shares if self.shares is not None else [list(tasks)]
-        out = []
+        sides: list[list[list[Round]]] = [[], []]
         for share in shares:
-            rounds: list[Round] = []
-            for task in share:
-                layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
-                rounds += task_rounds(task, self.multiple, layouts)
-            out.append(rounds)
-        return lockstep(out) if len(out) > 1 else out
+            for side, phase in enumerate(("generate", "eval_generate")):
+                rounds: list[Round] = []
+                for task in (t for t in share if t.phase == phase):
+                    layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
+                    rounds += task_rounds(task, self.multiple, layouts)
+                sides[side].append(rounds)
+        train, evals = (lockstep(s) if len(s) > 1 and any(s) else s for s in sides)
+        return list(zip(train, evals, strict=True))
 
     def _generations_per_prompt(self) -> int:
         return self.config.num_generations
@@ -146,10 +164,11 @@ class GenerationWarmer:
         from accelerate import PartialState
 
         all_rounds = self._rounds(tasks)
-        rounds = all_rounds[PartialState().process_index if len(all_rounds) > 1 else 0]
+        rounds, eval_rounds = all_rounds[PartialState().process_index if len(all_rounds) > 1 else 0]
         with contextlib.redirect_stdout(sys.stderr):
             try:
-                self._train(rounds, tracker)
+                carrier = next((t for t in context if t.phase == "generate"), None)
+                self._train(rounds, eval_rounds, carrier, tracker)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # a failure stops the lockstep; every task not finished failed with it
@@ -157,21 +176,27 @@ class GenerationWarmer:
                 for task in tracker.pending(tasks):
                     tracker.fail(task, error)
 
-    def _train(self, rounds: list[Round], tracker: Tracker) -> None:
+    def _train(self, rounds: list[Round], eval_rounds: list[Round], carrier: GenerateTask | None,
+               tracker: Tracker) -> None:
         ga = self.config.gradient_accumulation_steps
         every = self._micro_steps_per_round()
+        if not rounds and carrier is not None:  # only eval-loop work left: a train task's size carries the training
+            rounds = [Round(None, Call(carrier.batch, carrier.seq, 1, carrier.batch))]
         while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
-            own = rounds[-1].own
-            rounds.append(Round(None, Call(own.rows, own.prompt, own.length or 1, own.rows)))
+            rounds.append(Round(None, _repeat(rounds[-1].own)))
+        passes = _eval_passes(eval_rounds, self.eval_batches)
         rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
         trainer = self._build_trainer(rows[: rounds[0].own.rows])
-        state = _State(rounds)
+        state = _State(rounds + [r for p in passes for r in p])
         _use_rounds(trainer, rows, rounds, every)
         trainer.args.max_steps = len(rounds) * every // ga
         progress = _Progress(tracker, state, logs=self.logs)
         trainer.add_callback(progress)
         with _controlled_generation(trainer, state, tracker, self._filler_token(trainer)):
             trainer.train()
+            for eval_pass in passes:  # the Trainer's own eval loop, one batch per eval round
+                _use_eval_rounds(trainer, eval_pass, self.config.per_device_eval_batch_size, self.eval_remainder)
+                trainer.evaluate()
         if state.index >= 0:
             progress.end_round()
 
@@ -197,6 +222,11 @@ def _stand_in_rewards(script: Any) -> list[Any]:
         return reward
 
     return [make(i) for i in range(len(names))]
+
+
+def _repeat(call: Call) -> Call:
+    """A call that repeats warmed work of `call`'s size (padding a round count)."""
+    return Call(call.rows, call.prompt, call.length or 1, call.rows)
 
 
 def _placeholder(call: Call, row: int) -> str:
@@ -225,6 +255,35 @@ def _use_rounds(trainer: Any, rows: list[dict[str, Any]], rounds: list[Round], e
     dataset = cast("Dataset[Any]", rows)  # a list is a map-style dataset: __getitem__ and __len__
     trainer.get_train_dataloader = lambda: DataLoader(dataset, batch_sampler=batches,
                                                       collate_fn=trainer.data_collator)
+
+
+def _eval_passes(rounds: list[Round], batches: int) -> list[list[Round]]:
+    """The eval rounds as eval passes of `batches` generation batches each, as many as a real pass runs (the loop
+    concatenates the batches' losses one by one and cuts the last to the remainder: each length is an op of its own),
+    the last pass padded with repeats of warmed work, the short batches of a pass last."""
+    size = max(batches, 1)
+    passes = [rounds[i:i + size] for i in range(0, len(rounds), size)]
+    if passes:
+        passes[-1] += [Round(None, _repeat(passes[-1][-1].own)) for _ in range(size - len(passes[-1]))]
+    return [sorted(p, key=lambda r: -r.own.rows) for p in passes]
+
+
+def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remainder: int) -> None:
+    """The eval dataloader yields one batch of placeholder prompts per eval round (the eval loop generates for each
+    batch, as TRL's `_prepare_inputs` does in eval mode), prepared as the Trainer's is, reporting the run's
+    remainder."""
+    import datasets
+
+    from .trainer_loop import prepared_loader
+
+    rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
+    batches, start = [], 0
+    for r in rounds:
+        batches.append(list(range(start, start + r.own.rows)))
+        start += r.own.rows
+    dataset = datasets.Dataset.from_list(rows)
+    trainer.get_eval_dataloader = lambda eval_dataset=None: prepared_loader(trainer, dataset, batches, batch_size,
+                                                                            remainder, "evaluation")
 
 
 @contextlib.contextmanager

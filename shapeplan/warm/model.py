@@ -68,7 +68,7 @@ class WarmTask:
             parts.append("completion=" + ",".join(map(str, self.completion_tokens)))
         if self.chosen_rows:
             parts.append("chosen=" + ",".join(map(str, self.chosen_rows)))
-        if self.phase != "train":
+        if self.phase == "eval":
             parts.append(f"per_pass={self.per_pass}")
         return " ".join(parts)
 

@@ -7,8 +7,15 @@ planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic 
 runs the policy and the reference model on the same tensors, so a planned `ref` (`eval_ref`) shape is warmed by
 the `train` (`eval`) task of the same shape. DPO's metrics select the completion tokens of each half of the batch
 with a boolean mask, so every planned completion-token count gets a batch whose chosen (or rejected) half has that
-many; KTO's (see `KTOWarmer`) likewise, with its desirable-row counts. Not warmed yet: the `ref_precompute`
-pass (the runner refuses such a plan) and Reward's optional `margin` column.
+many; KTO's (see `KTOWarmer`) likewise, with its desirable-row counts. Not warmed yet: Reward's optional `margin`
+column.
+
+With `precompute_ref_log_probs`, DPO and KTO compute the reference log-probs in one pass over the data before training
+(`_precompute_ref_logps`, run by the trainer's `__init__`); the train step then reads them from the batch. The
+warm-up runs that same method once per layout of each planned `ref_precompute` shape, each on a dataset of that one
+batch at the pass's batch size: a full batch, or the pass's short last one (whose gathered log-probs accelerate cuts
+to the remainder). The first train-sized and eval-sized passes are the datasets the trainer is built with, so
+`__init__` runs them as in the run; the synthetic training rows then carry placeholder reference log-probs.
 """
 
 from __future__ import annotations
@@ -18,10 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..errors import PlanFileError
 from ..plan.model import Phase, Plan
 from .model import WarmTask
+from .runner import WARMED_PHASES
 from .synthetic import SyntheticBatch, padded_batches, token_ids
+from .tracker import Tracker
 from .trainer_loop import TrainerLoopWarmer
+
+_PRECOMPUTE: Phase = "ref_precompute"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +49,7 @@ def paired_layouts(batch: SyntheticBatch) -> PairedBatch:
     after a one-token prompt."""
     half = len(batch.documents) // 2
     chosen, rejected = batch.documents[:half], batch.documents[half:]
-    return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(chosen, rejected, strict=True)))
+    return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(chosen, rejected, strict=False)))
 
 
 def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> PairedBatch | None:
@@ -105,17 +117,110 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
     def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
         """One prepared dataset row with these token counts (a `PairedBatch` row)."""
 
-    def rows(self, batches: Sequence[PairedBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    def rows(self, batches: Sequence[PairedBatch], *, ref_logps: bool = True
+             ) -> tuple[list[dict[str, Any]], list[list[int]]]:
+        """The rows of `batches`; with `ref_logps`, a run that precomputes the reference log-probs has them in its
+        rows (placeholders: the step only reads them)."""
+        extra = dict.fromkeys(self.ref_columns, 0.0) if ref_logps and self._precomputes() else {}
         rows: list[dict[str, Any]] = []
         index: list[list[int]] = []
         for batch in batches:
             index.append(list(range(len(rows), len(rows) + len(batch.rows))))
-            rows += [self.example(counts, offset=len(rows) + i) for i, counts in enumerate(batch.rows)]
+            rows += [{**self.example(counts, offset=len(rows) + i), **extra} for i, counts in enumerate(batch.rows)]
         return rows, index
+
+    # -- the reference precompute pass (DPO, KTO) --------------------------------------------------------------
+
+    ref_columns: tuple[str, ...] = ()  # the columns the precompute pass adds to the dataset
+
+    def _precomputes(self) -> bool:
+        return bool(getattr(self.config, "precompute_ref_log_probs", False))
+
+    def bind(self, plan: Plan) -> None:
+        super().bind(plan)
+        self._planned_rows = (plan.stats.rows, plan.stats.eval_rows)
+
+    def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+        # every planned pass runs when the trainer is built (those already warmed are charged to no task)
+        self._passes = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
+        self._tracker = tracker
+        super().run(tasks, context, tracker)
+
+    def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, str, int, PairedBatch]]:
+        """One pass per layout of each task: (task, the pass's name, its batch size, the batch). A task whose rows
+        are the train pass's batch size, or the train pass's remainder, is a train-pass batch; else an eval-pass
+        one."""
+        if not self._precomputes():
+            return []
+        cfg = self.config
+        size = cfg.precompute_ref_batch_size
+        train_size = size or cfg.per_device_train_batch_size
+        eval_size = size or cfg.per_device_eval_batch_size
+        out = []
+        for task in tasks:
+            rows = task.batch // self.rows_per_example
+            train = rows in (train_size, self._planned_rows[0] % train_size)
+            name, batch_size = ("train", train_size) if train else ("eval", eval_size)
+            out += [(task, name, max(batch_size, rows), layout) for layout in self.layouts(task)]
+        return out
+
+    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
+        """Without a precompute pass, the base's trainer. With one, the trainer is built on the first train-pass
+        and eval-pass batches (its `__init__` runs the pass over them), then runs the other passes."""
+        if not self._precomputes():
+            return super()._build_trainer(train_rows, eval_rows)
+        import datasets
+
+        passes = self._passes
+        first = [next((i for i, p in enumerate(passes) if p[1] == name), None) for name in ("train", "eval")]
+        if first[0] is None:
+            raise PlanFileError("the plan has no train-side ref_precompute shape; re-create it with `shapeplan "
+                                "analyze`")
+        initial = [passes[i] for i in first if i is not None]
+        rest = [p for i, p in enumerate(passes) if i not in first]
+        self._queue = [*initial, *rest]  # in the order they run
+        rows = [self.rows([p[3]], ref_logps=False)[0] for p in initial]
+        trainer = super()._build_trainer(rows[0], rows[1] if len(rows) > 1 else None)
+        for _, name, batch_size, layout in rest:
+            trainer._precompute_ref_logps(datasets.Dataset.from_list(self.rows([layout], ref_logps=False)[0]),
+                                          name, batch_size)
+        return trainer
+
+    def _pass_begins(self) -> None:
+        self._tracker.start()  # what ran before (loading the model, the previous pass's caching) is no task's
+
+    def _pass_ends(self) -> None:
+        task = self._queue.pop(0)[0]
+        if task in self._tracker.results:  # warmed by an earlier warm-up
+            return
+        if any(p[0] == task for p in self._queue):
+            self._tracker.charge(task)
+        else:
+            self._tracker.finish(task)
+
+    def trainer_type(self) -> Any:
+        trainer = super().trainer_type()
+        if not self._precomputes():
+            return trainer
+        warmer = self
+
+        class Precomputing(trainer):  # type: ignore[misc,valid-type]  # TRL's class, known at run time only
+            """TRL's trainer, each precompute pass charged to the task whose batch it runs."""
+
+            def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+                warmer._pass_begins()
+                out = super()._precompute_ref_logps(dataset, name, batch_size)
+                warmer._pass_ends()
+                return out
+
+        Precomputing.__name__ = Precomputing.__qualname__ = f"Precomputing{trainer.__name__}"
+        return Precomputing
 
 
 class DPOWarmer(_PreferenceWarmer):
     inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "eval_ref": "eval"}
+    phases = (*WARMED_PHASES, _PRECOMPUTE)
+    ref_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
     def layouts(self, task: WarmTask) -> list[PairedBatch]:
         """One batch per two planned completion-token counts (chosen half, rejected half), as long as the padded
@@ -180,6 +285,8 @@ class KTOWarmer(_PreferenceWarmer):
 
     inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval",
                                               "eval_kl": "eval", "eval_ref_kl": "eval"}
+    phases = (*WARMED_PHASES, _PRECOMPUTE)
+    ref_columns = ("ref_logps", "ref_KL_logps")
     rows_per_example = 1
 
     def bind(self, plan: Plan) -> None:

@@ -11,10 +11,12 @@ from ..errors import PlanFileError
 from ..plan.buckets import round_up
 from ..plan.model import Phase, Plan
 
-# The phase of a task: the train-side generate (eval-side generation is not warmed yet).
+# The phase of a task's `generate` call -> the phase of the forwards its rounds run, by side (train, eval loop).
 _GENERATE: Phase = "generate"
-# Phases the rounds of a generate task run (GRPO, RLOO); eval-side phases are not warmed yet.
+_EVAL_GENERATE: Phase = "eval_generate"
+# Phases the rounds of a generate task run (GRPO, RLOO): on the train side, and in the eval loop.
 ROUND_PHASES: tuple[Phase, ...] = ("train", "old_logprob", "ref")
+EVAL_ROUND_PHASES: tuple[Phase, ...] = ("eval",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,25 +49,31 @@ class GenerateTask:
         return GENERATE_SHAPE_MINUTES + TRAIN_SHAPE_MINUTES * len(self.completions)
 
 
-def generation_tasks(plan: Plan, round_phases: tuple[str, ...] = ROUND_PHASES) -> tuple[GenerateTask, ...]:
-    """One task per planned train-side generate size, in plan order; `round_phases`: the forwards of a round."""
-    unsupported = sorted({s.phase for s in plan.shapes} - {_GENERATE} - set(round_phases))
+def generation_tasks(plan: Plan, round_phases: tuple[str, ...] = ROUND_PHASES,
+                     eval_round_phases: tuple[str, ...] = EVAL_ROUND_PHASES) -> tuple[GenerateTask, ...]:
+    """One task per planned generate size, in plan order, the train side's then the eval loop's; `round_phases` /
+    `eval_round_phases`: the forwards of a round on each side."""
+    unsupported = sorted({s.phase for s in plan.shapes} - {_GENERATE, _EVAL_GENERATE} - set(round_phases)
+                         - set(eval_round_phases))
     if unsupported:
-        raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which `shapeplan warm` cannot run for "
-                            f"{plan.method} yet; plan the run without evaluation (--eval_strategy no)")
+        raise PlanFileError(f"the plan has {', '.join(unsupported)} shapes, which a {plan.method} run does not meet; "
+                            "re-create the plan with `shapeplan analyze`")
+    return (*_side_tasks(plan, _GENERATE, round_phases), *_side_tasks(plan, _EVAL_GENERATE, eval_round_phases))
+
+
+def _side_tasks(plan: Plan, generate_phase: Phase, round_phases: tuple[str, ...]) -> list[GenerateTask]:
     completions: dict[int, set[int]] = {}
     for shape in plan.shapes:
         if shape.phase in round_phases and shape.logits_to_keep is not None:
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
-    generate = [s for s in plan.shapes if s.phase == _GENERATE]
     tasks, trained = [], set()
-    for shape in generate:
+    for shape in plan.by_phase(generate_phase):
         assert shape.max_new_tokens is not None
         buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
         trained.add(shape.seq)
         tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
                                   max_new_tokens=shape.max_new_tokens, completions=buckets))
-    return tuple(tasks)
+    return tasks
 
 
 # -- what each round does -------------------------------------------------------------------------------------

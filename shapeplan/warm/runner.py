@@ -18,9 +18,9 @@ from .parallel import current_part, split
 from .shards import Shard, shard_tasks
 from .tracker import Progress, TaskT, Tracker
 
-# Phases a warmer runs as tasks; a warmer's `inner_phases` run inside them; the others (generate, ...) belong to
-# warmers not built yet.
-WARMED_PHASES = ("train", "eval")
+# Phases the trainer-loop warmers run as tasks (DPO and KTO add `ref_precompute`); a warmer's `inner_phases` run
+# inside them; generate tasks belong to the generation warmers.
+WARMED_PHASES: tuple[str, ...] = ("train", "eval")
 
 
 
@@ -59,9 +59,9 @@ def make_warmer(method: str, args: Any) -> Warmer[Any]:
     return TRAINERS[method].warmer(args)
 
 
-def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None) -> tuple[
-        WarmTask, ...]:
-    """One task per planned train/eval shape, in plan order; a shape of an inner phase is warmed by a task of its
+def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None,
+                    phases: tuple[str, ...] = WARMED_PHASES) -> tuple[WarmTask, ...]:
+    """One task per planned shape of `phases`, in plan order; a shape of an inner phase is warmed by a task of its
     host phase with as many rows, which the plan must hold."""
     inner_phases = inner_phases or {}
     planned = {(s.phase, s.batch) for s in plan.shapes}
@@ -73,11 +73,11 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
                                     f"{inner_phases[shape.phase]} shape of {shape.batch} rows to run it; re-create "
                                     "the plan with `shapeplan analyze`")
             continue
-        if shape.phase not in WARMED_PHASES:
-            raise PlanFileError(f"the plan has {shape.phase} shapes, which `shapeplan warm` cannot run yet; "
-                                "it warms train and eval shapes")
+        if shape.phase not in phases:
+            raise PlanFileError(f"the plan has {shape.phase} shapes, which a {plan.method} run does not meet; "
+                                "re-create the plan with `shapeplan analyze`")
         per_pass = 1
-        if shape.phase != "train":
+        if shape.phase == "eval":
             per_pass = shape.count // eval_passes if eval_passes and shape.count % eval_passes == 0 else shape.count
         tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, varlen_pairs=shape.varlen_pairs,
                               padded=shape.unpadded < shape.count, unpadded=shape.unpadded > 0,

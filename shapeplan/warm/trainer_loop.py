@@ -31,7 +31,7 @@ from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
-from .runner import tasks_from_plan
+from .runner import WARMED_PHASES, tasks_from_plan
 from .tracker import Tracker
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     # phase -> the warmed phase whose step runs it on the same (batch, seq) (SFT: none)
     inner_phases: ClassVar[dict[str, str]] = {}
+    phases: tuple[str, ...] = WARMED_PHASES  # the planned phases this warmer runs as tasks
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
     rows_per_example = 1
     shares: list[list[WarmTask]] | None = None  # never set: the runner splits no tasks among ranks (no lockstep)
@@ -95,7 +96,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     def tasks(self, plan: Plan) -> tuple[WarmTask, ...]:
         """One task per planned train/eval shape."""
-        return tasks_from_plan(plan, eval_passes=plan.stats.evaluations, inner_phases=self.inner_phases)
+        return tasks_from_plan(plan, eval_passes=plan.stats.evaluations, inner_phases=self.inner_phases,
+                               phases=self.phases)
 
     def bind(self, plan: Plan) -> None:
         """Check the plan is for this method and tokenizer; note whether the run logs and its remainders."""
@@ -221,8 +223,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         try:
             if self._trainer is None:
                 self._trainer = self._build_trainer(train_rows, eval_rows)
-        except Exception as exc:  # the model or config cannot be used: no shape can run
-            for task in pending:
+        except Exception as exc:  # the model or config cannot be used: no shape left can run
+            for task in tracker.pending(pending):
                 tracker.fail(task, first_line(exc, named=True))
             return
         trainer = self._trainer
@@ -297,8 +299,8 @@ def _use_batches(trainer: Any, train: _Batches, evals: _Batches) -> None:
     trainer.train_dataset = train_set
     if eval_set is not None:
         trainer.eval_dataset = eval_set
-    trainer.get_train_dataloader = lambda: _loader(trainer, train_set, *train[1:], "training")
-    trainer.get_eval_dataloader = lambda eval_dataset=None: _loader(trainer, eval_set, *evals[1:], "evaluation")
+    trainer.get_train_dataloader = lambda: prepared_loader(trainer, train_set, *train[1:], "training")
+    trainer.get_eval_dataloader = lambda eval_dataset=None: prepared_loader(trainer, eval_set, *evals[1:], "evaluation")
 
 
 class _FixedBatches:
@@ -331,8 +333,10 @@ class _Rows:
         return len(self.rows)
 
 
-def _loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
-            description: str) -> Any:
+def prepared_loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
+                    description: str) -> Any:
+    """A dataloader of these batches, prepared by the trainer's accelerator, whose end-of-data bookkeeping reports
+    `remainder` (what `gather_for_metrics` cuts the last batch's gathered values to)."""
     from torch.utils.data import DataLoader, Dataset
 
     dataset = trainer._remove_unused_columns(dataset, description=description)

@@ -4,10 +4,10 @@ On Neuron a tensor lives either on the host (CPU) or on the device; only ops on 
 keyed on their signatures), while ops on host tensors run on the CPU and compile nothing. On a CPU-only test box
 both kinds run on the same CPU, so `DeviceOpRecorder` tracks where each tensor would live instead:
 
-- host tensors are made from Python data without a device (`torch.tensor(list)`) or by the data loader (its
-  sampler's permutations, the collator), and everything computed only from host tensors: TRL's `pad()` (which
-  allocates its output on `tensors[0].device`, the host), `ones_like` of a host tensor, per-row slicing of a
-  `.cpu()` copy;
+- host tensors are made from Python data without a device (`torch.tensor(list)`, an index list) or by the data
+  loader (its sampler's permutations, the collator), and everything computed only from host tensors: TRL's `pad()`
+  (which allocates its output on `tensors[0].device`, the host), `ones_like` of a
+  host tensor, per-row slicing of a `.cpu()` copy;
 - a tensor becomes a device tensor when it is moved with `.to(device)` (or `torch.tensor(..., device=...)`);
   factory ops (`arange`, `full`, ... called with a device) create device tensors, and tensors the recorder never
   saw made (model parameters, optimizer state) are device tensors; `.cpu()` makes a host copy.
@@ -53,6 +53,9 @@ class DeviceOpRecorder(TorchDispatchMode):
                 self.mark(t, host=self._made_on == "host")
             return out
         inputs = _tensors((args, kwargs))
+        if func is torch.ops.aten.lift_fresh.default:  # Python data made a tensor (`host[list]`): made on the host
+            self.mark(out, host=True)
+            return out
         if self._host_region or (inputs and all(self.on_host(t) for t in inputs)):
             for t in _tensors(out):
                 self.mark(t, host=True)

@@ -11,7 +11,6 @@ import pytest
 
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.analyze import analyze
-from shapeplan.errors import PlanFileError
 from shapeplan.warm.backends.inductor import InductorBackend
 from shapeplan.warm.distillation import DistillationWarmer
 from shapeplan.warm.runner import warm
@@ -93,18 +92,6 @@ def test_warm_dispatches_every_device_op_of_the_real_run(name: str, tmp_path: Pa
     warmed = _device_ops(_warm, plan, tmp_path / "cache")
     missing = real - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
-
-
-def test_eval_side_phases_are_refused_in_one_line(tmp_path: Path) -> None:
-    data = _rows(tmp_path / "train.jsonl", slice(0, 6))
-    plan = analyze("distillation", _argv(data, [
-        "--per_device_train_batch_size", "2", "--max_completion_length", "8", "--max_steps", "2",
-        "--eval_strategy", "steps", "--eval_steps", "1"], tmp_path / "out"), eval_source=str(data))
-    warmer = DistillationWarmer(parse_training_args(plan.method, plan.config["argv"]))
-    with pytest.raises(PlanFileError) as err:
-        warmer.tasks(plan)
-    assert str(err.value) == ("the plan has eval, eval_generate, eval_teacher shapes, which `shapeplan warm` cannot "
-                              "run for distillation yet; plan the run without evaluation (--eval_strategy no)")
 
 
 def test_cli_warms_every_generate_task_once_and_verify_passes(tmp_path: Path) -> None:

@@ -41,11 +41,15 @@ def test_one_task_per_generate_size_with_the_completion_buckets_of_its_prompt_bu
     )
 
 
-def test_eval_side_generation_is_refused() -> None:
-    plan = _plan(_generate(168, 363), Shape("eval_generate", 2, 168, 1, 0, cache_len=363, max_new_tokens=12))
-    with pytest.raises(PlanFileError, match="the plan has eval_generate shapes, which `shapeplan warm` cannot run for "
-                                            "grpo yet; plan the run without evaluation"):
-        generation_tasks(plan)
+def test_eval_side_generation_is_a_task_and_a_foreign_phase_is_refused() -> None:
+    eval_forward = Shape("eval", 2, 176, 1, 0, logits_to_keep=8)
+    plan = _plan(_generate(168, 363), Shape("eval_generate", 2, 168, 1, 0, cache_len=363, max_new_tokens=12),
+                 eval_forward)
+    assert generation_tasks(plan) == (GenerateTask("generate", 2, 168, 363, 12, ()),
+                                      GenerateTask("eval_generate", 2, 168, 363, 12, (8,)))
+    foreign = _plan(_generate(168, 363), Shape("kl", 2, 168, 1, 0))
+    with pytest.raises(PlanFileError, match="the plan has kl shapes, which a grpo run does not meet"):
+        generation_tasks(foreign)
 
 
 def test_prompt_layouts() -> None:

@@ -1,0 +1,108 @@
+"""GRPO, RLOO and Distillation with `--eval_strategy steps`: the warm-up runs the Trainer's own eval loop, whose batches
+generate with the model's static-cache `generate` in eval mode (`eval_generate`) and compute the eval loss on
+(B, P + C), once per planned eval generate size; a real run after it dispatches no device op the warm-up did not
+(host work left out, tests/warm/placement.py).
+
+Covers: GRPO/RLOO eval generation batches of 4 rows (2 prompts x 2 generations) over two prompt buckets, decoded to the
+full max_completion_length, TRL's post-processing of every generated length, the eval forward of each completion
+bucket, and as many eval batches as a real eval pass (the loop concatenates their losses batch by batch, and cuts the
+last batch's to the eval set's rows modulo the batch size). Distillation: eval batches of 2 prompts and a short last
+one of 1, each running the student's `eval` and the teacher's `eval_teacher` forwards."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from shapeplan.analyze import analyze
+from shapeplan.trainers import TRAINERS
+from tests.conftest import TLDR
+from tests.warm.grpo_harness import device_ops, plan_for, run_argv, warm_plan
+from tests.warm.test_distillation_opsig import _argv, _device_ops, _warm
+
+pytestmark = pytest.mark.slow
+
+ARGV = ["--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--num_generations", "2",
+        "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false",
+        "--eval_strategy", "steps", "--eval_steps", "2", "--dataset_test_split", "train"]
+
+
+def _real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
+    """`trl <method> ARGV` as its main() builds the trainer, with the eval split (the dataset from a local file)."""
+    import trl
+    from datasets import load_dataset
+
+    script, config, model_args, _ = importlib.import_module(TRAINERS[method].script).make_parser() \
+        .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
+    config.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
+                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    module_path, name = script.reward_funcs[0].rsplit(".", 1)
+    reward = getattr(importlib.import_module(module_path), name)
+    dataset = load_dataset("json", data_files={"train": str(data)})
+    trainer = TRAINERS[method].trainer()(
+        model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
+        train_dataset=dataset[script.dataset_train_split], eval_dataset=dataset[script.dataset_test_split],
+        peft_config=trl.get_peft_config(model_args))
+    trainer.train()
+
+
+def _rows(path: Path, rows: slice) -> Path:
+    path.write_text("\n".join(TLDR.read_text(encoding="utf-8").splitlines()[rows]) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+def test_eval_generate_warm_covers_every_device_op_of_the_real_run(method: str, tmp_path: Path) -> None:
+    data = _rows(tmp_path / "train.jsonl", slice(0, 6))
+    plan = plan_for(method, data, ARGV, tmp_path / "out")
+    eval_generate = {(s.batch, s.seq) for s in plan.by_phase("eval_generate")}
+    assert len({p for _, p in eval_generate}) >= 2 and plan.by_phase("eval"), plan.shapes
+    report = None
+
+    def warmed() -> None:
+        nonlocal report
+        report = warm_plan(plan, tmp_path / "cache")
+
+    ops = device_ops(warmed)
+    assert report is not None and not report.failed, [r.error for r in report.failed]
+    assert {(r.task.batch, r.task.seq) for r in report.results if r.task.phase == "eval_generate"} == eval_generate
+    real = device_ops(_real_run, method, data, ARGV, tmp_path / "out")
+    missing = real - ops
+    assert missing == set(), sorted(map(str, missing))[:20]
+
+
+DISTILLATION_ARGV = ["--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2",
+                     "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16",
+                     "false", "--eval_strategy", "steps", "--eval_steps", "2", "--dataset_test_split", "train"]
+
+
+def _real_distillation(data: Path, argv: Sequence[str], output_dir: Path) -> None:
+    """`trl distillation ARGV` as its main() builds the trainer, with the eval split (the dataset from a local file)."""
+    import trl
+    from datasets import load_dataset
+    from trl.scripts.distillation import make_parser
+
+    _, config, model_args, *_ = make_parser().parse_args_and_config(
+        ["--pad_to_multiple_of", "128", *_argv(data, argv, output_dir)])
+    init = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
+                attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    config.model_init_kwargs = init
+    config.teacher_model_init_kwargs = {**init, "revision": config.teacher_model_revision}
+    dataset = load_dataset("json", data_files={"train": str(data)})
+    trainer = trl.DistillationTrainer(model=model_args.model_name_or_path,
+                                      teacher_model=config.teacher_model_name_or_path, args=config,
+                                      train_dataset=dataset["train"], eval_dataset=dataset["train"],
+                                      peft_config=trl.get_peft_config(model_args))
+    trainer.train()
+
+
+def test_distillation_eval_generate_warm_covers_every_device_op_of_the_real_run(tmp_path: Path) -> None:
+    data = _rows(tmp_path / "train.jsonl", slice(0, 5))
+    plan = analyze("distillation", _argv(data, DISTILLATION_ARGV, tmp_path / "out"))
+    assert {s.batch for s in plan.by_phase("eval_generate")} == {2, 1} and plan.by_phase("eval_teacher")
+    warmed = _device_ops(_warm, plan, tmp_path / "cache")
+    missing = _device_ops(_real_distillation, data, DISTILLATION_ARGV, tmp_path / "out") - warmed
+    assert missing == set(), sorted(map(str, missing))[:20]
