@@ -40,7 +40,7 @@ def test_a_grpo_plan_with_a_kl_shape_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_sft_plan_with_a_ref_precompute_shape_is_refused(tmp_path: Path) -> None:
-    plan = harness.plan_for(CAPYBARA, ["--max_length", "256", "--max_steps", "1"], tmp_path / "out")
+    plan = harness.plan_for("sft", CAPYBARA, ["--max_length", "256", "--max_steps", "1"], tmp_path / "out")
     done = _warm(_with_phase(plan, "ref_precompute"), tmp_path)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.warm.harness import plan_for, real_run, warm_plan
 from tests.warm.placement import DeviceOpRecorder, tracking
-from tests.warm.trainer_harness import plan_for, real_run, warm_plan
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_precompute_warm_covers_every_device_op_of_the_real_run(method: str, tmp
 
     def warmed() -> None:
         nonlocal report
-        report = warm_plan(method, plan, tmp_path / "cache")
+        report = warm_plan(plan, tmp_path / "cache")
 
     ops = _device_ops(method, warmed)
     assert report is not None and not report.failed, [r.error for r in report.failed]
