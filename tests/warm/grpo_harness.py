@@ -40,9 +40,12 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
                                     attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
     module_path, name = script.reward_funcs[0].rsplit(".", 1)
     reward = getattr(importlib.import_module(module_path), name)
+    dataset = load_dataset("json", data_files={"train": str(data)})
     trainer_class = TRAINERS[method].trainer()
+    # as `trl <method>` main(): the eval split only when the run evaluates
+    eval_dataset = dataset[script.dataset_test_split] if config.eval_strategy != "no" else None
     trainer = trainer_class(model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
-                            train_dataset=load_dataset("json", data_files=str(data), split="train"),
+                            train_dataset=dataset[script.dataset_train_split], eval_dataset=eval_dataset,
                             peft_config=trl.get_peft_config(model_args))
     trainer.train()
 

@@ -11,16 +11,14 @@ one of 1, each running the student's `eval` and the teacher's `eval_teacher` for
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from shapeplan.analyze import analyze
-from shapeplan.trainers import TRAINERS
 from tests.conftest import TLDR
-from tests.warm.grpo_harness import device_ops, plan_for, run_argv, warm_plan
+from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
 from tests.warm.test_distillation_opsig import _argv, _device_ops, _warm
 
 pytestmark = pytest.mark.slow
@@ -28,25 +26,6 @@ pytestmark = pytest.mark.slow
 ARGV = ["--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--num_generations", "2",
         "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false",
         "--eval_strategy", "steps", "--eval_steps", "2", "--dataset_test_split", "train"]
-
-
-def _real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
-    """`trl <method> ARGV` as its main() builds the trainer, with the eval split (the dataset from a local file)."""
-    import trl
-    from datasets import load_dataset
-
-    script, config, model_args, _ = importlib.import_module(TRAINERS[method].script).make_parser() \
-        .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
-    config.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
-                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-    module_path, name = script.reward_funcs[0].rsplit(".", 1)
-    reward = getattr(importlib.import_module(module_path), name)
-    dataset = load_dataset("json", data_files={"train": str(data)})
-    trainer = TRAINERS[method].trainer()(
-        model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
-        train_dataset=dataset[script.dataset_train_split], eval_dataset=dataset[script.dataset_test_split],
-        peft_config=trl.get_peft_config(model_args))
-    trainer.train()
 
 
 def _rows(path: Path, rows: slice) -> Path:
@@ -69,7 +48,7 @@ def test_eval_generate_warm_covers_every_device_op_of_the_real_run(method: str, 
     ops = device_ops(warmed)
     assert report is not None and not report.failed, [r.error for r in report.failed]
     assert {(r.task.batch, r.task.seq) for r in report.results if r.task.phase == "eval_generate"} == eval_generate
-    real = device_ops(_real_run, method, data, ARGV, tmp_path / "out")
+    real = device_ops(real_run, method, data, ARGV, tmp_path / "out")
     missing = real - ops
     assert missing == set(), sorted(map(str, missing))[:20]
 
