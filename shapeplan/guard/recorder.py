@@ -9,7 +9,9 @@ Phases are told apart by what runs, the way the plan names them:
     old_logprob / kl           the policy's no-grad forward in train mode (GRPO/RLOO; DPO/KTO/Reward)
     eval / eval_kl             the policy's forward in eval mode (eval_kl inside KTO's KL pass)
     ref / ref_kl               the reference model (its eval_* twins while the policy is in eval mode, DPO/KTO)
-    ref_precompute             any forward before training starts (DPO/KTO's `precompute_ref_log_probs` pass)
+    ref_precompute             any forward before training starts (DPO/KTO's `precompute_ref_log_probs` pass; TRL
+                               skips a dataset's pass when its datasets cache holds that pass's result, which
+                               `precomputed_from_cache` names)
     teacher / eval_teacher     Distillation's teacher backbone during a train step / in the eval loop
 Distillation's student and teacher run their backbones (`base_model`) directly: the backbones carry its phases.
 """
@@ -83,6 +85,8 @@ class ShapeRecorder:
     (`attach_late`, once the trainer has built them), and calls `listener` with each input before its forward.
 
     `listener` may raise to stop the forward. `start_training` marks the end of the precompute pass.
+    `precomputed_from_cache`: the datasets ("train", "eval") whose precompute pass TRL read from its datasets cache
+    instead of running it (it keys the cached log-probs by the dataset's and the model's fingerprints).
     """
 
     def __init__(self, trainer: Any, listener: Callable[[Forward], None], *, method: str | None = None) -> None:
@@ -97,6 +101,8 @@ class ShapeRecorder:
         self._cache: Any = None
         self._logits_to_keep: int | None = None
         self._kl = False
+        self._precompute_forwards = 0
+        self.precomputed_from_cache: list[str] = []
         self._rank = int(trainer.args.process_index)
         self.policy: Any = None
 
@@ -111,6 +117,8 @@ class ShapeRecorder:
             self._wrap_helper(rules.logits_helper, self._keeping_logits)
         if rules.kl_helper:
             self._wrap_helper(rules.kl_helper, self._in_kl)
+        if rules.precompute:
+            self._wrap_helper("_precompute_ref_logps", self._precomputing)
         if rules.backbone:
             self._hook(self.policy, self._generate_only_hook)
             self._hook(self.policy.base_model, self._phase_hook("train", "eval"))
@@ -185,6 +193,15 @@ class ShapeRecorder:
         finally:
             self._kl = False
 
+    @contextmanager
+    def _precomputing(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+        # (dataset, name, batch_size) in DPO's and KTO's `_precompute_ref_logps`
+        before, training = self._precompute_forwards, self.training
+        yield
+        # (a pass `evaluate(eval_dataset)` runs during training is recorded as the eval loop's: not counted here)
+        if not training and self._precompute_forwards == before:  # no forward: TRL read the result from its cache
+            self.precomputed_from_cache.append(str(kwargs.get("name", args[1] if len(args) > 1 else "train")))
+
     # -- recording ------------------------------------------------------------------------------------------------
 
     def _step(self) -> int:
@@ -193,6 +210,7 @@ class ShapeRecorder:
     def _emit(self, phase: Phase, ids: Any, kwargs: dict[str, Any], **extra: Any) -> None:
         if self.rules.precompute and not self.training:
             phase, step = "ref_precompute", 0
+            self._precompute_forwards += 1
         else:
             step = self._step()
         if self.rules.varlen:

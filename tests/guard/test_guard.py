@@ -170,3 +170,35 @@ def test_every_trainer_meets_its_exact_plan(name: str, tmp_path: Path) -> None:
     run(guard)
     _assert_as_planned(guard)
     assert _met(load_plan(tmp_path / "run.json")) == _met(plan)
+
+
+@pytest.mark.parametrize("name", ["dpo-conversational-precompute-ga", "kto-paired-precompute-ga"])
+def test_a_rerun_whose_precompute_pass_trl_reads_from_its_cache(name: str, tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """TRL keys a precompute pass's result by the dataset's and the model's fingerprints and skips the pass when its
+    datasets cache holds it: the second of two identical runs meets no ref_precompute shape, and the guard says why
+    instead of calling the plan stale."""
+    from tests.oracle import test_preference_oracle
+    from tests.oracle.preference_harness import run_preference
+
+    method, data, argv, eval_data = test_preference_oracle.CONFIGS[name]
+    argv = ["--gradient_checkpointing", "false", *argv]
+    plan = _plan(method, data, argv, eval_data)
+    precompute = {k for k in _met(plan) if k[0] == "ref_precompute"}
+    assert precompute
+    guards = [ShapeGuard(plan), ShapeGuard(plan)]
+    for guard in guards:
+        run_preference(method, data, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data, guard=guard,
+                       datasets_cache=tmp_path / "datasets")
+    first, second = guards
+    _assert_as_planned(first)
+    assert first.recorder is not None and first.recorder.precomputed_from_cache == []
+
+    assert second.recorder is not None and second.recorder.precomputed_from_cache == ["train", "eval"]
+    assert not precompute & set(_met(dataclasses.replace(plan, shapes=second.counter.shapes())))
+    assert second.unplanned == {} and second.stale == [] and second.drift == []
+    others = len(plan.shapes) - len(precompute)
+    assert second.summary == f"{others}/{others} planned shapes met, 0 unplanned, 0 compiles, counts as planned"
+    assert ("shapeplan: TRL read the reference log-probs of the train and eval dataset from its datasets cache: that "
+            "precompute pass did not run (its planned ref_precompute shapes are not expected)") in \
+        capfd.readouterr().err.splitlines()

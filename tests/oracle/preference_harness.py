@@ -33,9 +33,19 @@ def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
     return script, config
 
 
-def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
-                   eval_path: Path | None = None, guard: Any = None) -> Run:
-    """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed."""
+def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+                   guard: Any = None, datasets_cache: Path | None = None) -> Run:
+    """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed.
+
+    The datasets are read into `datasets_cache` (default: a new folder), where TRL also caches a
+    `precompute_ref_log_probs` pass's result: a run whose cache holds it skips that pass.
+    """
+    import tempfile
+
+    if datasets_cache is None:
+        with tempfile.TemporaryDirectory(prefix="shapeplan-oracle-datasets-") as fresh:
+            return run_preference(method, train_path, argv, eval_path=eval_path, guard=guard,
+                                  datasets_cache=Path(fresh))
     import trl
     from datasets import load_dataset
     from transformers import (
@@ -53,8 +63,9 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *,
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
         # recomputing activations costs CPU time and never reaches the model's top-level forward the hooks watch
         "--gradient_checkpointing", "false", *argv])
-    train = load_dataset("json", data_files=str(train_path), split="train")
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
+    cache = str(datasets_cache)
+    train = load_dataset("json", data_files=str(train_path), split="train", cache_dir=cache)
+    eval_ds = load_dataset("json", data_files=str(eval_path), split="train", cache_dir=cache) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     if method == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(TINY_MODEL, num_labels=1, dtype="float32")

@@ -58,15 +58,7 @@ CONFIGS = {
 }
 
 
-# Known regression since the oracle records through ShapeGuard: with precompute_ref_log_probs and gradient
-# accumulation the recorder does not tag the precompute pass as ref_precompute (the plan does). Strict: it fails
-# loudly once fixed.
-_RECORDER_MISSES_PRECOMPUTE = {"dpo-conversational-precompute-ga", "kto-paired-precompute-ga"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="guard recorder: precompute pass under GA"))
-    if name in _RECORDER_MISSES_PRECOMPUTE else name for name in sorted(CONFIGS)])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_plan_equals_real_trainer(name: str) -> None:
     method, data, argv, eval_data = CONFIGS[name]
     plan = analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), *argv],
