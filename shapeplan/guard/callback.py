@@ -43,6 +43,13 @@ def _calling_trainer() -> Any:
                      "`callbacks=[ShapeGuard(...)]`")
 
 
+def _varlen_pair(forward: Forward) -> tuple[int, int] | None:
+    """A padding-free forward's (len(cu_seq_lens), max_length_q), as a plan's `varlen_pairs` hold them."""
+    if forward.cu_seq_lens is None or forward.max_length_q is None:
+        return None
+    return forward.cu_seq_lens, forward.max_length_q
+
+
 def _normalised(value: Any) -> Any:
     """A config value as the plan file holds it (enums as their string, tuples as lists)."""
     return json.loads(json.dumps(value, default=str))
@@ -136,6 +143,11 @@ class ShapeGuard(TrainerCallback):
         key = forward.key
         if self.planned and key not in self.planned and key not in self.unplanned:
             self._unplanned(forward)
+        pair = _varlen_pair(forward)
+        if pair is not None and key in self.planned and self.planned[key].varlen_pairs and \
+                pair not in self.planned[key].varlen_pairs and (*key, pair) not in self.unplanned:
+            # padding-free: each (len(cu_seq_lens), max_length_q) pair is a graph of its own
+            self._unplanned(forward, (*key, pair))
         if self.on_forward is not None:
             self.on_forward(forward)
         if key not in self._seen:
@@ -153,13 +165,15 @@ class ShapeGuard(TrainerCallback):
             return None
         return int(getattr(self.trainer.args, "max_completion_length", 0)) or None
 
-    def _unplanned(self, forward: Forward) -> None:
-        self.unplanned[forward.key] = forward
+    def _unplanned(self, forward: Forward, key: tuple[Any, ...] | None = None) -> None:
+        self.unplanned[key or forward.key] = forward
         where = f"{forward.phase} {(forward.batch, forward.seq)}"
         if forward.cache_len is not None:
             where += f" cache_len {forward.cache_len}"
         if forward.logits_to_keep is not None:
             where += f" logits_to_keep {forward.logits_to_keep}"
+        if key is not None:
+            where += f" with cu_seq_lens of {forward.cu_seq_lens} and max_length_q {forward.max_length_q}"
         message = (f"unplanned shape {where} at step {forward.step} (rank {forward.rank}): not in {self.plan_name}, "
                    "so it compiles now; re-plan this run with `shapeplan analyze` and `shapeplan warm` it")
         if self.mode == "error":
@@ -266,6 +280,8 @@ class ShapeGuard(TrainerCallback):
     def _summarise(self, shapes: tuple[Shape, ...], compiles: list[CompileEvent]) -> str:
         met = {shape_key(s): s for s in shapes}
         unplanned = len([k for k in met if self.planned and k not in self.planned])
+        unplanned += sum(len(set(s.varlen_pairs) - set(self.planned[k].varlen_pairs)) for k, s in met.items()
+                         if k in self.planned and self.planned[k].varlen_pairs)
         compiled = f"{len(compiles)} compile{'s' if len(compiles) != 1 else ''}"
         if self.plan is None:
             return f"{len(met)} shapes met, {compiled}"

@@ -202,3 +202,33 @@ def test_a_rerun_whose_precompute_pass_trl_reads_from_its_cache(name: str, tmp_p
     assert ("shapeplan: TRL read the reference log-probs of the train and eval dataset from its datasets cache: that "
             "precompute pass did not run (its planned ref_precompute shapes are not expected)") in \
         capfd.readouterr().err.splitlines()
+
+
+def test_padding_free_pairs_are_checked_before_the_forward(tmp_path: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """Padding-free batches compile one graph per (len(cu_seq_lens), max_length_q) pair: a run guarded with its
+    exact plan meets only planned pairs; a pair taken out of the plan is named before its forward."""
+    from tests.oracle import test_sft_oracle
+
+    data, argv, eval_data = test_sft_oracle.CONFIGS["packing-bfd-eval"]
+    plan = _plan("sft", data, argv, eval_data)
+    exact = ShapeGuard(plan)
+    run_sft(data, argv, eval_path=eval_data, guard=exact)
+    _assert_as_planned(exact)
+
+    shape = next(s for s in plan.shapes if len(s.varlen_pairs) > 1)
+    pair = shape.varlen_pairs[-1]
+    less = dataclasses.replace(shape, varlen_pairs=shape.varlen_pairs[:-1])
+    plan = dataclasses.replace(plan, shapes=tuple(less if s is shape else s for s in plan.shapes))
+    capfd.readouterr()
+    warned = ShapeGuard(plan)
+    run_sft(data, argv, eval_path=eval_data, guard=warned)
+    key = (shape.phase, shape.batch, shape.seq, None, None)
+    assert list(warned.unplanned) == [(*key, pair)]
+    lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
+    assert len(lines) == 1 and f"{shape.phase} {(shape.batch, shape.seq)} with cu_seq_lens of {pair[0]} and " \
+        f"max_length_q {pair[1]} at step " in lines[0]
+    assert ", 1 unplanned, " in warned.summary
+
+    with pytest.raises(UnplannedShapeError, match=f"with cu_seq_lens of {pair[0]} and max_length_q {pair[1]}"):
+        run_sft(data, argv, eval_path=eval_data, guard=ShapeGuard(plan, on_unplanned="error"))
