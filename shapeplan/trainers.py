@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import UsageError
 from .plan.model import LengthKind, Method, Phase, Plan
@@ -38,6 +38,10 @@ class PhaseRules:
     backbone: bool = False  # the backbones (`base_model`) of student and teacher carry the phases
     varlen: bool = False  # padding-free kwargs (cu_seq_lens_q, max_length_q) are recorded
     unpadded: bool = False  # whether each batch holds padding is recorded
+    # the completion-token counts the loss selects by mask (`_compute_loss`'s inputs["completion_mask"]) are
+    # recorded: "halves" (DPO: the chosen and the rejected half of the batch) or "labels" (KTO: the desirable and
+    # the undesirable rows, and how many rows are desirable)
+    loss_masks: Literal["halves", "labels"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +173,6 @@ def _distillation_warmer() -> Callable[[Any], Warmer[Any]]:
 
 
 _GENERATION_PHASES: tuple[Phase, ...] = ("generate", "eval_generate", "train", "eval", "old_logprob", "ref")
-_PREFERENCE_RULES = PhaseRules(no_grad_phase="kl", ref_eval_twins=True, precompute=True, unpadded=True)
 _GENERATION_RULES = PhaseRules(generates=True, logits_helper="_get_per_token_logps_and_entropies",
                                no_grad_phase="old_logprob")
 
@@ -192,17 +195,18 @@ _SPECS = (
     TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
                 default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
                 warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute"),
-                phase_rules=_PREFERENCE_RULES),
+                phase_rules=PhaseRules(no_grad_phase="kl", ref_eval_twins=True, precompute=True, unpadded=True,
+                                       loss_masks="halves")),
     TrainerSpec(name="kto", script="trl.scripts.kto", trainer_class="KTOTrainer", config_class="KTOConfig",
                 default_dataset="trl-lib/kto-mix-14k", plan_function=_kto_plan, warmer_class=_kto_warmer,
                 phases=("train", "eval", "ref", "eval_ref", "kl", "eval_kl", "ref_kl", "eval_ref_kl",
                         "ref_precompute"),
                 phase_rules=PhaseRules(no_grad_phase="kl", kl_helper="_compute_kl_logps", ref_eval_twins=True,
-                                       precompute=True, unpadded=True)),
+                                       precompute=True, unpadded=True, loss_masks="labels")),
     TrainerSpec(name="reward", script="trl.scripts.reward", trainer_class="RewardTrainer",
                 config_class="RewardConfig", default_dataset="trl-lib/ultrafeedback_binarized",
                 plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval"),
-                phase_rules=_PREFERENCE_RULES),
+                phase_rules=PhaseRules(unpadded=True)),
     TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
                 config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
                 plan_function=_distillation_plan, warmer_class=_distillation_warmer,

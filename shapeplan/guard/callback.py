@@ -158,7 +158,8 @@ class ShapeGuard(TrainerCallback):
         self.counter.add(forward.phase, forward.batch, forward.seq, forward.step, cache_len=forward.cache_len,
                          max_new_tokens=planned.max_new_tokens if planned else self._max_new_tokens(forward),
                          logits_to_keep=forward.logits_to_keep, cu_seq_lens=forward.cu_seq_lens,
-                         max_length_q=forward.max_length_q, unpadded=forward.unpadded)
+                         max_length_q=forward.max_length_q, unpadded=forward.unpadded,
+                         completion_tokens=forward.completion_tokens, chosen_rows=forward.chosen_rows)
 
     def _max_new_tokens(self, forward: Forward) -> int | None:
         if not forward.phase.endswith("generate"):

@@ -42,6 +42,8 @@ class Forward:
     max_length_q: int | None = None  # padding-free: the max_length_q kwarg the model received
     unpadded: bool = False  # attention takes the batch as unpadded (SDPA then skips the mask)
     rank: int = 0
+    completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: the token counts the loss selects by mask
+    chosen_rows: int | None = None  # KTO policy forwards: the desirable rows of the batch
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -76,6 +78,21 @@ def unpadded(kwargs: dict[str, Any]) -> bool:
     return position_ids is None or find_packed_sequence_indices(position_ids) is None
 
 
+def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """What DPO's / KTO's loss and metrics select from a batch by mask (the plan's `completion_tokens` and
+    `chosen_rows`): the completion tokens of the chosen and of the rejected half ("halves"), or of the desirable
+    and of the undesirable rows and how many rows are desirable ("labels"). Read from a host copy of the mask, so
+    recording adds no device op."""
+    mask = inputs["completion_mask"].detach().cpu()[..., 1:]  # the loss scores tokens 1..L (shifted labels)
+    if kind == "halves":
+        chosen, rejected = mask.chunk(2, dim=0)
+        return {"completion_tokens": (int(chosen.sum()), int(rejected.sum()))}
+    labels = [bool(label) for label in inputs["label"]]
+    chosen = mask[[i for i, label in enumerate(labels) if label]]
+    rejected = mask[[i for i, label in enumerate(labels) if not label]]
+    return {"completion_tokens": (int(chosen.sum()), int(rejected.sum())), "chosen_rows": sum(labels)}
+
+
 def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return kwargs.get("input_ids", args[0] if args else None)
 
@@ -102,6 +119,7 @@ class ShapeRecorder:
         self._logits_to_keep: int | None = None
         self._kl = False
         self._precompute_forwards = 0
+        self._loss_sizes: dict[str, Any] = {}
         self.precomputed_from_cache: list[str] = []
         self._rank = int(trainer.args.process_index)
         self.policy: Any = None
@@ -119,6 +137,8 @@ class ShapeRecorder:
             self._wrap_helper(rules.kl_helper, self._in_kl)
         if rules.precompute:
             self._wrap_helper("_precompute_ref_logps", self._precomputing)
+        if rules.loss_masks:
+            self._wrap_helper("_compute_loss", self._in_loss)
         if rules.backbone:
             self._hook(self.policy, self._generate_only_hook)
             self._hook(self.policy.base_model, self._phase_hook("train", "eval"))
@@ -194,6 +214,16 @@ class ShapeRecorder:
             self._kl = False
 
     @contextmanager
+    def _in_loss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+        # (model, inputs, return_outputs) in DPO's and KTO's `_compute_loss`
+        inputs = kwargs.get("inputs", args[1] if len(args) > 1 else None)
+        self._loss_sizes = loss_mask_sizes(inputs, self.rules.loss_masks) if inputs is not None else {}
+        try:
+            yield
+        finally:
+            self._loss_sizes = {}
+
+    @contextmanager
     def _precomputing(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
         # (dataset, name, batch_size) in DPO's and KTO's `_precompute_ref_logps`
         before, training = self._precompute_forwards, self.training
@@ -246,7 +276,8 @@ class ShapeRecorder:
             phase = self.rules.no_grad_phase
         else:
             phase = "train"
-        self._emit(phase, ids, kwargs, logits_to_keep=self._logits_to_keep)
+        sizes = self._loss_sizes if phase in ("train", "eval") else {}
+        self._emit(phase, ids, kwargs, logits_to_keep=self._logits_to_keep, **sizes)
 
     def _generate_only_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._in_generate:

@@ -5,12 +5,10 @@ metrics select with a mask, and for KTO the set of desirable-row counts."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import pytest
 
 from shapeplan.analyze import analyze
-from shapeplan.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
 from tests.oracle.preference_harness import run_preference
 from tests.oracle.test_preference_oracle import CONVERSATIONAL, EXPLICIT, UNPAIRED
@@ -35,32 +33,20 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_metric_sizes_equal_real_trainer(name: str) -> None:
+    """The sizes are recorded by the guard's recorder (`loss_mask_sizes`), from the inputs of the trainer's own
+    `_compute_loss`."""
     method, data, argv, eval_data = CONFIGS[name]
     plan = analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), *argv],
                    eval_source=str(eval_data) if eval_data else None)
+    run = run_preference(method, data, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data)
     tokens: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     chosen_rows: dict[tuple[str, int, int], set[int]] = defaultdict(set)
-    trainer_class = TRAINERS[method].trainer()
-    compute_loss = trainer_class._compute_loss
-
-    def recording(self: Any, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
-        mask = inputs["completion_mask"][..., 1:]
-        key = ("train" if self.model.training else "eval", *inputs["input_ids"].shape)
-        if method == "dpo":
-            chosen, rejected = mask.chunk(2, dim=0)
-        else:
-            labels = [bool(label) for label in inputs["label"]]
-            chosen = mask[[i for i, label in enumerate(labels) if label]]
-            rejected = mask[[i for i, label in enumerate(labels) if not label]]
-            chosen_rows[key].add(sum(labels))
-        tokens[key] |= {int(chosen.sum()), int(rejected.sum())}
-        return compute_loss(self, model, inputs, return_outputs)
-
-    trainer_class._compute_loss = recording
-    try:
-        run_preference(method, data, ["--pad_to_multiple_of", "128", *argv], eval_path=eval_data)
-    finally:
-        trainer_class._compute_loss = compute_loss
+    for forward in run.seen:
+        if forward.phase in ("train", "eval"):
+            tokens[(forward.phase, forward.batch, forward.seq)] |= set(forward.completion_tokens)
+            if forward.chosen_rows is not None:
+                chosen_rows[(forward.phase, forward.batch, forward.seq)].add(forward.chosen_rows)
+    assert all(tokens.values())
     policy = [s for s in plan.shapes if s.phase in ("train", "eval")]
     assert {(s.phase, s.batch, s.seq): set(s.completion_tokens) for s in policy} == dict(tokens)
     assert {(s.phase, s.batch, s.seq): set(s.chosen_rows) for s in policy if s.chosen_rows} == dict(chosen_rows)
