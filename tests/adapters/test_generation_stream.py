@@ -82,8 +82,8 @@ def test_the_planned_order_is_the_prepared_dataloaders(kind: str, ranks: int, sh
     config = args.training
     repeat = generation_stream.Repeat(config.num_generations, config.generation_batch_size // config.num_generations,
                                       config.num_iterations * config.steps_per_generation)
-    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat,
-                                                   batch_size=config.per_device_train_batch_size * config.steps_per_generation)
+    batch_size = config.per_device_train_batch_size * config.steps_per_generation
+    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat, batch_size=batch_size)
     planned = [[[[order.lengths[i] - 1 for i in batch] for batch in rank] for rank in epoch] for epoch in order.passes]
     micro = config.max_steps * config.gradient_accumulation_steps
     assert planned == _real_passes(source, args, len(order.passes), micro)
