@@ -132,3 +132,13 @@ def test_what_a_stream_refuses(method: str, argv: list[str], message: str, tmp_p
                          *argv], use_cache=False)
     assert message in str(info.value)
     assert isinstance(info.value, UsageError) == ("fewer prompts" not in message)
+
+
+@pytest.mark.parametrize("method", ["sft", "grpo"])
+def test_histogram_and_advise_refuse_a_stream(method: str) -> None:
+    """They read every row's length: a stream is refused in one line, not planned whole nor misreported."""
+    from shapeplan.adapters.row_lengths import train_lengths
+
+    with pytest.raises(UsageError, match=r"^--histogram and advise read the length of every train row"):
+        train_lengths(method, ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL),
+                               "--dataset_streaming", "--max_steps", "2"])
