@@ -32,6 +32,7 @@ from . import stream
 from .sampling import RankBatches
 from .trl_args import TrainingArgs
 
+_EVAL_CHUNK = 1000  # eval prompts tokenized at a time (the eval stream is read whole)
 _ID = "shapeplan_prompt"  # the column the planner's map adds: the prompt's number in the order the stream yields it
 
 
@@ -57,24 +58,26 @@ class StreamOrder:
 
 
 class _Measure:
-    """A `map` function: each prompt the stream yields, tokenized by the trainer's `_tokenize_prompts` (never
-    truncated), replaced by its number; `lengths[number]` is its token count."""
+    """A batched `map` function: each prompt the stream yields, tokenized by the trainer's `_tokenize_prompts` (never
+    truncated), numbered; `lengths[number]` is its token count."""
 
     def __init__(self, trainer: Any, name: str) -> None:
         self.trainer = trainer
         self.name = name
         self.lengths: list[int] = []
 
-    def __call__(self, row: dict[str, Any]) -> dict[str, int]:
-        if "prompt" not in row:
-            raise DatasetError(f"the {self.name} stream has no 'prompt' column (it has {', '.join(row)}); GRPO, RLOO "
-                               "and Distillation generate from 'prompt': rename the column or pass another dataset")
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[int]]:
+        if "prompt" not in batch:
+            raise DatasetError(f"the {self.name} stream has no 'prompt' column (it has {', '.join(batch)}); GRPO, "
+                               "RLOO and Distillation generate from 'prompt': rename the column or pass another "
+                               "dataset")
         try:
-            ids, _, _ = self.trainer._tokenize_prompts([row["prompt"]])
+            ids, _, _ = self.trainer._tokenize_prompts(batch["prompt"])
         except Exception as exc:  # the tokenizer raises many types for unusable prompts
             raise DatasetError(f"cannot tokenize the {self.name} prompts: {first_line(exc)}") from exc
-        self.lengths.append(len(ids[0]))
-        return {_ID: len(self.lengths) - 1}
+        first = len(self.lengths)
+        self.lengths.extend(len(row) for row in ids)
+        return {_ID: list(range(first, len(self.lengths)))}
 
 
 def check_supported(args: TrainingArgs) -> None:
@@ -93,14 +96,15 @@ def check_supported(args: TrainingArgs) -> None:
                          "accelerate's default")
 
 
-def _pipeline(source: Any, measure: _Measure, *, shuffle: bool, seed: int, repeat: Repeat,
+def _pipeline(source: Any, measure: _Measure, *, shuffle: bool, seed: int, repeat: Repeat, measure_batch: int,
               num_processes: int) -> list[Any]:
     """The trainer's stream (shuffled, measured, repeated) as each rank reads it: one per rank when accelerate
-    shards it by files, else the one shared stream."""
+    shards it by files, else the one shared stream. The measure tokenizes `measure_batch` prompts at a time (the
+    rows the next map reads at once, so no row more is read)."""
     from trl.trainer.utils import repeat_iterable_dataset
 
     shuffled = source.shuffle(seed=seed) if shuffle else source
-    measured = shuffled.map(measure).select_columns([_ID])
+    measured = shuffled.map(measure, batched=True, batch_size=measure_batch).select_columns([_ID])
     repeated = repeat_iterable_dataset(measured, mini_repeat_count=repeat.mini_repeat_count,
                                        batch_size=repeat.batch_size, repeat_count=repeat.repeat_count)
     return stream.rank_streams(repeated, num_processes)
@@ -145,7 +149,7 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
     ranks = args.num_processes
     measure = _Measure(trainer, "train")
     parts = _pipeline(source, measure, shuffle=config.shuffle_dataset, seed=config.seed, repeat=repeat,
-                      num_processes=ranks)
+                      measure_batch=repeat.batch_size, num_processes=ranks)
     micro = config.max_steps * config.gradient_accumulation_steps
     limit = micro * batch_size * (1 if len(parts) > 1 else ranks)
     first = _read(parts, 0, limit)
@@ -181,7 +185,7 @@ def eval_order(args: TrainingArgs, trainer: Any, source: Any, generations: int) 
     config = args.training
     measure = _Measure(trainer, "eval")
     parts = _pipeline(source, measure, shuffle=True, seed=config.seed, repeat=Repeat(generations),
-                      num_processes=args.num_processes)
+                      measure_batch=_EVAL_CHUNK, num_processes=args.num_processes)
     batches = _order(_read(parts, 0, None), batch_size=config.per_device_eval_batch_size,
                      num_processes=args.num_processes)
     return _compact(measure, [batches])
