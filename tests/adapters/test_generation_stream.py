@@ -15,8 +15,8 @@ from shapeplan.adapters import generation_stream
 from shapeplan.adapters.data import load_dataset_source
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.analyze import analyze
-from shapeplan.errors import UsageError
-from tests.conftest import TINY_MODEL, TLDR
+from shapeplan.errors import DatasetError, ShapeplanError, UsageError
+from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 GRPO = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--gradient_accumulation_steps", "2"]
 
@@ -117,21 +117,28 @@ def test_planning_reads_only_what_the_run_consumes_and_the_shuffle_buffer() -> N
     assert counts[0] == counts[1] and 1000 < counts[0] <= 1000 + 10 + 2, counts
 
 
-@pytest.mark.parametrize(("method", "argv", "message"), [
-    ("grpo", [], "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N"),
-    ("rloo", ["--max_steps", "2", "--accelerator_config", '{"dispatch_batches": true}'],
+@pytest.mark.parametrize(("method", "data", "argv", "error", "message"), [
+    ("grpo", TLDR, [], UsageError,
+     "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N"),
+    ("rloo", TLDR, ["--max_steps", "2", "--accelerator_config", '{"dispatch_batches": true}'], UsageError,
      "TRL's rloo trainer refuses dispatch_batches=True on a streamed dataset"),
-    ("grpo", ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "2"],
-     "fewer prompts than one generation batch"),
+    ("grpo", TLDR, ["--max_steps", "2", "--num_processes", "2", "--accelerator_config", '{"split_batches": true}'],
+     UsageError, "accelerator_config split_batches is not planned for data-parallel streaming runs"),
+    ("grpo", None, ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "2"],
+     DatasetError, "the train stream holds fewer prompts than one generation batch (4 unique prompts)"),
+    ("grpo", CAPYBARA, ["--max_steps", "2"], DatasetError,
+     "the train stream has no 'prompt' column (it has source, messages)"),
 ])
-def test_what_a_stream_refuses(method: str, argv: list[str], message: str, tmp_path: Path) -> None:
-    data = tmp_path / "three.jsonl"
-    data.write_text("".join(TLDR.read_text().splitlines(keepends=True)[:3]))
-    with pytest.raises(Exception) as info:
+def test_what_a_stream_refuses(method: str, data: Path | None, argv: list[str], error: type[ShapeplanError],
+                               message: str, tmp_path: Path) -> None:
+    """One line each: usage errors (exit 2) for what TRL or the Trainer refuse, dataset errors (exit 1) for data."""
+    if data is None:
+        data = tmp_path / "three.jsonl"
+        data.write_text("".join(TLDR.read_text().splitlines(keepends=True)[:3]))
+    with pytest.raises(error) as info:
         analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), "--dataset_streaming",
                          *argv], use_cache=False)
-    assert message in str(info.value)
-    assert isinstance(info.value, UsageError) == ("fewer prompts" not in message)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("method", ["sft", "grpo"])
