@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..errors import DatasetError, UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.model import Plan
+from . import generation_stream
 from .common import load_run_data, recorded_config
 from .generation import (
     bare_trainer,
@@ -47,15 +48,27 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     _check_supported(args)
     config = args.training
     generation = generation_settings(config)
-    data = load_run_data(args, eval_source=eval_source)
+    data = load_run_data(args, eval_source=eval_source, streams=True)
     trainer = bare_trainer(args.method, data.tokenizer, config)
-    train_lengths = prompt_lengths(data.train, trainer, "train")
-    epoch_batches = _train_batches(args, len(train_lengths))
-    loop = train_loop(args, epoch_batches)
-    round_size = config.per_device_train_batch_size * args.num_processes * config.gradient_accumulation_steps
-    if loop.steps_in_epoch == 0:
-        raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
-                           f"holds ({round_size}); add prompts or lower the batch")
+    accumulation = config.gradient_accumulation_steps
+    round_size = config.per_device_train_batch_size * args.num_processes * accumulation
+    warnings: list[str] = []
+    if generation_stream.is_stream(data.train):
+        # get_train_dataloader's stream counterpart of _train_batches' RepeatSampler
+        generation_stream.check_supported(args)
+        repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
+        streamed, loop, note = generation_stream.train_order(
+            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation)
+        train_lengths = streamed.lengths
+        epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
+        warnings.append(note)
+    else:
+        train_lengths = prompt_lengths(data.train, trainer, "train")
+        epoch_batches = _train_batches(args, len(train_lengths))
+        loop = train_loop(args, epoch_batches)
+        if loop.steps_in_epoch == 0:
+            raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
+                               f"holds ({round_size}); add prompts or lower the batch")
     layout = distillation_layout(
         batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -71,4 +84,4 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                     max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                     shuffle_dataset=config.shuffle_dataset)
     return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop, epoch_batches=epoch_batches,
-                    evals=evals, config=recorded)
+                    evals=evals, config=recorded, warnings=warnings)

@@ -1,7 +1,7 @@
 """What the generating trainers' adapters share (GRPO, RLOO: shapeplan/adapters/grpo.py; Distillation:
 shapeplan/adapters/distillation.py): the options planning refuses, the generation settings as the trainer builds
-them, prompt lengths from the trainer's own `_tokenize_prompts`, the eval order from TRL's own `RepeatSampler`, and
-the call into `plan_generation`."""
+them, prompt lengths from the trainer's own `_tokenize_prompts`, the eval order from TRL's own `RepeatSampler` (or,
+for a stream, `shapeplan.adapters.generation_stream`), and the call into `plan_generation`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
 from ..plan.schedule import TrainLoop
 from ..trainers import trainer_spec
+from . import generation_stream
 from .common import RunData, run_fingerprint, versions
 from .loop import eval_steps_of
 from .sampling import RankBatches, ordered_batches
@@ -34,10 +35,6 @@ def refuse_unplannable(args: TrainingArgs) -> None:
     if args.training.use_vllm:
         raise UsageError("use_vllm=True is not planned: vLLM does not run on Neuron; drop --use_vllm to generate "
                          "with transformers")
-    if getattr(args.script, "dataset_streaming", False):
-        raise UsageError(f"--dataset_streaming is not planned yet for {args.method}: TRL replaces its RepeatSampler "
-                         "with a buffered shuffle of the stream (repeat_iterable_dataset), which shapeplan does not "
-                         "replay; drop --dataset_streaming")
 
 
 def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
@@ -110,10 +107,13 @@ class EvalLoop:
 
 
 def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, generations: int) -> EvalLoop:
-    """The eval loop of the run: `_get_eval_sampler` is a fresh `RepeatSampler` per evaluation, seeded alike, so
-    every evaluation walks the same order; `generations` completions per prompt."""
+    """The eval loop of the run: `_get_eval_sampler` is a fresh `RepeatSampler` per evaluation (for a stream, a fresh
+    seeded shuffle), seeded alike, so every evaluation walks the same order; `generations` completions per prompt."""
     if data.eval is None:
         return EvalLoop()
+    if generation_stream.is_stream(data.eval):
+        streamed = generation_stream.eval_order(args, trainer, data.eval, generations)
+        return EvalLoop(streamed.lengths, streamed.epoch_batches(0), tuple(eval_steps_of(args, loop)))
     from trl.trainer.utils import RepeatSampler
 
     config = args.training

@@ -10,6 +10,7 @@ from ..errors import DatasetError, UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..trainers import trainer_spec
+from . import generation_stream
 from .common import load_run_data, recorded_config
 from .generation import (
     bare_trainer,
@@ -88,14 +89,27 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     generation = generation_settings(config)
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
-    data = load_run_data(args, eval_source=eval_source)
+    data = load_run_data(args, eval_source=eval_source, streams=True)
     trainer = bare_trainer(method, data.tokenizer, config)
-    train_lengths = prompt_lengths(data.train, trainer, "train")
-    epoch_batches = _train_batches(args, len(train_lengths), steps, size)
-    loop = train_loop(args, epoch_batches)
-    if loop.steps_in_epoch == 0:
-        raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
-                           f"holds ({size // config.num_generations} unique prompts); add prompts or lower the batch")
+    if generation_stream.is_stream(data.train):
+        # get_train_dataloader's stream counterpart of _train_batches' RepeatSampler
+        generation_stream.check_supported(args)
+        repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
+                                          batch_size=size // config.num_generations,
+                                          repeat_count=config.num_iterations * steps)
+        streamed, loop, note = generation_stream.train_order(
+            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps)
+        train_lengths = streamed.lengths
+        epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
+        warnings.append(note)
+    else:
+        train_lengths = prompt_lengths(data.train, trainer, "train")
+        epoch_batches = _train_batches(args, len(train_lengths), steps, size)
+        loop = train_loop(args, epoch_batches)
+        if loop.steps_in_epoch == 0:
+            raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
+                               f"holds ({size // config.num_generations} unique prompts); add prompts or lower the "
+                               "batch")
 
     # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
     old_logprob = (trainer_spec(method).old_logprobs_always

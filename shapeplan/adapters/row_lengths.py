@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 from ..errors import UsageError
 from ..trainers import TRAINERS, trainer_spec
-from .common import apply_chat_template_path, load_run_data
-from .trl_args import parse_training_args
+from .common import RunData, apply_chat_template_path, load_run_data
+from .generation_stream import is_stream
+from .trl_args import TrainingArgs, parse_training_args
 
 
 def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None = None,
@@ -22,7 +23,7 @@ def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None =
         from .sft import prepare_rows
 
         args = parse_training_args(method, [*argv, "--max_length", "none", "--packing", "false"])
-        data = load_run_data(args, eval_source=eval_source)
+        data = _whole_data(args, eval_source)
         apply_chat_template_path(data.tokenizer, args.training.chat_template_path)
         rows, _ = prepare_rows(data.train, data.tokenizer, args.training, packing=False, name="train",
                                use_cache=use_cache)
@@ -30,5 +31,14 @@ def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None =
     from .generation import bare_trainer, prompt_lengths
 
     args = parse_training_args(method, argv)
-    data = load_run_data(args, eval_source=eval_source)
+    data = _whole_data(args, eval_source)
     return prompt_lengths(data.train, bare_trainer(method, data.tokenizer, args.training), "train")
+
+
+def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:
+    """The run's data, refused when streamed: lengths cover every row, which a stream gives only read whole."""
+    data = load_run_data(args, eval_source=eval_source, streams=True)
+    if is_stream(data.train):
+        raise UsageError("--histogram and advise read the length of every train row, which a stream gives only when "
+                         "read whole; drop --dataset_streaming for them (the map-style run has the same lengths)")
+    return data

@@ -160,26 +160,31 @@ def take(rows: Iterator[PreparedRow], count: int | None) -> Rows:
 
 
 def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[Rows, RankBatches]:
-    """All ranks' rows as one `Rows`, and each rank's batches of indices into it, as the prepared DataLoader gives
-    them: `parts` is one `Rows` per rank (sharded by files) or one shared `Rows` (split by `IterableDatasetShard`,
-    the last chunk completed with the first rows). The Trainer sets no drop_last for a stream."""
-    from accelerate.data_loader import IterableDatasetShard
-
+    """All ranks' rows as one `Rows`, and each rank's batches of indices into it (`rank_batches`)."""
     rows = Rows(lengths=tuple(itertools.chain.from_iterable(p.lengths for p in parts)),
                 documents=None if parts[0].documents is None
                 else tuple(itertools.chain.from_iterable(p.documents or () for p in parts)))
-    if len(parts) == 1 and num_processes > 1:
-        indices = list(range(len(rows.lengths)))
+    return rows, rank_batches([len(p.lengths) for p in parts], batch_size=batch_size, num_processes=num_processes)
+
+
+def rank_batches(sizes: list[int], *, batch_size: int, num_processes: int) -> RankBatches:
+    """Each rank's batches of indices into the concatenated parts, as the prepared DataLoader gives them: `sizes`
+    holds one part per rank (sharded by files) or one shared part (split by `IterableDatasetShard`, the last chunk
+    completed with the first rows). The Trainer sets no drop_last for a stream."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    if len(sizes) == 1 and num_processes > 1:
+        indices = list(range(sizes[0]))
         # IterableDatasetShard iterates any iterable: here the row indices, in stream order.
         shards = (IterableDatasetShard(indices, batch_size=batch_size, drop_last=False, num_processes=num_processes,
                                        process_index=rank)
                   for rank in range(num_processes))
         per_rank = [list(shard) for shard in shards]
     else:
-        # `starts` has one more item than `parts` (the end), which zip leaves out
-        starts = itertools.accumulate((len(p.lengths) for p in parts), initial=0)
-        per_rank = [list(range(start, start + len(p.lengths))) for start, p in zip(starts, parts, strict=False)]
-    return rows, [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
+        # `starts` has one more item than `sizes` (the end), which zip leaves out
+        starts = itertools.accumulate(sizes, initial=0)
+        per_rank = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
+    return [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
 
 
 def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:

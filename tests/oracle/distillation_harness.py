@@ -13,13 +13,14 @@ from typing import Any
 
 from shapeplan.guard.recorder import Forward
 from tests.conftest import TINY_MODEL
+from tests.oracle.harness import load_data
 
 
-def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
-                             eval_path: Path | None = None, guard: Any = None) -> list[Forward]:
-    """Train with `trl distillation`'s parser on `argv` (TRL options), recording what the models are fed."""
+def run_distillation_trainer(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+                             guard: Any = None, streaming: bool = False) -> list[Forward]:
+    """Train with `trl distillation`'s parser on `argv` (TRL options), recording what the models are fed. `streaming`
+    loads the data as `trl distillation --dataset_streaming` does (`harness.load_data`)."""
     import torch
-    from datasets import load_dataset
     from transformers import AutoModelForCausalLM
     from trl import DistillationTrainer
     from trl.scripts.distillation import make_parser
@@ -31,8 +32,8 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *,
         "--output_dir", output_dir, "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
         "--teacher_model_name_or_path", str(TINY_MODEL), *argv], return_remaining_strings=True)
-    train = load_dataset("json", data_files=str(train_path), split="train")
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
+    train = load_data(train_path, streaming)
+    eval_ds = load_data(eval_path, streaming) if eval_path else None
     student = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     seen: list[Forward] = []

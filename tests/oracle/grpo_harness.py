@@ -6,15 +6,19 @@ recording every model input it makes, by phase and step, through the guard's rec
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shapeplan.guard.recorder import Forward
 from shapeplan.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
+from tests.oracle.harness import load_data, run_ranks
 
 
 def completion_length_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -22,10 +26,11 @@ def completion_length_reward(completions: list[Any], **kwargs: Any) -> list[floa
 
 
 def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *,
-                           eval_path: Path | None = None, guard: Any = None) -> list[Forward]:
-    """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed."""
+                           eval_path: Path | None = None, guard: Any = None,
+                           streaming: bool = False) -> list[Forward]:
+    """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed. `streaming`
+    loads the data as `trl <method> --dataset_streaming` does (`harness.load_data`)."""
     import torch
-    from datasets import load_dataset
     from transformers import AutoModelForCausalLM
 
     from shapeplan import ShapeGuard
@@ -35,8 +40,8 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     _, config, *_ = parser.parse_args_and_config([
         "--output_dir", output_dir, "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv], return_remaining_strings=True)
-    train = load_dataset("json", data_files=str(train_path), split="train")
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train") if eval_path else None
+    train = load_data(train_path, streaming)
+    eval_ds = load_data(eval_path, streaming) if eval_path else None
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
     seen: list[Forward] = []
     guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
@@ -53,6 +58,15 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     return seen
 
 
+def run_generation_trainer_distributed(method: str, train_path: Path, argv: Sequence[str], *, tmp_dir: Path,
+                                       eval_path: Path | None = None, streaming: bool = False,
+                                       num_processes: int = 2) -> list[Forward]:
+    """`run_generation_trainer` in `num_processes` CPU processes joined by gloo; every rank's records."""
+    spec = {"method": method, "train": str(train_path), "argv": list(argv), "streaming": streaming,
+            "eval": str(eval_path) if eval_path else None}
+    return run_ranks("tests.oracle.grpo_harness", spec, num_processes=num_processes, tmp_dir=tmp_dir)
+
+
 Key = tuple[str, int, int, int | None, int | None]
 
 
@@ -62,10 +76,17 @@ def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int]]:
     counts = Counter(keys)
     first: dict[Key, int] = {}
     for key, s in zip(keys, seen, strict=True):
-        first.setdefault(key, s.step)
+        first[key] = min(first.get(key, s.step), s.step)  # several ranks' records are concatenated, not interleaved
     return {k: (counts[k], first[k]) for k in counts}
 
 
 def planned(plan: Any, *, certain_only: bool = False) -> dict[Key, tuple[int, int]]:
     return {(s.phase, s.batch, s.seq, s.cache_len, s.logits_to_keep): (s.count, s.first_step)
             for s in plan.shapes if s.certain or not certain_only}
+
+
+if __name__ == "__main__":  # one rank of run_generation_trainer_distributed
+    spec = json.loads(sys.argv[1])
+    records = run_generation_trainer(spec["method"], Path(spec["train"]), spec["argv"], streaming=spec["streaming"],
+                                     eval_path=Path(spec["eval"]) if spec["eval"] else None)
+    Path(spec["out"]).write_text(json.dumps([asdict(s) for s in records]))

@@ -46,8 +46,8 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     _, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
-    train = _load(train_path, streaming)
-    eval_ds = _load(eval_path, streaming) if eval_path else None
+    train = load_data(train_path, streaming)
+    eval_ds = load_data(eval_path, streaming) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
     seen: list[Forward] = []
@@ -59,8 +59,9 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     return seen
 
 
-def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
-    """A JSONL file, or a folder of them (one shard per file when streamed), as `trl sft` loads it."""
+def load_data(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
+    """A JSONL file, or a folder of them (one shard per file when streamed), as `trl <method>` loads it (with
+    --dataset_streaming: `load_dataset(..., streaming=True)`, an IterableDataset)."""
     from datasets import load_dataset
 
     if path.is_dir():
@@ -72,6 +73,16 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
                         num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
                         streaming: bool = False) -> list[Forward]:
     """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
+    spec = {"train": str(train_path), "argv": list(argv), "streaming": streaming,
+            "eval": str(eval_path) if eval_path else None}
+    return run_ranks("tests.oracle.harness", spec, num_processes=num_processes, tmp_dir=tmp_dir, timeout_s=timeout_s)
+
+
+def run_ranks(module: str, spec: dict[str, Any], *, num_processes: int, tmp_dir: Path,
+              timeout_s: float = 600) -> list[Forward]:
+    """`python -m module SPEC` in `num_processes` CPU processes joined by gloo (as `accelerate launch
+    --num_processes N --cpu` would); each writes what its rank recorded to `SPEC["out"]`, a JSON list of `Forward`s.
+    Returns every rank's, concatenated."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -81,11 +92,9 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
                "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        spec = json.dumps({"train": str(train_path), "argv": list(argv), "streaming": streaming,
-                           "eval": str(eval_path) if eval_path else None, "out": str(out)})
         with open(tmp_dir / f"rank{rank}.log", "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.oracle.harness", spec], cwd=ROOT, env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen([sys.executable, "-m", module, json.dumps({**spec, "out": str(out)})],
+                                          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     # A rank that fails leaves the others waiting in a collective: stop them rather than wait for gloo's timeout.
     deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs):

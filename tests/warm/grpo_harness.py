@@ -30,7 +30,8 @@ def plan_for(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
 
 
 def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
-    """`trl <method> ARGV` as its main() builds the trainer (the dataset read from a local file, no final save)."""
+    """`trl <method> ARGV` as its main() builds the trainer (the dataset read from a local file, streamed with
+    --dataset_streaming; no final save)."""
     import trl
     from datasets import load_dataset
 
@@ -40,7 +41,7 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
                                     attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
     module_path, name = script.reward_funcs[0].rsplit(".", 1)
     reward = getattr(importlib.import_module(module_path), name)
-    dataset = load_dataset("json", data_files={"train": str(data)})
+    dataset = load_dataset("json", data_files={"train": str(data)}, streaming=script.dataset_streaming)
     trainer_class = TRAINERS[method].trainer()
     # as `trl <method>` main(): the eval split only when the run evaluates
     eval_dataset = dataset[script.dataset_test_split] if config.eval_strategy != "no" else None
