@@ -2,8 +2,9 @@
 the model receives, by phase and step, through the guard's recorder (`ShapeGuard(on_unplanned="record")`), whose
 phase rules are the library's. Plans are checked against this, never against the notes.
 
-`run_sft` trains in this process; `run_sft_distributed` runs the same function in N processes joined by gloo
-(as `accelerate launch --num_processes N --cpu` would) and returns what every rank recorded.
+`run_sft` trains in this process; `run_distributed` runs it (or `preference_harness.run_preference` for DPO, KTO and
+Reward) in N processes joined by gloo (as `accelerate launch --num_processes N --cpu` would) and returns what every
+rank recorded.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     _, config, *_ = _parse("sft", [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
-    train = _load(train_path, streaming)
-    eval_ds = _load(eval_path, streaming) if eval_path else None
+    train = load_data(train_path, streaming)
+    eval_ds = load_data(eval_path, streaming) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype="float32")
     seen: list[Forward] = []
@@ -59,7 +60,7 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     return seen
 
 
-def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
+def load_data(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
     """A JSONL file, or a folder of them (one shard per file when streamed), as `trl sft` loads it."""
     from datasets import load_dataset
 
@@ -68,10 +69,11 @@ def _load(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
     return load_dataset("json", data_files=str(path), split="train", streaming=streaming)
 
 
-def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                        num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
-                        streaming: bool = False) -> list[Forward]:
-    """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
+def run_distributed(train_path: Path, argv: Sequence[str], *, method: str = "sft", eval_path: Path | None = None,
+                    num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
+                    streaming: bool = False) -> list[Forward]:
+    """`method`'s oracle run in `num_processes` CPU processes joined by gloo; what every rank recorded,
+    concatenated."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -81,7 +83,7 @@ def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Pat
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
                "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        spec = json.dumps({"train": str(train_path), "argv": list(argv), "streaming": streaming,
+        spec = json.dumps({"method": method, "train": str(train_path), "argv": list(argv), "streaming": streaming,
                            "eval": str(eval_path) if eval_path else None, "out": str(out)})
         with open(tmp_dir / f"rank{rank}.log", "w") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "tests.oracle.harness", spec], cwd=ROOT, env=env,
@@ -148,8 +150,14 @@ def planned(plan, *, varlen: bool = False, unpadded: bool = False) -> dict[  # t
 
 def _rank_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    seen = run_sft(Path(spec["train"]), spec["argv"], eval_path=Path(spec["eval"]) if spec["eval"] else None,
-                   streaming=spec["streaming"])
+    train, eval_path = Path(spec["train"]), Path(spec["eval"]) if spec["eval"] else None
+    if spec["method"] == "sft":
+        seen = run_sft(train, spec["argv"], eval_path=eval_path, streaming=spec["streaming"])
+    else:
+        from tests.oracle.preference_harness import run_preference
+
+        seen = run_preference(spec["method"], train, spec["argv"], eval_path=eval_path,
+                              streaming=spec["streaming"]).seen
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in seen]))
 
 
