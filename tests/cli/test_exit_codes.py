@@ -70,7 +70,8 @@ def test_analyze(tmp_path: Path) -> None:
 
 
 def test_analyze_streaming(tmp_path: Path) -> None:
-    """A streaming SFT (and Reward) run is planned; what the Trainer or TRL refuse on a stream, and what is not planned, exit 2."""
+    """Streaming SFT and Reward runs are planned; what the Trainer or TRL refuse on a stream, and what is not planned,
+    exit 2."""
     out = ok(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "2"))
     assert "warning: streaming: the run reads the first 16 prepared train rows (16 source rows read" in out
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming"), 2,

@@ -161,5 +161,5 @@ def _rank_main(spec_json: str) -> None:
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in seen]))
 
 
-if __name__ == "__main__":  # one rank of run_sft_distributed; importing tests.conftest set the offline env
+if __name__ == "__main__":  # one rank of run_distributed; importing tests.conftest set the offline env
     _rank_main(sys.argv[1])

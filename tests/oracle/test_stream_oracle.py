@@ -10,7 +10,7 @@ import pytest
 
 from shapeplan.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_short_text_rows
-from tests.oracle.harness import observed, planned, run_sft, run_distributed
+from tests.oracle.harness import observed, planned, run_distributed, run_sft
 
 pytestmark = pytest.mark.slow
 
