@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DatasetError, UsageError
+from ..errors import DatasetError, UsageError, first_line
 from ..host import installed_only
 from .data import (
     check_rows,
@@ -73,18 +75,28 @@ def run_fingerprint(data: RunData) -> dict[str, str]:
     return out
 
 
-def load_run_data(args: TrainingArgs, *, eval_source: str | None, streams: bool = False) -> RunData:
+def streamed(args: TrainingArgs) -> bool:
+    """Whether the run reads its data as streams (IterableDatasets), as `trl <method>`'s `main()` loads it."""
+    return bool(getattr(args.script, "dataset_streaming", False) or getattr(args.dataset_mixture, "streaming", False))
+
+
+@contextmanager
+def trl_preparing(name: str) -> Iterator[None]:
+    """TRL's preparation errors (a bad row, a template that fails) as one DatasetError line."""
+    from jinja2 import TemplateError
+
+    try:
+        yield
+    except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
+        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
+
+
+def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them. With
-    --dataset_streaming, IterableDatasets read lazily, for a planner that `streams` them."""
+    --dataset_streaming, IterableDatasets read lazily (every planner streams them)."""
     script = args.script
     mixture = args.dataset_mixture
-    streaming = bool(getattr(script, "dataset_streaming", False) or getattr(mixture, "streaming", False))
-    if streaming and not streams:
-        if getattr(args.training, "precompute_ref_log_probs", False):
-            raise UsageError(f"TRL's {args.method} trainer refuses precompute_ref_log_probs=True on a streamed dataset "
-                             "(an IterableDataset); drop --precompute_ref_log_probs or --dataset_streaming")
-        raise UsageError(f"--dataset_streaming is planned for SFT only, not yet for {args.method}; drop "
-                         "--dataset_streaming to plan the map-style run of the same data")
+    streaming = streamed(args)
     if mixture is not None and getattr(mixture, "datasets", None):
         from trl import get_dataset
 

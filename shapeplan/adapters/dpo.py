@@ -8,11 +8,8 @@ from ..plan.dpo import DPOLayout, plan_dpo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from .preference import (
-    check_columns,
-    check_not_empty,
-    list_lengths,
+    Preparation,
     precompute_batches,
-    prepare,
     prepare_run,
     with_precompute_warning,
 )
@@ -32,19 +29,20 @@ def _bare_trainer(tokenizer: Any) -> Any:
     return trainer
 
 
-def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[PairedRows, int]:
-    """Prompt+chosen and prompt+rejected lengths of the rows DPO trains on, and how many rows preparation dropped."""
-    check_columns(dataset, "DPO", name, COLUMNS)
-    prepared = prepare(_bare_trainer(tokenizer), dataset, tokenizer, config, name)
-    prompt, chosen, rejected = list_lengths(prepared, "prompt_ids", "chosen_ids", "rejected_ids")
-    check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
-    rows = PairedRows(chosen=tuple(p + c for p, c in zip(prompt, chosen, strict=True)),
-                      rejected=tuple(p + r for p, r in zip(prompt, rejected, strict=True)), prompt=tuple(prompt))
-    return rows, len(dataset) - len(rows)
+def preparation(tokenizer: Any, config: Any) -> Preparation[PairedRows]:
+    """Prompt+chosen and prompt+rejected lengths of the rows DPO trains on."""
+    def build(columns: list[list[Any]]) -> PairedRows:
+        prompt, chosen, rejected = columns
+        return PairedRows(chosen=tuple(p + c for p, c in zip(prompt, chosen, strict=True)),
+                          rejected=tuple(p + r for p, r in zip(prompt, rejected, strict=True)), prompt=tuple(prompt))
+
+    return Preparation(trainer="DPO", accepted=COLUMNS, bare=_bare_trainer(tokenizer),
+                       lengths=("prompt_ids", "chosen_ids", "rejected_ids"), build=build,
+                       dropped_because="every prompt reaches")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
-    run = prepare_run(args, argv, eval_source, prepare_rows)
+    run = prepare_run(args, argv, eval_source, preparation)
     train_precompute, eval_precompute = precompute_batches(args, run)
     return plan_dpo(
         train_rows=run.train_rows,

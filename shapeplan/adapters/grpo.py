@@ -89,7 +89,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     generation = generation_settings(config)
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
-    data = load_run_data(args, eval_source=eval_source, streams=True)
+    data = load_run_data(args, eval_source=eval_source)
     trainer = bare_trainer(method, data.tokenizer, config)
     if generation_stream.is_stream(data.train):
         # get_train_dataloader's stream counterpart of _train_batches' RepeatSampler

@@ -8,11 +8,8 @@ from ..errors import UsageError
 from ..plan.kto import KTOLayout, UnpairedRows, plan_kto
 from ..plan.model import Plan
 from .preference import (
-    check_columns,
-    check_not_empty,
-    list_lengths,
+    Preparation,
     precompute_batches,
-    prepare,
     prepare_run,
     with_precompute_warning,
 )
@@ -40,23 +37,26 @@ def _bare_trainer(tokenizer: Any, config: Any) -> Any:
     return trainer
 
 
-def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[UnpairedRows, int]:
-    """The lengths of the rows KTO trains on and of their KL rows, and how many (unpaired) rows preparation dropped."""
-    check_columns(dataset, "KTO", name, COLUMNS)
-    paired = {"chosen", "rejected"} <= set(dataset.column_names)
-    prepared = prepare(_bare_trainer(tokenizer, config), dataset, tokenizer, config, name)
+def preparation(tokenizer: Any, config: Any) -> Preparation[UnpairedRows]:
+    """The lengths of the rows KTO trains on and of their KL rows, and the rows' labels."""
     kl = _uses_kl(config)
-    columns = ("prompt_ids", "completion_ids", "KL_completion_ids") if kl else ("prompt_ids", "completion_ids")
-    prompt, completion, *kl_completion = list_lengths(prepared, *columns)
-    labels = tuple(bool(label) for label in prepared["label"])
-    check_not_empty(len(prompt), name, config.max_length, "every prompt reaches")
-    rows = UnpairedRows(
-        lengths=tuple(p + c for p, c in zip(prompt, completion, strict=True)),
-        kl_lengths=tuple(p + c for p, c in zip(prompt, kl_completion[0], strict=True)) if kl else None,
-        prompt=tuple(prompt),
-        labels=labels,
-    )
-    return rows, len(dataset) * (2 if paired else 1) - len(rows)
+
+    def build(columns: list[list[Any]]) -> UnpairedRows:
+        prompt, completion, *kl_completion, labels = columns
+        return UnpairedRows(
+            lengths=tuple(p + c for p, c in zip(prompt, completion, strict=True)),
+            kl_lengths=tuple(p + c for p, c in zip(prompt, kl_completion[0], strict=True)) if kl else None,
+            prompt=tuple(prompt),
+            labels=tuple(bool(label) for label in labels),
+        )
+
+    def rows_per_example(dataset: Any) -> int:  # paired rows are unpaired into two
+        return 2 if {"chosen", "rejected"} <= set(dataset.column_names) else 1
+
+    return Preparation(trainer="KTO", accepted=COLUMNS, bare=_bare_trainer(tokenizer, config),
+                       lengths=("prompt_ids", "completion_ids", *(("KL_completion_ids",) if kl else ())),
+                       values=("label",), build=build, dropped_because="every prompt reaches",
+                       rows_per_example=rows_per_example)
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -68,7 +68,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         if config.per_device_train_batch_size <= 1:
             raise UsageError(f"loss_type={config.loss_type!r} estimates a KL term, which needs "
                              "--per_device_train_batch_size 2 or more")
-    run = prepare_run(args, argv, eval_source, prepare_rows)
+    run = prepare_run(args, argv, eval_source, preparation)
     train_precompute, eval_precompute = precompute_batches(args, run)
     return plan_kto(
         train_rows=run.train_rows,

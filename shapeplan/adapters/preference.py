@@ -1,17 +1,27 @@
 """What the DPO, KTO and Reward adapters share: checking columns, running a trainer's own `_prepare_dataset` on a
-bare instance, reading token lengths off the prepared rows, and replaying the loops over them."""
+bare instance (on a map-style dataset, or lazily on a stream), reading token lengths off the prepared rows, and
+replaying the loops over them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from ..errors import DatasetError, UsageError, first_line
+from ..errors import DatasetError, UsageError
 from ..plan.batches import RankBatches, RunInfo
 from ..plan.schedule import TrainLoop
-from .common import load_run_data, recorded_config, run_fingerprint, versions
-from .loop import eval_schedule, sequential_pass, train_schedule
+from . import stream
+from .common import (
+    RunData,
+    load_run_data,
+    recorded_config,
+    run_fingerprint,
+    streamed,
+    trl_preparing,
+    versions,
+)
+from .loop import eval_schedule, eval_steps_of, sequential_pass, train_schedule
 from .trl_args import TrainingArgs
 
 R = TypeVar("R", bound=Sized)  # the trainer's prepared rows (PairedRows, UnpairedRows)
@@ -19,7 +29,9 @@ R = TypeVar("R", bound=Sized)  # the trainer's prepared rows (PairedRows, Unpair
 
 def check_columns(dataset: Any, trainer: str, name: str, accepted: Sequence[Sequence[str]]) -> None:
     """Raise unless the dataset has every column of one of the `accepted` sets (`trainer`: its name, for people)."""
-    columns = set(dataset.column_names)
+    from trl.data_utils import get_dataset_column_names
+
+    columns = set(get_dataset_column_names(dataset))  # a stream may not know its columns before its first row
     if "image" in columns or "images" in columns:
         raise UsageError(f"the {name} dataset has images; vision-language {trainer} is not planned yet")
     if any(set(needed) <= columns for needed in accepted):
@@ -29,21 +41,50 @@ def check_columns(dataset: Any, trainer: str, name: str, accepted: Sequence[Sequ
                        f"{trainer} needs {wanted}")
 
 
-def prepare(trainer: Any, dataset: Any, tokenizer: Any, config: Any, name: str) -> Any:
-    """`trainer._prepare_dataset(dataset, tokenizer, config, name)`, its failures as one line."""
-    try:
-        return trainer._prepare_dataset(dataset, tokenizer, config, name)
-    except (ValueError, RuntimeError, TypeError, KeyError) as exc:
-        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
+@dataclass(frozen=True)
+class Preparation(Generic[R]):
+    """How one trainer's data becomes the planner's rows: TRL's own `_prepare_dataset` on a bare trainer, then the
+    prepared columns the rows are made of, list columns by their lengths (`lengths`) and others by value
+    (`values`)."""
 
+    trainer: str  # its name, for people
+    accepted: Sequence[Sequence[str]]  # the column sets it prepares (`check_columns`)
+    bare: Any  # the bare TRL trainer whose `_prepare_dataset` runs
+    lengths: tuple[str, ...]
+    build: Callable[[list[list[Any]]], R]  # the columns' lengths, then values, in row order -> the rows
+    dropped_because: str  # why preparation drops a row, before "max_length=N"
+    values: tuple[str, ...] = ()
+    rows_per_example: Callable[[Any], int] = lambda dataset: 1  # prepared rows one input row makes at most
 
-def list_lengths(prepared: Any, *columns: str) -> list[list[int]]:
-    """The length of every row's list in each column, in dataset order."""
-    import pyarrow.compute as pc
+    def map_style(self, dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[R, int]:
+        """The rows of a map-style dataset, and how many rows preparation dropped."""
+        import pyarrow.compute as pc
 
-    # Through the arrow formatter, so the indices mapping that `filter` leaves is honoured.
-    table = prepared.select_columns(list(columns)).with_format("arrow")[:]
-    return [pc.list_value_length(table.column(c)).to_pylist() for c in columns]
+        check_columns(dataset, self.trainer, name, self.accepted)
+        with trl_preparing(name):
+            prepared = self.bare._prepare_dataset(dataset, tokenizer, config, name)
+        # Through the arrow formatter, so the indices mapping that `filter` leaves is honoured.
+        table = prepared.select_columns([*self.lengths, *self.values]).with_format("arrow")[:]
+        columns = [pc.list_value_length(table.column(c)).to_pylist() for c in self.lengths]
+        columns += [table.column(c).to_pylist() for c in self.values]
+        rows = self.build(columns)
+        check_not_empty(len(rows), name, config.max_length, self.dropped_because)
+        return rows, len(dataset) * self.rows_per_example(dataset) - len(rows)
+
+    def stream_reader(self, dataset: Any, tokenizer: Any, config: Any, name: str) -> stream.Read[tuple[Any, ...]]:
+        """How a rank's stream of `dataset` yields its prepared rows (each its columns' lengths, then values)."""
+        check_columns(dataset, self.trainer, name, self.accepted)
+
+        def read(part: Any, limit: int | None, reader: stream.Reader) -> Iterator[tuple[Any, ...]]:
+            with trl_preparing(name):
+                # lazy: the trainer's maps run on the rows as they are read
+                for row in self.bare._prepare_dataset(stream.counted(part, reader), tokenizer, config, name):
+                    yield (*(len(row[c]) for c in self.lengths), *(row[c] for c in self.values))
+        return read
+
+    def streamed(self, items: list[tuple[Any, ...]]) -> R:
+        columns = [list(column) for column in zip(*items, strict=True)]
+        return self.build(columns or [[] for _ in (*self.lengths, *self.values)])
 
 
 def check_not_empty(num_rows: int, name: str, max_length: int | None, why: str) -> None:
@@ -69,16 +110,25 @@ def prepare_run(
     args: TrainingArgs,
     argv: list[str],
     eval_source: str | None,
-    prepare_rows: Callable[[Any, Any, Any, str], tuple[R, int]],
+    preparation: Callable[[Any, Any], Preparation[R]],
     setup_tokenizer: Callable[[Any, Any], None] | None = None,
 ) -> PreparedRun[R]:
-    """Load the run's data, prepare it with `prepare_rows(dataset, tokenizer, config, name) -> (rows, dropped)`, and
-    replay the train and eval loops over the prepared rows."""
+    """Load the run's data, prepare it as `preparation(tokenizer, config)` says, and replay the train and eval loops
+    over the prepared rows."""
     config = args.training
+    streaming = streamed(args)
+    if streaming:
+        stream.check_run(args)
+        if getattr(config, "precompute_ref_log_probs", False):  # `_precompute_ref_logps` raises on an IterableDataset
+            raise UsageError(f"TRL's {args.method} trainer refuses precompute_ref_log_probs=True on a streamed dataset "
+                             "(an IterableDataset); drop --precompute_ref_log_probs or --dataset_streaming")
     data = load_run_data(args, eval_source=eval_source)
     if setup_tokenizer is not None:
         setup_tokenizer(data.tokenizer, config)
-    train_rows, dropped = prepare_rows(data.train, data.tokenizer, config, "train")
+    prep = preparation(data.tokenizer, config)
+    if streaming:
+        return _stream_run(args, argv, data, prep)
+    train_rows, dropped = prep.map_style(data.train, data.tokenizer, config, "train")
     epoch_batches, loop = train_schedule(args, len(train_rows))
     info = RunInfo(
         method=args.method,
@@ -91,10 +141,33 @@ def prepare_run(
     )
     if data.eval is None:
         return PreparedRun(train_rows=train_rows, epoch_batches=epoch_batches, loop=loop, info=info)
-    eval_rows, _ = prepare_rows(data.eval, data.tokenizer, config, "eval")
+    eval_rows, _ = prep.map_style(data.eval, data.tokenizer, config, "eval")
     eval_batches, eval_steps = eval_schedule(args, loop, len(eval_rows))
     return PreparedRun(train_rows=train_rows, epoch_batches=epoch_batches, loop=loop, info=info, eval_rows=eval_rows,
                        eval_batches=eval_batches, eval_steps=eval_steps)
+
+
+def _stream_run(args: TrainingArgs, argv: list[str], data: RunData, prep: Preparation[R]) -> PreparedRun[R]:
+    """A streaming run (see `shapeplan.adapters.stream`): the stream's first prepared rows in stream order, each rank's
+    batches of them, and the eval stream read whole at each evaluation."""
+    config = args.training
+
+    def check(name: str) -> Callable[[int], None]:
+        return lambda rows: check_not_empty(rows, name, config.max_length, prep.dropped_because)
+
+    train, loop, read = stream.read_train(data.train, args, prep.stream_reader(data.train, data.tokenizer, config,
+                                                                               "train"), check("train"))
+    train_rows = prep.streamed(train.rows)
+    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+                   config=recorded_config(args, argv), versions=versions(), fingerprint=run_fingerprint(data),
+                   warnings=(read,))
+    run = PreparedRun(train_rows=train_rows, epoch_batches=lambda epoch: train.batches, loop=loop, info=info)
+    if data.eval is None:
+        return run
+    evaluated = stream.read_eval(data.eval, args, prep.stream_reader(data.eval, data.tokenizer, config, "eval"),
+                                 check("eval"))
+    return replace(run, eval_rows=prep.streamed(evaluated.rows), eval_batches=evaluated.batches,
+                   eval_steps=eval_steps_of(args, loop))
 
 
 PRECOMPUTE_CACHED = ("ref_precompute shapes are met only when TRL finds no cached reference log-probs for this "

@@ -9,13 +9,7 @@ from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from ..plan.reward import plan_reward
 from .common import apply_chat_template_path
-from .preference import (
-    check_columns,
-    check_not_empty,
-    list_lengths,
-    prepare,
-    prepare_run,
-)
+from .preference import Preparation, prepare_run
 from .trl_args import TrainingArgs
 
 # Text (or messages) to tokenize, or rows tokenized already.
@@ -32,18 +26,20 @@ def _set_tokens(tokenizer: Any, config: Any) -> None:
     apply_chat_template_path(tokenizer, config.chat_template_path)
 
 
-def prepare_rows(dataset: Any, tokenizer: Any, config: Any, name: str) -> tuple[PairedRows, int]:
-    """Chosen and rejected lengths of the rows the reward model trains on, and how many rows preparation dropped."""
+def preparation(tokenizer: Any, config: Any) -> Preparation[PairedRows]:
+    """Chosen and rejected lengths of the rows the reward model trains on."""
     from trl import RewardTrainer
 
-    check_columns(dataset, "Reward", name, COLUMNS)
-    prepared = prepare(RewardTrainer.__new__(RewardTrainer), dataset, tokenizer, config, name)
-    chosen, rejected = list_lengths(prepared, "chosen_ids", "rejected_ids")
-    check_not_empty(len(chosen), name, config.max_length, "every row has a side longer than")
-    return PairedRows(chosen=tuple(chosen), rejected=tuple(rejected)), len(dataset) - len(chosen)
+    def build(columns: list[list[Any]]) -> PairedRows:
+        chosen, rejected = columns
+        return PairedRows(chosen=tuple(chosen), rejected=tuple(rejected))
+
+    return Preparation(trainer="Reward", accepted=COLUMNS, bare=RewardTrainer.__new__(RewardTrainer),
+                       lengths=("chosen_ids", "rejected_ids"), build=build,
+                       dropped_because="every row has a side longer than")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
-    run = prepare_run(args, argv, eval_source, prepare_rows, setup_tokenizer=_set_tokens)
+    run = prepare_run(args, argv, eval_source, preparation, setup_tokenizer=_set_tokens)
     return plan_reward(train_rows=run.train_rows, loop=run.loop, epoch_batches=run.epoch_batches, info=run.info,
                        eval_rows=run.eval_rows, eval_batches=run.eval_batches, eval_steps=run.eval_steps)

@@ -37,7 +37,7 @@ def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None =
 
 def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:
     """The run's data, refused when streamed: lengths cover every row, which a stream gives only read whole."""
-    data = load_run_data(args, eval_source=eval_source, streams=True)
+    data = load_run_data(args, eval_source=eval_source)
     if is_stream(data.train):
         raise UsageError("--histogram and advise read the length of every train row, which a stream gives only when "
                          "read whole; drop --dataset_streaming for them (the map-style run has the same lengths)")

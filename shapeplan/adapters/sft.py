@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import DatasetError, ModelError, UsageError, first_line
+from ..errors import DatasetError, ModelError, UsageError
 from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
-from ..plan.schedule import TrainLoop
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths, stream
 from .common import (
@@ -20,6 +17,8 @@ from .common import (
     load_run_data,
     recorded_config,
     run_fingerprint,
+    streamed,
+    trl_preparing,
     versions,
 )
 from .loop import check_strategy, eval_schedule, eval_steps_of, train_schedule
@@ -96,17 +95,6 @@ def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, na
     return rows, dropped
 
 
-@contextmanager
-def _trl_preparing(name: str) -> Iterator[None]:
-    """TRL's preparation errors (a bad row, a template that fails) as one DatasetError line."""
-    from jinja2 import TemplateError
-
-    try:
-        yield
-    except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
-        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
-
-
 def _preparer(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> Any:
     """The bare `SFTTrainer` whose `_prepare_dataset` prepares `dataset`, after the checks TRL's preparation would
     fail on; None with skip_prepare_dataset."""
@@ -121,29 +109,12 @@ def _preparer(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> An
     return None if skip else _bare_trainer(tokenizer, config, first)
 
 
-def _stream_parts(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str, num_processes: int,
-                  per_rank: int | None, reader: stream.Reader) -> list[Rows]:
-    """The prepared rows of a stream that the run reads, one `Rows` per rank when accelerate shards it by files,
-    else one shared; `per_rank` rows of each (all rows when None)."""
-    trainer = _preparer(dataset, tokenizer, config, packing=packing)
-    parts = []
-    for part in stream.rank_streams(dataset, num_processes):
-        with _trl_preparing(name):
-            rows = stream.prepared_rows(part, tokenizer, config, trainer, packing=packing, name=name, reader=reader,
-                                        limit=per_rank)
-            parts.append(stream.take(rows, per_rank))
-        if not parts[-1].lengths:
-            raise DatasetError(f"every row of the {name} stream was dropped: no row keeps a trainable token within "
-                               f"max_length={config.max_length}; raise --max_length or check the loss masks")
-    return parts
-
-
 def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool,
                    name: str) -> tuple[Rows, int]:
     if trainer is None:  # skip_prepare_dataset
         prepared = dataset
     else:
-        with _trl_preparing(name):
+        with trl_preparing(name):
             if lengths.fast_path_refusal(dataset, tokenizer, config) is None:
                 return lengths.fast_prepared_rows(trainer, dataset, tokenizer, config, packing=packing, name=name)
             prepared = trainer._prepare_dataset(dataset, tokenizer, config, packing, None, name)
@@ -156,23 +127,21 @@ def _prepared_rows(dataset: Any, tokenizer: Any, config: Any, trainer: Any, *, p
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     config = args.training
-    streaming = bool(args.script.dataset_streaming or getattr(args.dataset_mixture, "streaming", False))
-    if streaming and config.max_steps <= 0:
-        raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
-                         "--max_steps N")
-    if not streaming:  # a stream has no sampler: the Trainer ignores train_sampling_strategy
-        check_strategy(args, length_aware=True)
+    streaming = streamed(args)
     accelerator = config.accelerator_config
-    # SFTTrainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
-    if args.num_processes > 1 and (accelerator.split_batches or (not streaming and (
-            not accelerator.even_batches or accelerator.dispatch_batches))):
-        raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not planned "
-                         "for data-parallel runs; keep accelerate's defaults")
+    if streaming:
+        stream.check_run(args)
+    else:  # a stream has no sampler: the Trainer ignores train_sampling_strategy
+        check_strategy(args, length_aware=True)
+        if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
+                                       or accelerator.dispatch_batches):
+            raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not "
+                             "planned for data-parallel runs; keep accelerate's defaults")
     # SFTTrainer checks this once, against the train packing, for train and eval alike.
     if config.padding_free and not config.packing and config.max_length is not None:
         raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
                          "--max_length none")
-    data = load_run_data(args, eval_source=eval_source, streams=True)
+    data = load_run_data(args, eval_source=eval_source)
     tokenizer = data.tokenizer
     apply_chat_template_path(tokenizer, config.chat_template_path)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
@@ -219,35 +188,41 @@ def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFT
     (see `shapeplan.adapters.stream`), or passes over a stream shorter than that; the eval stream read whole at each
     evaluation."""
     config = args.training
-    ranks = args.num_processes
-    micro = config.max_steps * config.gradient_accumulation_steps
-    train_reader = stream.Reader()
-    sharded = len(stream.rank_streams(data.train, ranks)) > 1
-    per_rank = micro * config.per_device_train_batch_size
-    needed = per_rank if sharded else per_rank * ranks
-    parts = _stream_parts(data.train, data.tokenizer, config, packing=config.packing, name="train",
-                          num_processes=ranks, per_rank=needed, reader=train_reader)
-    train_rows, batches = stream.batches(parts, batch_size=config.per_device_train_batch_size, num_processes=ranks)
-    # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
-    loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
-                     num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
-    if any(len(part.lengths) < needed for part in parts):  # the whole stream was read: it ends before max_steps
-        loop = replace(loop, batches_per_pass=stream.pass_length(
-            batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
-            shuffled=config.shuffle_dataset))
-    passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
-    warnings.append(f"streaming: the run reads the first {len(train_rows)} prepared train rows{passes} "
-                    f"({train_reader.rows_read} source rows read to plan them)")
+    train, loop, read = stream.read_train(data.train, args, _stream_reader(data.train, data.tokenizer, config,
+                                                                            packing=config.packing, name="train"),
+                                          _stream_check(config, "train"), shuffled=config.shuffle_dataset)
+    warnings.append(read)
+    train_rows = stream.sft_rows(train.rows)
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded_config(args, argv), versions=versions(),
                    fingerprint=run_fingerprint(data), warnings=warnings)
     if data.eval is None:
-        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: batches,
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: train.batches,
                         info=info)
     eval_packing = config.packing if config.eval_packing is None else config.eval_packing
-    eval_parts = _stream_parts(data.eval, data.tokenizer, config, packing=eval_packing, name="eval",
-                               num_processes=ranks, per_rank=None, reader=stream.Reader())
-    eval_rows, eval_order = stream.batches(eval_parts, batch_size=config.per_device_eval_batch_size,
-                                           num_processes=ranks)
-    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: batches, info=info,
-                    eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_steps_of(args, loop))
+    evaluated = stream.read_eval(data.eval, args, _stream_reader(data.eval, data.tokenizer, config,
+                                                                 packing=eval_packing, name="eval"),
+                                 _stream_check(config, "eval"))
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: train.batches,
+                    info=info, eval_rows=stream.sft_rows(evaluated.rows), eval_batches=evaluated.batches,
+                    eval_steps=eval_steps_of(args, loop))
+
+
+def _stream_reader(dataset: Any, tokenizer: Any, config: Any, *, packing: bool,
+                   name: str) -> stream.Read[stream.PreparedRow]:
+    """How a rank's stream of `dataset` yields its prepared rows."""
+    trainer = _preparer(dataset, tokenizer, config, packing=packing)
+
+    def read(part: Any, limit: int | None, reader: stream.Reader) -> Iterator[stream.PreparedRow]:
+        with trl_preparing(name):
+            yield from stream.prepared_rows(part, tokenizer, config, trainer, packing=packing, name=name,
+                                            reader=reader, limit=limit)
+    return read
+
+
+def _stream_check(config: Any, name: str) -> Callable[[int], None]:
+    def check(rows: int) -> None:
+        if not rows:
+            raise DatasetError(f"every row of the {name} stream was dropped: no row keeps a trainable token within "
+                               f"max_length={config.max_length}; raise --max_length or check the loss masks")
+    return check

@@ -1,34 +1,42 @@
-"""Streaming SFT runs (`--dataset_streaming`): the prepared rows a run reads from an `IterableDataset`, read lazily.
+"""Streaming runs (`--dataset_streaming`): the prepared rows a run reads from an `IterableDataset`, read lazily, and
+the batches each rank makes of them. SFT, DPO, KTO and Reward read a stream the same way.
 
 What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelerate 1.15):
 
-- `SFTTrainer._prepare_dataset` maps the stream lazily: the same tokenization, truncation and drop of untrainable
-  rows, row by row; packing is a batched `map` (`pack_dataset`), which packs each run of 1000 consecutive prepared
-  rows on its own; `shuffle_dataset` is a buffered shuffle.
+- The trainer's `_prepare_dataset` maps the stream lazily: the same tokenization, truncation and drop of rows as on a
+  map-style dataset, row by row. Its batched maps group consecutive rows as on a map-style dataset: SFT's packing
+  (`pack_dataset`) packs each run of 1000 prepared rows on its own; KTO unpairs paired rows 1000 at a time and rotates
+  the KL completions within each run of `per_device_train_batch_size` prepared rows. SFT's `shuffle_dataset` is a
+  buffered shuffle.
 - The Trainer gives an iterable dataset no sampler and no `drop_last` (`Trainer._get_dataloader`); it needs
   `max_steps`, and an epoch is then `max_steps x gradient_accumulation_steps` micro-batches read in stream order.
-- `SFTTrainer` forces `dispatch_batches=False`, so accelerate's `prepare_data_loader` hands each rank its own part:
-  `stream.shard(num_processes, rank)` when the stream has at least as many shards (files) as ranks, else
-  `IterableDatasetShard`: ranks take turns in chunks of `batch x ranks` rows, the last chunk completed with the
-  first rows.
+- Each of these trainers forces `dispatch_batches=False` for a stream, so accelerate's `prepare_data_loader` hands
+  each rank its own part: `stream.shard(num_processes, rank)` when the stream has at least as many shards (files) as
+  ranks (the trainer's preparation then runs on each rank's shard), else `IterableDatasetShard`: ranks take turns
+  in chunks of `batch x ranks` rows, the last chunk completed with the first rows.
 
 So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
-read (with packing, up to the end of the pack batch that holds the last one, as TRL reads it); a stream shorter
-than that is read whole, and the Trainer passes over it again until max_steps (`TrainLoop.batches_per_pass`). The
-eval stream is read whole, as each evaluation reads it.
+read (with a batched map, up to the end of the map batch that holds the last one, as TRL reads it); a stream
+shorter than that is read whole, and the Trainer passes over it again until max_steps (`TrainLoop.batches_per_pass`).
+The eval stream is read whole, as each evaluation reads it.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from ..errors import DatasetError, UsageError
 from ..plan.rows import Rows
+from ..plan.schedule import TrainLoop
 from . import lengths
 from .sampling import RankBatches
+from .trl_args import TrainingArgs
+
+T = TypeVar("T")
 
 # (token length, document lengths of a packed row or None)
 PreparedRow = tuple[int, tuple[int, ...] | None]
@@ -132,15 +140,19 @@ def _trl_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing
               reader: Reader) -> Iterator[PreparedRow]:
     """TRL's own `_prepare_dataset` on the stream, for what the fast path does not follow (shuffle_dataset's
     buffered shuffle, assistant-only masks, tokenized data...)."""
-    counted = stream.map(reader.count, features=stream.features)
-    prepared = counted if trainer is None else trainer._prepare_dataset(counted, tokenizer, config, packing, None,
-                                                                        name)
+    source = counted(stream, reader)
+    prepared = source if trainer is None else trainer._prepare_dataset(source, tokenizer, config, packing, None, name)
     for row in prepared:
         if "input_ids" not in row:
             raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
                                "skip_prepare_dataset the dataset must be tokenized already")
         documents = row.get("seq_lengths")
         yield len(row["input_ids"]), None if documents is None else tuple(documents)
+
+
+def counted(stream: Any, reader: Reader) -> Any:
+    """The stream, counting in `reader` each source row it yields."""
+    return stream.map(reader.count, features=stream.features)
 
 
 def rank_streams(stream: Any, num_processes: int) -> list[Any]:
@@ -151,33 +163,53 @@ def rank_streams(stream: Any, num_processes: int) -> list[Any]:
     return [stream]
 
 
-def take(rows: Iterator[PreparedRow], count: int | None) -> Rows:
-    """The first `count` prepared rows (all of them when None)."""
-    taken = list(itertools.islice(rows, count))
-    documents = tuple(d for _, d in taken if d is not None)
-    return Rows(lengths=tuple(length for length, _ in taken),
-                documents=documents if taken and len(documents) == len(taken) else None)
+def sft_rows(prepared: Sequence[PreparedRow]) -> Rows:
+    """SFT's `Rows` of prepared rows."""
+    documents = tuple(d for _, d in prepared if d is not None)
+    return Rows(lengths=tuple(length for length, _ in prepared),
+                documents=documents if prepared and len(documents) == len(prepared) else None)
 
 
-def batches(parts: list[Rows], *, batch_size: int, num_processes: int) -> tuple[Rows, RankBatches]:
-    """All ranks' rows as one `Rows`, and each rank's batches of indices into it (`rank_batches`)."""
-    rows = Rows(lengths=tuple(itertools.chain.from_iterable(p.lengths for p in parts)),
-                documents=None if parts[0].documents is None
-                else tuple(itertools.chain.from_iterable(p.documents or () for p in parts)))
-    return rows, rank_batches([len(p.lengths) for p in parts], batch_size=batch_size, num_processes=num_processes)
+# (a rank's stream, how many prepared rows are wanted or None for all, the reader counting source rows) -> the stream's
+# prepared rows, as the planner's items (SFT's PreparedRow, a preference trainer's column lengths), lazily
+Read = Callable[[Any, int | None, Reader], Iterator[T]]
+
+
+@dataclass(frozen=True)
+class Streamed(Generic[T]):
+    """What the run reads of a stream: every rank's prepared rows (rank after rank when sharded by files, else the one
+    shared stream's) and each rank's batches of indices into them."""
+
+    rows: list[T]
+    batches: RankBatches
+    whole: bool  # the stream ended before the rows wanted: it was read whole
+
+
+def read(dataset: Any, read_rows: Read[T], *, num_processes: int, batch_size: int, per_rank: int | None,
+         reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
+    """The first `per_rank` prepared rows each rank reads (all of them when None) and their batches; `check` gets
+    the prepared rows of each part read (to refuse a part whose every row was dropped)."""
+    streams = rank_streams(dataset, num_processes)
+    wanted = None if per_rank is None else per_rank * (1 if len(streams) > 1 else num_processes)
+    parts = []
+    for part in streams:
+        parts.append(list(itertools.islice(read_rows(part, wanted, reader), wanted)))
+        check(len(parts[-1]))
+    return Streamed(rows=list(itertools.chain.from_iterable(parts)),
+                    batches=rank_batches([len(p) for p in parts], batch_size=batch_size, num_processes=num_processes),
+                    whole=wanted is None or any(len(p) < wanted for p in parts))
 
 
 def rank_batches(sizes: list[int], *, batch_size: int, num_processes: int) -> RankBatches:
-    """Each rank's batches of indices into the concatenated parts, as the prepared DataLoader gives them: `sizes`
-    holds one part per rank (sharded by files) or one shared part (split by `IterableDatasetShard`, the last chunk
-    completed with the first rows). The Trainer sets no drop_last for a stream."""
+    """Each rank's batches of indices into the parts' rows joined, as the prepared DataLoader gives them: one part
+    per rank (sharded by files) or one shared part (split by `IterableDatasetShard`, the last chunk completed with
+    the first rows). The Trainer sets no drop_last for a stream."""
     from accelerate.data_loader import IterableDatasetShard
 
     if len(sizes) == 1 and num_processes > 1:
-        indices = list(range(sizes[0]))
         # IterableDatasetShard iterates any iterable: here the row indices, in stream order.
-        shards = (IterableDatasetShard(indices, batch_size=batch_size, drop_last=False, num_processes=num_processes,
-                                       process_index=rank)
+        shards = (IterableDatasetShard(range(sizes[0]), batch_size=batch_size, drop_last=False,
+                                       num_processes=num_processes, process_index=rank)
                   for rank in range(num_processes))
         per_rank = [list(shard) for shard in shards]
     else:
@@ -185,6 +217,47 @@ def rank_batches(sizes: list[int], *, batch_size: int, num_processes: int) -> Ra
         starts = itertools.accumulate(sizes, initial=0)
         per_rank = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
     return [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
+
+
+def check_run(args: TrainingArgs) -> None:
+    """What the Trainer and accelerate refuse, or shapeplan does not plan, for a streamed train dataset."""
+    config = args.training
+    if config.max_steps <= 0:
+        raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
+                         "--max_steps N")
+    # The trainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
+    if args.num_processes > 1 and config.accelerator_config.split_batches:
+        raise UsageError("accelerator_config split_batches is not planned for data-parallel runs; keep accelerate's "
+                         "defaults")
+
+
+def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None], *,
+               shuffled: bool = False) -> tuple[Streamed[T], TrainLoop, str]:
+    """The train rows and batches a streaming run reads, its loop (max_steps x GA micro-batches per rank, or passes
+    over a stream shorter than that), and the plan's warning saying what was read. `shuffled`: each pass reshuffles
+    the stream (SFT's shuffle_dataset)."""
+    config = args.training
+    ga = config.gradient_accumulation_steps
+    micro = config.max_steps * ga
+    reader = Reader()
+    streamed = read(dataset, read_rows, num_processes=args.num_processes, batch_size=config.per_device_train_batch_size,
+                    per_rank=micro * config.per_device_train_batch_size, reader=reader, check=check)
+    # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
+    loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=ga, num_train_epochs=config.num_train_epochs,
+                     max_steps=config.max_steps)
+    if streamed.whole:  # the stream ends before max_steps
+        loop = replace(loop, batches_per_pass=pass_length(streamed.batches, gradient_accumulation_steps=ga,
+                                                           shuffled=shuffled))
+    passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
+    warning = (f"streaming: the run reads the first {len(streamed.rows)} prepared train rows{passes} "
+               f"({reader.rows_read} source rows read to plan them)")
+    return streamed, loop, warning
+
+
+def read_eval(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None]) -> Streamed[T]:
+    """The eval stream, read whole as each evaluation reads it, and its batches."""
+    return read(dataset, read_rows, num_processes=args.num_processes,
+                batch_size=args.training.per_device_eval_batch_size, per_rank=None, reader=Reader(), check=check)
 
 
 def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:

@@ -58,3 +58,53 @@ def test_planning_reads_only_the_rows_the_run_consumes(tmp_path: Path) -> None:
                    use_cache=False)
     assert (plan.stats.rows, plan.stats.micro_batches, plan.stats.optimizer_steps) == (60, 20, 5)
     assert any("first 60 prepared train rows (60 source rows read" in w for w in plan.warnings), plan.warnings
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+# method -> (data, TRL options): DPO cutting prompts at max_length 256 (drops rows); KTO on paired rows (unpaired
+# into two, a batched map) with KL rows rotated within runs of 3; Reward dropping rows with a side over 384
+PREFERENCE = {
+    "dpo": (FIXTURES / "preference-explicit.jsonl", ["--max_length", "256"]),
+    "kto": (FIXTURES / "preference-conversational.jsonl", ["--max_length", "128", "--per_device_train_batch_size",
+                                                           "3"]),
+    "reward": (FIXTURES / "preference-conversational.jsonl", ["--max_length", "384"]),
+}
+
+
+@pytest.mark.parametrize("method", sorted(PREFERENCE))
+def test_preference_stream_rows_equal_the_map_style_preparation(method: str) -> None:
+    """TRL's preparation run lazily on a stream yields the rows it makes of the map-style dataset, in order."""
+    import importlib
+
+    data, argv = PREFERENCE[method]
+    config = parse_training_args(method, ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL),
+                                          *argv]).training
+    adapter = importlib.import_module(f"shapeplan.adapters.{method}")
+    tokenizer = load_tokenizer(str(TINY_MODEL))
+    prep = adapter.preparation(tokenizer, config)
+    expected, dropped = prep.map_style(load_dataset_source(str(data))["train"], tokenizer, config, "train")
+    rows = load_dataset_source(str(data), streaming=True)["train"]
+    reader = stream.Reader()
+    streamed = prep.streamed(list(prep.stream_reader(rows, tokenizer, config, "train")(rows, None, reader)))
+    assert streamed == expected
+    assert dropped > 0 or method == "kto"  # the configs drop rows (KTO's prompts all fit), and the stream the same
+    assert reader.rows_read >= 40  # the whole stream was read
+
+
+def test_preference_planning_reads_only_the_rows_the_run_consumes(tmp_path: Path) -> None:
+    """DPO, max_steps 3 x batch 2 x 2 ranks = 12 rows of a 5000-row stream: planning reads them and the first row
+    again where TRL's preparation looks at it, never the rest."""
+    import json
+
+    source = tmp_path / "pairs.jsonl"
+    with source.open("w") as f:
+        for i in range(5000):
+            f.write(json.dumps({"prompt": f"Question {i}:", "chosen": " yes" * (i % 7 + 1),
+                                "rejected": " no" * (i % 5 + 1)}) + "\n")
+    plan = analyze("dpo", ["--dataset_name", str(source), "--model_name_or_path", str(TINY_MODEL),
+                           "--dataset_streaming", "--max_steps", "3", "--per_device_train_batch_size", "2",
+                           "--num_processes", "2"], use_cache=False)
+    assert (plan.stats.rows, plan.stats.micro_batches, plan.stats.optimizer_steps) == (12, 6, 3)
+    (warning,) = [w for w in plan.warnings if w.startswith("streaming:")]
+    read = int(warning.split("(")[1].split()[0])
+    assert 12 <= read < 20, warning

@@ -70,7 +70,8 @@ def test_analyze(tmp_path: Path) -> None:
 
 
 def test_analyze_streaming(tmp_path: Path) -> None:
-    """A streaming SFT run is planned; what the Trainer or TRL refuse on a stream, and what is not planned, exit 2."""
+    """Streaming SFT and Reward runs are planned; what the Trainer or TRL refuse on a stream, and what is not planned,
+    exit 2."""
     out = ok(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "2"))
     assert "warning: streaming: the run reads the first 16 prepared train rows (16 source rows read" in out
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming"), 2,
@@ -84,10 +85,13 @@ def test_analyze_streaming(tmp_path: Path) -> None:
                       "--max_steps", "2", "--precompute_ref_log_probs"), 2,
             "TRL's dpo trainer refuses precompute_ref_log_probs=True on a streamed dataset (an IterableDataset); "
             "drop --precompute_ref_log_probs or --dataset_streaming")
-    refused(shapeplan("analyze", "--method", "reward", preference, "--model", TINY_MODEL, "--dataset_streaming",
-                      "--max_steps", "2"), 2,
-            "--dataset_streaming is planned for SFT only, not yet for reward; drop --dataset_streaming to plan the "
-            "map-style run of the same data")
+    out = ok(shapeplan("analyze", "--method", "reward", preference, "--model", TINY_MODEL, "--dataset_streaming",
+                       "--max_steps", "2"))
+    # 17: TRL's preparation reads the first row once more to see its format
+    assert "warning: streaming: the run reads the first 16 prepared train rows (17 source rows read" in out
+    refused(shapeplan("analyze", "--method", "kto", ROOT / "tests" / "fixtures" / "kto-unpaired.jsonl", "--model",
+                      TINY_MODEL, "--dataset_streaming"), 2,
+            "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N")
 
 
 # -- warm ------------------------------------------------------------------------------------------------------

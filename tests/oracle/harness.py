@@ -2,8 +2,9 @@
 the model receives, by phase and step, through the guard's recorder (`ShapeGuard(on_unplanned="record")`), whose
 phase rules are the library's. Plans are checked against this, never against the notes.
 
-`run_sft` trains in this process; `run_sft_distributed` runs the same function in N processes joined by gloo
-(as `accelerate launch --num_processes N --cpu` would) and returns what every rank recorded.
+`run_sft` trains in this process; `run_distributed` runs it (or `preference_harness.run_preference` for DPO, KTO and
+Reward) in N processes joined by gloo (as `accelerate launch --num_processes N --cpu` would) and returns what every
+rank recorded.
 """
 
 from __future__ import annotations
@@ -59,21 +60,24 @@ def run_sft(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = N
     return seen
 
 
-def load_data(path: Path, streaming: bool):  # type: ignore[no-untyped-def]
+def load_data(path: Path, streaming: bool, cache_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """A JSONL file, or a folder of them (one shard per file when streamed), as `trl <method>` loads it (with
-    --dataset_streaming: `load_dataset(..., streaming=True)`, an IterableDataset)."""
+    --dataset_streaming: `load_dataset(..., streaming=True)`, an IterableDataset), into `cache_dir` (None: the
+    default datasets cache)."""
     from datasets import load_dataset
 
+    cache = str(cache_dir) if cache_dir is not None else None
     if path.is_dir():
-        return load_dataset(str(path), split="train", streaming=streaming)
-    return load_dataset("json", data_files=str(path), split="train", streaming=streaming)
+        return load_dataset(str(path), split="train", streaming=streaming, cache_dir=cache)
+    return load_dataset("json", data_files=str(path), split="train", streaming=streaming, cache_dir=cache)
 
 
-def run_sft_distributed(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                        num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
-                        streaming: bool = False) -> list[Forward]:
-    """`run_sft` in `num_processes` CPU processes joined by gloo; what every rank recorded, concatenated."""
-    spec = {"train": str(train_path), "argv": list(argv), "streaming": streaming,
+def run_distributed(train_path: Path, argv: Sequence[str], *, method: str = "sft", eval_path: Path | None = None,
+                    num_processes: int = 2, tmp_dir: Path, timeout_s: float = 600,
+                    streaming: bool = False) -> list[Forward]:
+    """`method`'s oracle run (SFT, DPO, KTO, Reward) in `num_processes` CPU processes joined by gloo; what every
+    rank recorded, concatenated."""
+    spec = {"method": method, "train": str(train_path), "argv": list(argv), "streaming": streaming,
             "eval": str(eval_path) if eval_path else None}
     return run_ranks("tests.oracle.harness", spec, num_processes=num_processes, tmp_dir=tmp_dir, timeout_s=timeout_s)
 
@@ -157,10 +161,16 @@ def planned(plan, *, varlen: bool = False, unpadded: bool = False) -> dict[  # t
 
 def _rank_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    seen = run_sft(Path(spec["train"]), spec["argv"], eval_path=Path(spec["eval"]) if spec["eval"] else None,
-                   streaming=spec["streaming"])
+    train, eval_path = Path(spec["train"]), Path(spec["eval"]) if spec["eval"] else None
+    if spec["method"] == "sft":
+        seen = run_sft(train, spec["argv"], eval_path=eval_path, streaming=spec["streaming"])
+    else:
+        from tests.oracle.preference_harness import run_preference
+
+        seen = run_preference(spec["method"], train, spec["argv"], eval_path=eval_path,
+                              streaming=spec["streaming"]).seen
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in seen]))
 
 
-if __name__ == "__main__":  # one rank of run_sft_distributed; importing tests.conftest set the offline env
+if __name__ == "__main__":  # one rank of run_distributed; importing tests.conftest set the offline env
     _rank_main(sys.argv[1])

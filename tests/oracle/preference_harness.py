@@ -14,6 +14,7 @@ import torch
 
 from shapeplan.guard.recorder import Forward
 from tests.conftest import TINY_MODEL
+from tests.oracle.harness import load_data
 
 TRAINERS = {"dpo": "DPOTrainer", "kto": "KTOTrainer", "reward": "RewardTrainer"}
 
@@ -21,7 +22,7 @@ TRAINERS = {"dpo": "DPOTrainer", "kto": "KTOTrainer", "reward": "RewardTrainer"}
 @dataclass(frozen=True)
 class Run:
     seen: list[Forward]
-    train_rows: int  # rows of the train dataset after the trainer prepared it
+    train_rows: int | None  # rows of the train dataset after the trainer prepared it (None: a stream has no length)
     optimizer_steps: int
 
 
@@ -34,8 +35,9 @@ def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
 
 
 def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                   guard: Any = None, datasets_cache: Path | None = None) -> Run:
-    """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed.
+                   streaming: bool = False, guard: Any = None, datasets_cache: Path | None = None) -> Run:
+    """Train `trl <method>`'s trainer on `argv` (TRL options), recording what each model is fed. `streaming` loads the
+    data as `trl <method> --dataset_streaming` does (an IterableDataset).
 
     The datasets are read into `datasets_cache` (default: a new folder), where TRL also caches a
     `precompute_ref_log_probs` pass's result: a run whose cache holds it skips that pass.
@@ -44,10 +46,10 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_p
 
     if datasets_cache is None:
         with tempfile.TemporaryDirectory(prefix="shapeplan-oracle-datasets-") as fresh:
-            return run_preference(method, train_path, argv, eval_path=eval_path, guard=guard,
+            return run_preference(method, train_path, argv, eval_path=eval_path, streaming=streaming, guard=guard,
                                   datasets_cache=Path(fresh))
     import trl
-    from datasets import load_dataset
+    from datasets import IterableDataset
     from transformers import (
         AutoModelForCausalLM,
         AutoModelForSequenceClassification,
@@ -63,9 +65,8 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_p
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
         # recomputing activations costs CPU time and never reaches the model's top-level forward the hooks watch
         "--gradient_checkpointing", "false", *argv])
-    cache = str(datasets_cache)
-    train = load_dataset("json", data_files=str(train_path), split="train", cache_dir=cache)
-    eval_ds = load_dataset("json", data_files=str(eval_path), split="train", cache_dir=cache) if eval_path else None
+    train = load_data(train_path, streaming, cache_dir=datasets_cache)
+    eval_ds = load_data(eval_path, streaming, cache_dir=datasets_cache) if eval_path else None
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     if method == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(TINY_MODEL, num_labels=1, dtype="float32")
@@ -78,4 +79,5 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_p
     trainer = getattr(trl, TRAINERS[method])(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
                                              processing_class=tokenizer, callbacks=[guard])
     trainer.train()
-    return Run(seen=seen, train_rows=len(trainer.train_dataset), optimizer_steps=trainer.state.global_step)
+    rows = None if isinstance(trainer.train_dataset, IterableDataset) else len(trainer.train_dataset)
+    return Run(seen=seen, train_rows=rows, optimizer_steps=trainer.state.global_step)

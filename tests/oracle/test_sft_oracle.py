@@ -9,7 +9,7 @@ import pytest
 
 from shapeplan.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
-from tests.oracle.harness import observed, planned, run_sft, run_sft_distributed
+from tests.oracle.harness import observed, planned, run_distributed, run_sft
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +148,6 @@ def test_two_process_plan_equals_real_trainer(tmp_path: Path) -> None:
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "5",
             "--per_device_eval_batch_size", "7"]
     plan = _plan(CAPYBARA, [*argv, "--num-processes", "2"], CAPYBARA)
-    seen = run_sft_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path)
+    seen = run_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path)
     assert {s.rank for s in seen} == {0, 1}
     assert planned(plan) == observed(seen)

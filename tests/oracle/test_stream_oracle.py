@@ -10,7 +10,7 @@ import pytest
 
 from shapeplan.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_short_text_rows
-from tests.oracle.harness import observed, planned, run_sft, run_sft_distributed
+from tests.oracle.harness import observed, planned, run_distributed, run_sft
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_two_process_stream_plan_equals_real_trainer(packing: bool, tmp_path: Pa
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "3",
             "--per_device_eval_batch_size", "5", *(["--packing"] if packing else [])]
     plan = _plan(CAPYBARA, [*argv, "--num-processes", "2"], CAPYBARA)
-    seen = run_sft_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path,
+    seen = run_distributed(CAPYBARA, argv, eval_path=CAPYBARA, num_processes=2, tmp_dir=tmp_path,
                                streaming=True)
     assert {s.rank for s in seen} == {0, 1}
     assert planned(plan, varlen=True) == observed(seen, varlen=True)
@@ -95,7 +95,7 @@ def test_two_process_stream_sharded_by_files_equals_real_trainer(tmp_path: Path)
     argv = ["--per_device_train_batch_size", "4", "--max_steps", "5", "--max_length", "1024",
             "--pad_to_multiple_of", "32"]
     plan = _plan(folder, [*argv, "--num-processes", "2"], None)
-    seen = run_sft_distributed(folder, argv, num_processes=2, tmp_dir=tmp_path, streaming=True)
+    seen = run_distributed(folder, argv, num_processes=2, tmp_dir=tmp_path, streaming=True)
     assert planned(plan) == observed(seen)
 
 
@@ -106,5 +106,5 @@ def test_two_process_short_stream_equals_real_trainer(tmp_path: Path) -> None:
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "2",
             "--per_device_eval_batch_size", "16"]
     plan = _plan(TEXT, [*argv, "--num-processes", "2"], TEXT)
-    seen = run_sft_distributed(TEXT, argv, eval_path=TEXT, num_processes=2, tmp_dir=tmp_path, streaming=True)
+    seen = run_distributed(TEXT, argv, eval_path=TEXT, num_processes=2, tmp_dir=tmp_path, streaming=True)
     assert planned(plan) == observed(seen)

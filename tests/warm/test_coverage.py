@@ -19,21 +19,26 @@ UNPAIRED = ROOT / "tests" / "fixtures" / "kto-unpaired.jsonl"
 EVAL_GA = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "2",
            "--eval_strategy", "steps", "--eval_steps", "2", "--per_device_eval_batch_size", "16",
            "--dataset_test_split", "train"]
+# a streamed run (IterableDataset): no sampler, and a streamed eval set whose last batch the eval loop does not cut
+STREAM_EVAL_GA = ["--dataset_streaming", *EVAL_GA, "--per_device_eval_batch_size", "14"]
 # method -> (data, {config name: TRL options})
 CASES: dict[str, tuple[Path, dict[str, list[str]]]] = {
     "dpo": (EXPLICIT, {
         # max_length 256 truncates rows, so some batches arrive without padding
         "truncate": ["--per_device_train_batch_size", "2", "--max_length", "256", "--max_steps", "3"],
         "eval-ga": [*EVAL_GA, "--max_length", "384"],
+        "stream-eval-ga": [*STREAM_EVAL_GA, "--max_length", "384"],
     }),
     "kto": (UNPAIRED, {
         "truncate": ["--per_device_train_batch_size", "3", "--max_length", "256", "--max_steps", "3"],
         "eval-ga": EVAL_GA,
+        "stream-eval-ga": STREAM_EVAL_GA,
     }),
     "reward": (EXPLICIT, {
         # max_length 384 drops the rows with a longer side
         "drop": ["--per_device_train_batch_size", "2", "--max_length", "384", "--max_steps", "3"],
         "eval-ga": EVAL_GA,
+        "stream-eval-ga": [*STREAM_EVAL_GA, "--max_length", "384"],
     }),
 }
 COVERED_ELSEWHERE = {"sft"}  # test_opsig.py
