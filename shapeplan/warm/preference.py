@@ -102,16 +102,16 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         return out
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:
-        """One eval pass shaped as the real one: `per_pass` batches of each shape, the short last batch at the end
-        (the loop concatenates the losses batch by batch, and their sizes are ops of their own). The real pass
-        meets at most two completion-token counts per batch, so the counted batches fit; padded layouts fill the
-        rest."""
-        short = [t for t in tasks if t.batch // self.rows_per_example == self.eval_remainder]
+        """`_per_pass` batches of each shape. The real pass meets at most two completion-token counts per batch,
+        so the counted batches fit; padded layouts fill the rest."""
         out = []
-        for task in [t for t in tasks if t not in short] + short:
+        for task in tasks:
             layouts = self.layouts(task)
-            out += [(task, layouts[i % len(layouts)]) for i in range(task.per_pass)]
+            out += [(task, layouts[i % len(layouts)]) for i in range(self._per_pass(task))]
         return out
+
+    def _short(self, task: WarmTask | None) -> bool:
+        return task is not None and task.batch // self.rows_per_example == self.eval_short
 
     @abstractmethod
     def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
