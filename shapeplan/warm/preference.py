@@ -102,12 +102,12 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         return out
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:
-        """`_per_pass` batches of each shape. The real pass meets at most two completion-token counts per batch,
-        so the counted batches fit; padded layouts fill the rest."""
+        """`per_pass` batches of each shape, its layouts in turn, and every layout at least once (KTO's desirable-row
+        counts and KL lengths can ask for more batches than a pass has: the extra ones make another pass)."""
         out = []
         for task in tasks:
             layouts = self.layouts(task)
-            out += [(task, layouts[i % len(layouts)]) for i in range(self._per_pass(task))]
+            out += [(task, layouts[i % len(layouts)]) for i in range(max(task.per_pass, len(layouts)))]
         return out
 
     def _short(self, task: WarmTask | None) -> bool:

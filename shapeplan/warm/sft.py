@@ -52,11 +52,11 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
                             seq_lengths=self.padding_free and bool(self.config.packing))
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
-        """`_per_pass` batches of each shape, its layouts in turn (every layout at least once)."""
+        """`per_pass` batches of each shape, its layouts in turn (every layout at least once)."""
         out = []
         for task in tasks:
             layouts = self.layouts(task)
-            out += [(task, layouts[i % len(layouts)]) for i in range(max(self._per_pass(task), len(layouts)))]
+            out += [(task, layouts[i % len(layouts)]) for i in range(max(task.per_pass, len(layouts)))]
         return out
 
     def _short(self, task: WarmTask | None) -> bool:

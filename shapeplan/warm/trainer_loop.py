@@ -167,10 +167,6 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         if ranks == 1:
             self.eval_short = self.eval_remainder
 
-    def _per_pass(self, task: WarmTask) -> int:
-        """Batches of `task` one eval pass runs on a rank (a task is warmed on one rank, the plan counts all)."""
-        return -(-task.per_pass // self.args.num_processes)
-
     def check_plan(self, plan: Plan) -> None:
         """The plan must have been made for this method, model and tokenizer."""
         check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
@@ -190,8 +186,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     @abstractmethod
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, BatchT]]:
-        """The eval batches of `tasks`, in order, each with the task it is charged to (`_per_pass` batches of a
-        task at least)."""
+        """The eval batches of `tasks`, in order, each with the task it is charged to: as many of a task as one
+        pass runs on all ranks (`per_pass`), at least."""
 
     def _short(self, task: WarmTask | None) -> bool:
         """Whether `task` is the short last batch of an eval pass (`eval_short` rows)."""
