@@ -488,9 +488,9 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.tracker.start()
+        self.evaluating = self.passes > 0  # the first pass runs before the first step (`eval_on_start`)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        self.evaluating = True
         task = self.eval_batches[self.evaluated] if self.evaluated < len(self.eval_batches) else None
         if task in self.eval_tasks:
             self.tracker.charge(task)
@@ -523,5 +523,5 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
         last = self.step == len(self.steps) - 1
         control.should_log = (self.logs and self.step == 0) or (self.logs_last and last)
         control.should_save = False
-        control.should_evaluate = self.step < self.passes - 1  # the next eval pass, after this step
+        control.should_evaluate = self.evaluating = self.step < self.passes - 1  # the next eval pass, after this step
         return control

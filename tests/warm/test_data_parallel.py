@@ -30,11 +30,10 @@ from typing import Any
 import pytest
 
 from shapeplan.plan.io import write_plan
+from shapeplan.warm.model import WarmTask
 from tests.conftest import ROOT
-from tests.warm.harness import plan_for
+from tests.warm.harness import plan_for, run_argv
 from tests.warm.test_parallel import _reports
-
-pytestmark = pytest.mark.slow
 
 TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"
 PREFERENCE = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
@@ -109,6 +108,7 @@ def _warm_then_run(method: str, steps: list[str], tmp_path: Path, *, device_ops:
     return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(method: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(method, COVERAGE_STEPS, tmp_path, device_ops=True)
@@ -120,6 +120,7 @@ def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(method:
     assert missing == set(), sorted(map(str, missing))[:20]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dpo", "sft"])
 def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(method: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(method, COMPILE_STEPS, tmp_path, device_ops=False)
@@ -130,3 +131,31 @@ def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(method: str, tmp
         assert counters.get("inductor.fxgraph_cache_miss", 0) == 0, (rank, counters)
         assert counters.get("aot_autograd.autograd_cache_miss", 0) == 0, (rank, counters)
         assert counters.get("inductor.fxgraph_cache_hit", 0) > 0 and counters.get("aot_autograd.autograd_cache_hit", 0)
+
+
+def test_every_rank_runs_as_many_optimizer_steps_and_eval_passes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lockstep of the trainer-loop warm-up: rank 0 warms two train shapes and an eval shape, rank 1 nothing;
+    both run the same number of steps and of eval passes as long as a planned pass, rank 1 on repeats."""
+    import types
+
+    import accelerate
+
+    from shapeplan.adapters.trl_args import parse_training_args
+    from shapeplan.warm.sft import SFTWarmer
+
+    warmer = SFTWarmer(parse_training_args("sft", run_argv(TEXT, ["--num_processes", "2"], tmp_path)))
+    warmer.eval_pass = 3  # batches a planned eval pass runs on each rank
+    train, other, evals = WarmTask("train", 2, 128), WarmTask("train", 2, 256), WarmTask("eval", 4, 192, per_pass=4)
+    warmer.shares = [[train, other, evals], []]
+    schedules = []
+    for rank in (0, 1):
+        monkeypatch.setattr(accelerate, "PartialState", lambda rank=rank: types.SimpleNamespace(process_index=rank))
+        schedules.append(warmer._rank_schedule(warmer.shares[rank], [train, other, evals]))
+    (steps, passes), (idle_steps, idle_passes) = schedules
+    # each train shape: its step and the steady-state repeat; the eval shape: 4 batches in passes of 3
+    assert [s.task for s in steps] == [train, train, other, other]
+    assert [[t for t, _ in p] for p in passes] == [[evals] * 3, [evals, None, None]]
+    assert len(idle_steps) == 4 and {s.task for s in idle_steps} == {None}  # repeats of the first train shape
+    assert [[t for t, _ in p] for p in idle_passes] == [[None] * 3] * 2  # repeats of rank 0's eval batches
+    assert {b for p in idle_passes for _, b in p} == {b for p in passes for _, b in p}
