@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import PlanFileError
+from ..errors import PlanFileError, UsageError
 from ..plan.model import Phase, Plan
 from .model import WarmTask
 from .runner import WARMED_PHASES
@@ -141,6 +141,10 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         self._planned_rows = (plan.stats.rows, plan.stats.eval_rows)
 
     def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+        if self.shares is not None and self._precomputes():
+            # the passes of one synthetic batch each are neither sharded nor charged per rank yet
+            raise UsageError("warming precompute_ref_log_probs under `accelerate launch` is not supported yet; run "
+                             "`shapeplan warm` in one process for this plan")
         # every planned pass runs when the trainer is built (those already warmed are charged to no task)
         self._passes = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
         self._tracker = tracker

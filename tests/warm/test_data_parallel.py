@@ -159,3 +159,16 @@ def test_every_rank_runs_as_many_optimizer_steps_and_eval_passes(tmp_path: Path,
     assert len(idle_steps) == 4 and {s.task for s in idle_steps} == {None}  # repeats of the first train shape
     assert [[t for t, _ in p] for p in idle_passes] == [[None] * 3] * 2  # repeats of rank 0's eval batches
     assert {b for p in idle_passes for _, b in p} == {b for p in passes for _, b in p}
+
+
+def test_a_reference_precompute_under_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
+    from shapeplan.adapters.trl_args import parse_training_args
+    from shapeplan.errors import UsageError
+    from shapeplan.warm.preference import DPOWarmer
+
+    argv = run_argv(PREFERENCE, ["--num_processes", "2", "--precompute_ref_log_probs", "true"], tmp_path)
+    warmer = DPOWarmer(parse_training_args("dpo", argv))
+    warmer.shares = [[], []]
+    with pytest.raises(UsageError, match=r"^warming precompute_ref_log_probs under `accelerate launch` is not "
+                                         r"supported yet; run `shapeplan warm` in one process for this plan$"):
+        warmer.run([], [], None)  # type: ignore[arg-type]  # refused before anything runs
