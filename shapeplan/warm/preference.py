@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import PlanFileError
+from ..errors import PlanFileError, UsageError
 from ..plan.model import Phase, Plan
 from .model import WarmTask
 from .runner import WARMED_PHASES
@@ -102,16 +102,16 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         return out
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, PairedBatch]]:
-        """One eval pass shaped as the real one: `per_pass` batches of each shape, the short last batch at the end
-        (the loop concatenates the losses batch by batch, and their sizes are ops of their own). The real pass
-        meets at most two completion-token counts per batch, so the counted batches fit; padded layouts fill the
-        rest."""
-        short = [t for t in tasks if t.batch // self.rows_per_example == self.eval_remainder]
+        """`per_pass` batches of each shape, its layouts in turn, and every layout at least once (KTO's desirable-row
+        counts and KL lengths can ask for more batches than a pass has: the extra ones make another pass)."""
         out = []
-        for task in [t for t in tasks if t not in short] + short:
+        for task in tasks:
             layouts = self.layouts(task)
-            out += [(task, layouts[i % len(layouts)]) for i in range(task.per_pass)]
+            out += [(task, layouts[i % len(layouts)]) for i in range(max(task.per_pass, len(layouts)))]
         return out
+
+    def _short(self, task: WarmTask | None) -> bool:
+        return task is not None and task.batch // self.rows_per_example == self.eval_short
 
     @abstractmethod
     def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
@@ -141,6 +141,10 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         self._planned_rows = (plan.stats.rows, plan.stats.eval_rows)
 
     def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
+        if self.shares is not None and self._precomputes():
+            # the passes of one synthetic batch each are neither sharded nor charged per rank yet
+            raise UsageError("warming precompute_ref_log_probs under `accelerate launch` is not supported yet; run "
+                             "`shapeplan warm` in one process for this plan")
         # every planned pass runs when the trainer is built (those already warmed are charged to no task)
         self._passes = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
         self._tracker = tracker

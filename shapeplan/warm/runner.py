@@ -113,6 +113,11 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
     todo = [t for t in mine if t not in skipped]
     part = current_part()
     lockstep = False
+    world = int(plan.config.get("num_processes", 1))
+    if world > 1 and (part is None or not part.ranks):
+        warmer.warnings.append(f"the run has {world} processes and the warm-up one: every rank's shapes are warmed, "
+                               f"the collectives between ranks are not (warm under `accelerate launch "
+                               f"--num_processes {world}` for them)")
     if part is not None:  # one of several workers or ranks: warm this one's share
         shares = split(todo, part.count)
         if part.ranks:
@@ -120,6 +125,9 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
                 lockstep_methods = ", ".join(name for name, spec in TRAINERS.items() if spec.lockstep)
                 raise UsageError(f"warming under `accelerate launch` is supported for {lockstep_methods} runs; "
                                  "run `shapeplan warm` in one process (use --workers to use several cores)")
+            if part.count != world:
+                raise UsageError(f"the plan is for {world} process(es) and `accelerate launch` started {part.count}; "
+                                 f"launch with --num_processes {world}, the run's world size")
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others
         todo = shares[part.index]

@@ -52,14 +52,16 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
                             seq_lengths=self.padding_free and bool(self.config.packing))
 
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
-        """One eval pass shaped as the real one: `per_pass` batches of each shape, its layouts in turn, the short
-        last batch at the end (its rows are the remainder the loop cuts the gathered metrics to)."""
-        short = [t for t in tasks if not self.padding_free and t.batch == self.eval_remainder]
+        """`per_pass` batches of each shape, its layouts in turn (every layout at least once)."""
         out = []
-        for task in [t for t in tasks if t not in short] + short:
+        for task in tasks:
             layouts = self.layouts(task)
             out += [(task, layouts[i % len(layouts)]) for i in range(max(task.per_pass, len(layouts)))]
         return out
+
+    def _short(self, task: WarmTask | None) -> bool:
+        # a padding-free batch is one row whatever its rows: the short batch's shape is a full one's
+        return task is not None and not self.padding_free and task.batch == self.eval_short
 
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
         # the synthetic rows are already prepared

@@ -8,8 +8,15 @@ loss, gradient clipping, the optimizer and scheduler steps, the logging reductio
 concatenations. Only the data differs: a fixed batch order over synthetic rows replaces the sampler.
 
 Each train shape is one or more optimizer steps of `gradient_accumulation_steps` micro-batches of that shape;
-the eval shapes run as one eval pass (`eval_on_start`) with as many batches as the planned pass. A step that
-raises fails its shape; the loop restarts on the shapes left.
+the eval shapes run in eval passes (the first at `eval_on_start`, the others after train steps) of exactly as many
+batches as a planned pass has per rank, the last padded with repeats. A step that raises fails its shape; the loop
+restarts on the shapes left.
+
+Under `accelerate launch` (a data-parallel plan) the ranks warm together through DDP: each rank runs its own share
+of the tasks (the runner's `shares`), padded with repeats of warmed work so that every rank runs the same number of
+optimizer steps and eval passes of the same length, so gradient all-reduces and the metric gathers meet on every
+rank as in the run. Each rank's dataloaders yield exactly its own batches (accelerate would shard them), reporting
+the run's remainder relative to every rank's rows. A failure stops the lockstep: every task left fails with it.
 """
 
 from __future__ import annotations
@@ -53,6 +60,19 @@ def run_logs(config: TrainingArguments, total_steps: int) -> bool:
     return total_steps >= every
 
 
+def last_step_logs(config: TrainingArguments, total_steps: int, *, ends_epoch: bool) -> bool:
+    """Whether a run of `total_steps` optimizer steps logs at its last one (`DefaultFlowCallback`; `ends_epoch`: the
+    last step ends an epoch). A log resets the Trainer's flos count to the int 0, which several ranks gather at the
+    end of training (`store_flos`) as an int64 tensor, else as a float32 one."""
+    strategy = str(getattr(config.logging_strategy, "value", config.logging_strategy))
+    if (config.logging_first_step and total_steps == 1) or (strategy == "epoch" and ends_epoch):
+        return True
+    if strategy != "steps":
+        return False
+    every = math.ceil(total_steps * config.logging_steps) if config.logging_steps < 1 else int(config.logging_steps)
+    return total_steps % max(every, 1) == 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Step:
     task: WarmTask | None  # None: a step that only carries the eval pass (its shape is already warmed)
@@ -71,7 +91,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
     phases: tuple[str, ...] = WARMED_PHASES  # the planned phases this warmer runs as tasks
     # sequences one dataset row puts in the batch (preference trainers stack chosen and rejected: 2)
     rows_per_example = 1
-    shares: list[list[WarmTask]] | None = None  # never set: the runner splits no tasks among ranks (no lockstep)
+    # every rank's tasks, set by the runner under `accelerate launch` (the ranks step together); None: one process
+    shares: list[list[WarmTask]] | None = None
 
     def __init__(self, args: Any) -> None:
         self.args = args
@@ -80,8 +101,10 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         self.torch_compile = bool(self.config.torch_compile)
         self.padding_free = self._padding_free()
         self._trainer: Any = None
-        self.logs = False  # whether the planned run logs (set by bind)
+        self.logs = self.logs_last = False  # whether the planned run logs, and at its last step (set by bind)
         self.train_remainder = self.eval_remainder = 0  # set by bind
+        self.eval_short = 0  # rows of a pass's short last eval batch (0: none; set by bind)
+        self.eval_pass = 0  # eval batches one planned pass runs on each rank (set by bind)
         self.warnings: list[str] = []
 
     def _padding_free(self) -> bool:
@@ -106,11 +129,14 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
                 s.cu_seq_lens and not s.varlen_pairs for s in plan.shapes):
             raise PlanFileError("the plan was made by an older shapeplan (it lacks its evaluations or its padding-free "
                                 "pairs); re-create it with `shapeplan analyze`")
-        if self.args.num_processes > 1:
-            self.warnings.append(f"the run has {self.args.num_processes} processes and the warm-up one: every "
-                                 "rank's shapes are warmed, the collectives between ranks are not")
         self.logs = run_logs(self.config, plan.stats.optimizer_steps)
+        epoch = self._steps_in_epoch(plan.stats.rows) * self.config.gradient_accumulation_steps
+        ends_epoch = plan.stats.micro_batches // self.args.num_processes % epoch == 0 if epoch else False
+        self.logs_last = last_step_logs(self.config, plan.stats.optimizer_steps, ends_epoch=ends_epoch)
         self._remainders(plan)
+        # with even batches every rank runs as many eval batches per pass: the plan's count over the ranks
+        passes = max(plan.stats.evaluations, 1)
+        self.eval_pass = sum(s.count for s in plan.by_phase("eval")) // passes // self.args.num_processes
 
     def _steps_in_epoch(self, rows: int) -> int:
         from ..adapters.sampling import train_batches
@@ -121,21 +147,25 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
                                  data_seed=None, drop_last=cfg.dataloader_drop_last)(0)[0])
 
     def _remainders(self, plan: Plan) -> None:
-        """The rows of the last, short batch of an epoch / eval pass, where the run meets one (0: none).
+        """The rows of an epoch's / eval pass's last gathered batch, where the run meets one (0: none): the rows
+        modulo every rank's batch together (accelerate's `total_batch_size`).
 
         At the end of a dataloader accelerate's `gather_for_metrics` cuts gathered metrics to that many rows,
-        so the warm-up's dataloaders report the same remainder. Several ranks fill their last eval batches with
-        rows from the start (even batches): none is short.
+        so the warm-up's dataloaders report the same remainder. In one process that is also the last eval batch's
+        rows (`eval_short`); several ranks fill their last batches with rows from the start (even batches): none
+        is short.
         """
         cfg = self.config
-        self.train_remainder = self.eval_remainder = 0
+        ranks = self.args.num_processes
+        self.train_remainder = self.eval_remainder = self.eval_short = 0
         # A stream has no length: accelerate's remainder stays -1 and `gather_for_metrics` cuts nothing.
         if cfg.dataloader_drop_last or getattr(self.args.script, "dataset_streaming", False):
             return
-        if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows):
-            self.train_remainder = plan.stats.rows % cfg.per_device_train_batch_size
-        if self.args.num_processes == 1:
-            self.eval_remainder = plan.stats.eval_rows % cfg.per_device_eval_batch_size
+        if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows) * ranks:
+            self.train_remainder = plan.stats.rows % (cfg.per_device_train_batch_size * ranks)
+        self.eval_remainder = plan.stats.eval_rows % (cfg.per_device_eval_batch_size * ranks)
+        if ranks == 1:
+            self.eval_short = self.eval_remainder
 
     def check_plan(self, plan: Plan) -> None:
         """The plan must have been made for this method, model and tokenizer."""
@@ -156,7 +186,44 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     @abstractmethod
     def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, BatchT]]:
-        """One eval pass shaped as the real one: each batch with the task it is charged to."""
+        """The eval batches of `tasks`, in order, each with the task it is charged to: as many of a task as one
+        pass runs on all ranks (`per_pass`), at least."""
+
+    def _short(self, task: WarmTask | None) -> bool:
+        """Whether `task` is the short last batch of an eval pass (`eval_short` rows)."""
+        return False
+
+    def _eval_passes(self, batches: list[tuple[WarmTask, BatchT]], context: Sequence[WarmTask], at_least: int = 0
+                ) -> list[list[tuple[WarmTask | None, BatchT]]]:
+        """`batches` as eval passes shaped as the real one (at least `at_least` of them): `eval_pass` batches each
+        (the loop concatenates the losses batch by batch, each length an op of its own), the short batch last
+        where the run has one, filled with repeats of warmed work (charged to no task)."""
+        short = [b for b in batches if self._short(b[0])]
+        full = [b for b in batches if not self._short(b[0])]
+        others = self._eval_batches([t for t in context if t.phase == "eval"])
+        fill = next(((None, b) for t, b in [*reversed(full), *others] if not self._short(t)), None)
+        fill_short = next(((None, b) for t, b in [*reversed(short), *others] if self._short(t)), None)
+        ends_short = bool(self.eval_short) and fill_short is not None
+        per = max(max(self.eval_pass, 1) - ends_short, 1 if full else 0)
+        count = max(-(-len(full) // per) if per else 0, len(short), at_least)
+        passes: list[list[tuple[WarmTask | None, BatchT]]] = []
+        for i in range(count):
+            own: list[tuple[WarmTask | None, BatchT]] = list(full[i * per:(i + 1) * per])
+            if fill is not None:
+                own += [fill] * (per - len(own))
+            if ends_short:
+                own.append(short[i] if i < len(short) else fill_short)  # type: ignore[arg-type]
+            passes.append(own)
+        return passes
+
+    def _schedule(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask]
+                  ) -> tuple[list[_Step], list[list[tuple[WarmTask | None, BatchT]]]]:
+        """The optimizer steps and eval passes that warm `tasks`; without a train task, the plan's first train
+        shape carries the loop (charged to no task)."""
+        train = [t for t in tasks if t.phase == "train"]
+        carrier = None if train else next((t for t in context if t.phase == "train"), None)
+        steps = self._train_steps(train, carrier) if train or carrier is not None else []
+        return steps, self._eval_passes(self._eval_batches([t for t in tasks if t.phase == "eval"]), context)
 
     def _train_steps(self, tasks: Sequence[WarmTask], carrier: WarmTask | None) -> list[_Step]:
         ga = self.config.gradient_accumulation_steps
@@ -183,9 +250,14 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         import datasets
         from transformers import PrinterCallback
         from trl import get_peft_config, get_quantization_config
+        from trl.trainer.utils import global_then_local_main_first
 
         model_args = self.args.model
         script_config(self.config, model_args)
+        # The run prepares its datasets in TRL's main-process-first scope, whose barriers are collectives of their
+        # own; the synthetic rows come prepared, so the warm-up enters that scope itself (no-op in one process).
+        with global_then_local_main_first():
+            pass
         trainer = self.trainer_type()(
             model=model_args.model_name_or_path,
             args=self.config,
@@ -201,28 +273,49 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         with contextlib.redirect_stdout(sys.stderr):  # the trainer prints logs; stdout is for the report
             while True:
                 pending = tracker.pending(tasks)
-                if not pending:
+                if not pending and self.shares is None:
                     return
                 self._round(pending, context, tracker)
+                if self.shares is not None:  # ranks step together once: a failure stopped every rank
+                    for task in tracker.pending(tasks):
+                        tracker.fail(task, "a rank failed before this shape ran")
+                    return
+
+    def _rank_schedule(self, pending: Sequence[WarmTask], context: Sequence[WarmTask]
+                       ) -> tuple[list[_Step], list[list[tuple[WarmTask | None, BatchT]]]]:
+        """This rank's steps and eval passes: under `accelerate launch`, as many steps and passes as every other
+        rank's, padded with repeats of warmed work; evaluating after steps needs a step before each pass but
+        the first."""
+        from accelerate import PartialState
+
+        shares = [list(pending)] if self.shares is None else self.shares
+        rank = 0 if self.shares is None else PartialState().process_index
+        schedules = [self._schedule(share, context) for share in shares]
+        steps, passes = schedules[rank]
+        count = max(len(p) for _, p in schedules)
+        if len(passes) < count:
+            passes = self._eval_passes(self._eval_batches([t for t in pending if t.phase == "eval"]), context, count)
+        if steps:
+            # a run that logs but not at its last step ends on a step after a log (see `last_step_logs`)
+            after_log = 2 if self.logs and not self.logs_last else 1
+            total = max(max(len(s) for s, _ in schedules), len(passes) - 1, after_log)
+            steps += [_Step(task=None, batches=steps[-1].batches, last=False)] * (total - len(steps))
+        return steps, passes
 
     def _round(self, pending: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
-        train_tasks = [t for t in pending if t.phase == "train"]
         eval_tasks = [t for t in pending if t.phase == "eval"]
-        carrier = None
-        if not train_tasks:
-            carrier = next((t for t in context if t.phase == "train"), None)
-            if carrier is None:
-                for task in eval_tasks:
-                    tracker.fail(task, "the plan has no train shape to run the eval loop in")
-                return
-        steps = self._train_steps(train_tasks, carrier)
-        evals = self._eval_batches(eval_tasks)
+        steps, passes = self._rank_schedule(pending, context)
+        if not steps:
+            for task in eval_tasks:
+                tracker.fail(task, "the plan has no train shape to run the eval loop in")
+            return
         train_rows, train_index = self.rows([b for s in steps for b in s.batches])
-        eval_rows, eval_index = self.rows([b for _, b in evals])
-        progress = _Progress(tracker, steps, [t for t, _ in evals], eval_tasks, logs=self.logs)
+        eval_sets = [self.rows([b for _, b in p]) for p in passes]
+        progress = _Progress(tracker, steps, [t for p in passes for t, _ in p], eval_tasks, passes=len(passes),
+                             logs=self.logs, logs_last=self.logs_last)
         try:
             if self._trainer is None:
-                self._trainer = self._build_trainer(train_rows, eval_rows)
+                self._trainer = self._build_trainer(train_rows, eval_sets[0][0] if eval_sets else None)
         except Exception as exc:  # the model or config cannot be used: no shape left can run
             for task in tracker.pending(pending):
                 tracker.fail(task, first_line(exc, named=True))
@@ -231,20 +324,24 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
                                               if not isinstance(c, _Progress)] + [progress]
         cfg = self.config
+        ranks = self.args.num_processes
         _use_batches(trainer, (train_rows, train_index, cfg.per_device_train_batch_size, self.train_remainder),
-                     (eval_rows, eval_index, cfg.per_device_eval_batch_size, self.eval_remainder))
+                     [(rows, index, cfg.per_device_eval_batch_size, self.eval_remainder) for rows, index in eval_sets],
+                     ranks)
         trainer.args.max_steps = len(steps)
-        trainer.args.eval_on_start = bool(evals)
+        trainer.args.eval_on_start = bool(passes)
         try:
             trainer.train()
         except Exception as exc:  # a failing shape must not stop the others: record it, go on with the rest
-            # Shapes finish in the order they run (the eval pass first, as one unit), so the first unfinished
-            # one is where it failed.
-            order = [*eval_tasks, *dict.fromkeys(s.task for s in steps if s.task is not None)]
-            unfinished = [t for t in order if t not in tracker.results]
+            unfinished = [t for t in [*eval_tasks, *dict.fromkeys(s.task for s in steps if s.task is not None)]
+                          if t not in tracker.results]
             if not unfinished:  # after the last shape (the loop's wrap-up): every shape had finished
                 return
-            failed = [t for t in unfinished if t.phase == "eval"] if unfinished[0].phase == "eval" else unfinished[:1]
+            # the eval pass or the train step in progress is where it failed
+            if progress.evaluating:
+                failed = [t for t in unfinished if t.phase == "eval"]
+            else:
+                failed = [t for t in unfinished if t.phase == "train"][:1] or unfinished
             for task in failed:
                 tracker.fail(task, first_line(exc, named=True))
         else:
@@ -290,26 +387,34 @@ def _scratch_output_dir() -> str:
 _Batches = tuple[list[dict[str, Any]], list[list[int]], int, int]
 
 
-def _use_batches(trainer: Any, train: _Batches, evals: _Batches) -> None:
-    """Make the trainer's dataloaders yield exactly these batches, collated and prepared as the Trainer does."""
+def _use_batches(trainer: Any, train: _Batches, passes: list[_Batches], ranks: int) -> None:
+    """Make the trainer's dataloaders yield exactly these batches on this rank, collated and prepared as the
+    Trainer does: the train batches, and each eval pass's in turn; `ranks`: the run's data-parallel ranks."""
     import datasets
 
     train_set = datasets.Dataset.from_list(train[0])
-    eval_set = datasets.Dataset.from_list(evals[0]) if evals[0] else None
     trainer.train_dataset = train_set
-    if eval_set is not None:
-        trainer.eval_dataset = eval_set
-    trainer.get_train_dataloader = lambda: prepared_loader(trainer, train_set, *train[1:], "training")
-    trainer.get_eval_dataloader = lambda eval_dataset=None: prepared_loader(trainer, eval_set, *evals[1:], "evaluation")
+    trainer.get_train_dataloader = lambda: prepared_loader(trainer, train_set, *train[1:], "training", ranks)
+    if not passes:
+        return
+    eval_sets = iter([(datasets.Dataset.from_list(p[0]), p) for p in passes])
+    trainer.eval_dataset = datasets.Dataset.from_list(passes[0][0])
+
+    def eval_loader(eval_dataset: Any = None) -> Any:
+        dataset, (_, index, batch_size, remainder) = next(eval_sets)
+        return prepared_loader(trainer, dataset, index, batch_size, remainder, "evaluation", ranks)
+
+    trainer.get_eval_dataloader = eval_loader
 
 
 class _FixedBatches:
     """A batch sampler with a fixed list of batches (the Trainer's own samplers pick rows at random); its
-    `batch_size` is the run's, for accelerate's end-of-dataloader bookkeeping."""
+    `batch_size` and `num_processes` are the run's, for accelerate's end-of-dataloader bookkeeping."""
 
-    def __init__(self, batches: list[list[int]], batch_size: int) -> None:
+    def __init__(self, batches: list[list[int]], batch_size: int, num_processes: int) -> None:
         self.batches = batches
         self.batch_size = batch_size
+        self.num_processes = num_processes
         self.drop_last = False
 
     def __iter__(self):
@@ -334,16 +439,27 @@ class _Rows:
 
 
 def prepared_loader(trainer: Any, dataset: Any, index: list[list[int]], batch_size: int, remainder: int,
-                    description: str) -> Any:
-    """A dataloader of these batches, prepared by the trainer's accelerator, whose end-of-data bookkeeping reports
-    `remainder` (what `gather_for_metrics` cuts the last batch's gathered values to)."""
+                    description: str, ranks: int = 1) -> Any:
+    """A dataloader of exactly these batches on this rank, prepared as the trainer's accelerator prepares the
+    Trainer's but not sharded across ranks (the warm-up gives each rank its own batches), whose end-of-data
+    bookkeeping reports `remainder` (what `gather_for_metrics` cuts the last batch's gathered values to) out of
+    `ranks` batches of `batch_size` (accelerate's `total_batch_size`)."""
+    from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader, Dataset
 
     dataset = trainer._remove_unused_columns(dataset, description=description)
-    rows = cast("Dataset[Any]", _Rows(dataset, batch_size + remainder))  # map-style: __getitem__ and __len__
-    loader: DataLoader[Any] = DataLoader(rows, batch_sampler=_FixedBatches(index, batch_size),
+    rows = cast("Dataset[Any]", _Rows(dataset, batch_size * ranks + remainder))  # map-style: __getitem__, __len__
+    loader: DataLoader[Any] = DataLoader(rows, batch_sampler=_FixedBatches(index, batch_size, ranks),
                                          collate_fn=trainer.data_collator, num_workers=0)
-    return trainer.accelerator.prepare(loader)
+    accelerator = trainer.accelerator
+    prepared = prepare_data_loader(
+        loader, accelerator.device, num_processes=1, process_index=0, split_batches=accelerator.split_batches,
+        put_on_device=accelerator.device_placement, rng_types=accelerator.rng_types.copy(),
+        dispatch_batches=accelerator.dispatch_batches, even_batches=accelerator.even_batches,
+        use_seedable_sampler=accelerator.use_seedable_sampler, data_seed=accelerator.dataloader_config.data_seed,
+        non_blocking=accelerator.non_blocking, use_stateful_dataloader=accelerator.use_stateful_dataloader)
+    accelerator._dataloaders.append(prepared)
+    return prepared
 
 
 def callback_base():
@@ -356,27 +472,38 @@ def callback_base():
 class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at run time (transformers loads lazily)
     """Charges each optimizer step and each eval batch to its task as the Trainer runs them."""
 
-    def __init__(self, tracker: Tracker, steps: list[_Step], eval_batches: list[WarmTask],
-                 eval_tasks: list[WarmTask], *, logs: bool) -> None:
+    def __init__(self, tracker: Tracker, steps: list[_Step], eval_batches: list[WarmTask | None],
+                 eval_tasks: list[WarmTask], *, passes: int, logs: bool, logs_last: bool) -> None:
         self.tracker = tracker
         self.steps = steps
         self.eval_batches = eval_batches
         self.eval_tasks = eval_tasks
+        self.passes = passes
         self.logs = logs
+        self.logs_last = logs_last
         self.step = -1  # index of the optimizer step in progress
         self.evaluated = 0  # eval batches done
+        self.passes_done = 0
+        self.evaluating = False  # an eval pass is in progress
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.tracker.start()
+        self.evaluating = self.passes > 0  # the first pass runs before the first step (`eval_on_start`)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        if self.evaluated < len(self.eval_batches):
-            self.tracker.charge(self.eval_batches[self.evaluated])
+        task = self.eval_batches[self.evaluated] if self.evaluated < len(self.eval_batches) else None
+        if task in self.eval_tasks:
+            self.tracker.charge(task)
+        else:  # a repeat of warmed work
+            self.tracker.start()
         self.evaluated += 1
 
     def on_evaluate(self, args, state, control, **kwargs):
-        for task in self.eval_tasks:
-            self.tracker.finish(task)
+        self.evaluating = False
+        self.passes_done += 1
+        if self.passes_done == self.passes:
+            for task in self.eval_tasks:
+                self.tracker.finish(task)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.step += 1
@@ -391,8 +518,10 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
             self.tracker.finish(step.task)
         else:
             self.tracker.charge(step.task)
-        # Log once if the planned run logs at all (the same scalar reductions every time), else never.
-        control.should_log = self.logs and self.step == 0
+        # Log once if the planned run logs at all (the same scalar reductions every time), and at the last step where
+        # the run does (see `last_step_logs`).
+        last = self.step == len(self.steps) - 1
+        control.should_log = (self.logs and self.step == 0) or (self.logs_last and last)
         control.should_save = False
-        control.should_evaluate = False
+        control.should_evaluate = self.evaluating = self.step < self.passes - 1  # the next eval pass, after this step
         return control

@@ -13,17 +13,18 @@ from shapeplan.errors import UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.report import result_row
 from shapeplan.testing import FakeBackend, FakeWarmer
+from shapeplan.trainers import DEFAULT_METHOD, METHODS, TRAINERS
 from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmResult, WarmTask
 from shapeplan.warm.runner import warm
 from shapeplan.warm.tracker import Tracker
 
 
-def _plan(*seqs: int, method: str = "sft") -> Plan:
+def _plan(*seqs: int, method: str = "sft", processes: int = 1) -> Plan:
     shapes = tuple(Shape(phase="train", batch=2, seq=s, count=1, first_step=1) for s in seqs)
     return Plan(method=method, exact=True, pad_to_multiple_of=128, shapes=shapes,
                 stats=PlanStats(rows=4, dropped_rows=0, micro_batches=len(seqs), optimizer_steps=len(seqs),
-                                tokens=1, padded_tokens=1))
+                                tokens=1, padded_tokens=1), config={"num_processes": processes})
 
 
 def _backend(cache_dir: Path) -> FakeBackend:
@@ -122,9 +123,43 @@ def test_ranks_share_the_tasks_and_a_rank_with_none_still_steps(tmp_path: Path,
     monkeypatch.setenv("RANK", "1")
     backend = _backend(tmp_path)
     warmer = FakeWarmer(backend.meet)
-    report = warm(_plan(128, method="grpo"), warmer, backend, tmp_path)
-    assert warmer.shares is not None and [[t.key for t in s] for s in warmer.shares] == [["train 2x128"], []]
-    assert warmer.runs == [[]]  # rank 1 has nothing of its own, but runs so that rank 0's collectives complete
-    assert report.results == ()
+    for method in METHODS:  # every trainer warms in lockstep
+        warmer = FakeWarmer(backend.meet)
+        report = warm(_plan(128, method=method, processes=2), warmer, backend, tmp_path)
+        assert warmer.shares is not None and [[t.key for t in s] for s in warmer.shares] == [["train 2x128"], []]
+        assert warmer.runs == [[]]  # rank 1 has nothing of its own, but runs so that rank 0's collectives complete
+        assert report.results == () and report.warnings == ()
+
+
+def test_ranks_refuse_a_plan_of_another_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    backend = _backend(tmp_path)
+    for processes in (1, 4):
+        with pytest.raises(UsageError, match=rf"^the plan is for {processes} process\(es\) and `accelerate launch` "
+                                             rf"started 2; launch with --num_processes {processes}, the run's world "
+                                             "size$"):
+            warm(_plan(128, processes=processes), FakeWarmer(backend.meet), backend, tmp_path)
+
+
+def test_a_method_without_lockstep_is_refused_under_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setitem(TRAINERS, DEFAULT_METHOD, dataclasses.replace(TRAINERS[DEFAULT_METHOD], lockstep=False))
     with pytest.raises(UsageError, match="under `accelerate launch`"):
-        warm(_plan(128, method="sft"), FakeWarmer(backend.meet), backend, tmp_path)
+        warm(_plan(128, processes=2), FakeWarmer(_backend(tmp_path).meet), _backend(tmp_path), tmp_path)
+
+
+def test_one_process_warns_that_a_data_parallel_plans_collectives_are_not_warmed(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
+    for name in ("SHAPEPLAN_WORKER", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    backend = _backend(tmp_path)
+    report = warm(_plan(128, processes=2), FakeWarmer(backend.meet), backend, tmp_path)
+    assert [r.status for r in report.results] == ["compiled"]
+    assert report.warnings == ("the run has 2 processes and the warm-up one: every rank's shapes are warmed, the "
+                               "collectives between ranks are not (warm under `accelerate launch --num_processes 2` "
+                               "for them)",)

@@ -1,0 +1,174 @@
+"""Data-parallel warm-ups: `shapeplan warm` under a 2-rank `accelerate launch` (gloo on CPU), then a real 2-rank run
+of the same config launched the same way (tests/warm/dp_rank.py, the trainer built as tests/warm/harness.py
+`real_run` builds it). Each config evaluates (`eval_strategy steps`, the eval set's last gathered batch cut to a
+remainder) and its ranks meet different shapes in the same step.
+
+(a) Device-op coverage: every device-op signature (tests/warm/placement.py) any rank of the real run dispatches is
+    dispatched by some rank of the warm-up. The collectives are dispatcher ops too (`c10d.*`, with their tensors'
+    shapes) and the test checks the real run met them: `allreduce_` (DDP's gradient buckets), `allgather_`
+    (`gather_for_metrics` of the metrics and eval losses, the logged loss, the flos count), `broadcast_` (DDP's
+    initial sync of parameters and buffers) and `barrier` (TRL's main-process-first dataset preparation).
+(b) torch.compile: the real run with the warmed cache dir has no FX-graph or AOTAutograd cache miss on any rank:
+    every graph it loads is a hit on what the warm-up's ranks compiled (a graph one warm rank compiled can serve
+    both real ranks, so the counts need not match).
+
+KTO is left out: its real run takes the Trainer's NaN-loss filter (`_tr_loss / (1 + steps since the last log)`, a
+0-d division by that int) in some runs and not in others, so its device ops are not a fixed set to compare with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shapeplan.plan.io import write_plan
+from shapeplan.warm.model import WarmTask
+from tests.conftest import ROOT
+from tests.warm.harness import plan_for, run_argv
+from tests.warm.test_parallel import _reports
+
+TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"
+PREFERENCE = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
+EVAL = ["--eval_strategy", "steps", "--dataset_test_split", "train"]
+# method -> (data, rows of it, TRL options); rows of different lengths, so two ranks meet different shapes at step 1
+CONFIGS: dict[str, tuple[Path, int, list[str]]] = {
+    # 30 rows, eval batches of 4 on 2 ranks: 4 per rank and pass, the last gathered batch cut to 30 % 8 = 6 rows
+    "sft": (TEXT, 30, ["--max_length", "256", "--pad_to_multiple_of", "64", "--per_device_train_batch_size", "2",
+                       "--per_device_eval_batch_size", "4", *EVAL]),
+    # 14 rows, eval batches of 2: 4 per rank and pass, the last cut to 14 % 4 = 2 rows
+    "dpo": (PREFERENCE, 14, ["--max_length", "384", "--per_device_train_batch_size", "2",
+                             "--per_device_eval_batch_size", "2", *EVAL]),
+    # 11 rows once max_length drops 3: the last gathered eval batch cut to 11 % 4 = 3 rows
+    "reward": (PREFERENCE, 14, ["--max_length", "384", "--per_device_train_batch_size", "2",
+                                "--per_device_eval_batch_size", "2", *EVAL]),
+}
+COVERAGE_STEPS = ["--max_steps", "3", "--eval_steps", "2", "--logging_steps", "1"]  # two evaluations, a log every step
+COMPILE_STEPS = ["--max_steps", "1", "--eval_steps", "1", "--torch_compile", "true"]  # one compile per rank
+COLLECTIVES = {"c10d.allreduce_.default", "c10d.allgather_.default", "c10d.broadcast_.default",
+               "c10d.barrier.default"}
+
+
+def _env() -> dict[str, str]:
+    # Inductor compiles in-process: a compile worker pool only competes for the two ranks' cores
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def _launch(spec: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(port), "-m", "tests.warm.dp_rank", json.dumps(spec)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _ranks(prefix: Path) -> list[dict[str, Any]]:
+    return [pickle.loads(Path(f"{prefix}.{rank}.pickle").read_bytes()) for rank in range(2)]
+
+
+def _warm_then_run(method: str, steps: list[str], tmp_path: Path, *, device_ops: bool
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Plan the 2-rank run, warm it under `accelerate launch`, run it for real the same way: (each rank's warm
+    report, each rank's warm-up record, each rank's real-run record)."""
+    source, rows, options = CONFIGS[method]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:rows]), encoding="utf-8")
+    argv = [*options, *steps]
+    plan = plan_for(method, data, [*argv, "--num_processes", "2"], tmp_path / "out")
+    # the two ranks' first micro-batches (GA 1) have different shapes
+    assert len({s.seq for s in plan.by_phase("train") if s.first_step == 1}) == 2
+    eval_batch = int(options[options.index("--per_device_eval_batch_size") + 1])
+    assert plan.by_phase("eval") and plan.stats.eval_rows % (2 * eval_batch) > 0  # the last gathered batch is cut
+    write_plan(plan, tmp_path / "plan.json")
+    env = _env()
+    warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
+                      "plan": str(tmp_path / "plan.json"), "cache": str(tmp_path / "cache")}, env)
+    reports = _reports(warmed.stdout)
+    assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
+    shares = [sorted(r["key"] for r in report["results"]) for report in reports]
+    assert all(shares) and not set(shares[0]) & set(shares[1])  # each rank warmed its own shapes
+    assert len(shares[0]) + len(shares[1]) == len({(s.phase, s.batch, s.seq) for s in plan.shapes
+                                                   if s.phase in ("train", "eval")})
+    assert not [r for report in reports for r in report["results"] if r["status"] == "failed"]
+    _launch({"mode": "real", "out": str(tmp_path / "real"), "device_ops": device_ops, "method": method,
+             "data": str(data), "argv": argv, "output_dir": str(tmp_path / "run"),
+             "script_lines": reports[0]["script_lines"]},
+            {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
+    return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(method: str, tmp_path: Path) -> None:
+    reports, warm, real = _warm_then_run(method, COVERAGE_STEPS, tmp_path, device_ops=True)
+    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
+    warmed = warm[0]["signatures"] | warm[1]["signatures"]
+    ran = real[0]["signatures"] | real[1]["signatures"]
+    assert {s[0] for s in ran if s[0].startswith("c10d.")} >= COLLECTIVES  # the recorder sees the collectives
+    missing = ran - warmed
+    assert missing == set(), sorted(map(str, missing))[:20]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dpo", "sft"])
+def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(method: str, tmp_path: Path) -> None:
+    reports, warm, real = _warm_then_run(method, COMPILE_STEPS, tmp_path, device_ops=False)
+    assert {r["status"] for report in reports for r in report["results"] if r["phase"] == "train"} == {"compiled"}
+    assert all(w["counters"].get("inductor.fxgraph_cache_miss", 0) > 0 for w in warm)  # each rank compiled
+    for rank in range(2):  # every graph of every rank came from the warmed cache
+        counters = real[rank]["counters"]
+        assert counters.get("inductor.fxgraph_cache_miss", 0) == 0, (rank, counters)
+        assert counters.get("aot_autograd.autograd_cache_miss", 0) == 0, (rank, counters)
+        assert counters.get("inductor.fxgraph_cache_hit", 0) > 0 and counters.get("aot_autograd.autograd_cache_hit", 0)
+
+
+def test_every_rank_runs_as_many_optimizer_steps_and_eval_passes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lockstep of the trainer-loop warm-up: rank 0 warms two train shapes and an eval shape, rank 1 nothing;
+    both run the same number of steps and of eval passes as long as a planned pass, rank 1 on repeats."""
+    import types
+
+    import accelerate
+
+    from shapeplan.adapters.trl_args import parse_training_args
+    from shapeplan.warm.sft import SFTWarmer
+
+    warmer = SFTWarmer(parse_training_args("sft", run_argv(TEXT, ["--num_processes", "2"], tmp_path)))
+    warmer.eval_pass = 3  # batches a planned eval pass runs on each rank
+    train, other, evals = WarmTask("train", 2, 128), WarmTask("train", 2, 256), WarmTask("eval", 4, 192, per_pass=4)
+    warmer.shares = [[train, other, evals], []]
+    schedules = []
+    for rank in (0, 1):
+        monkeypatch.setattr(accelerate, "PartialState", lambda rank=rank: types.SimpleNamespace(process_index=rank))
+        schedules.append(warmer._rank_schedule(warmer.shares[rank], [train, other, evals]))
+    (steps, passes), (idle_steps, idle_passes) = schedules
+    # each train shape: its step and the steady-state repeat; the eval shape: 4 batches in passes of 3
+    assert [s.task for s in steps] == [train, train, other, other]
+    assert [[t for t, _ in p] for p in passes] == [[evals] * 3, [evals, None, None]]
+    assert len(idle_steps) == 4 and {s.task for s in idle_steps} == {None}  # repeats of the first train shape
+    assert [[t for t, _ in p] for p in idle_passes] == [[None] * 3] * 2  # repeats of rank 0's eval batches
+    assert {b for p in idle_passes for _, b in p} == {b for p in passes for _, b in p}
+
+
+def test_a_reference_precompute_under_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
+    from shapeplan.adapters.trl_args import parse_training_args
+    from shapeplan.errors import UsageError
+    from shapeplan.warm.preference import DPOWarmer
+
+    argv = run_argv(PREFERENCE, ["--num_processes", "2", "--precompute_ref_log_probs", "true"], tmp_path)
+    warmer = DPOWarmer(parse_training_args("dpo", argv))
+    warmer.shares = [[], []]
+    with pytest.raises(UsageError, match=r"^warming precompute_ref_log_probs under `accelerate launch` is not "
+                                         r"supported yet; run `shapeplan warm` in one process for this plan$"):
+        warmer.run([], [], None)  # type: ignore[arg-type]  # refused before anything runs
