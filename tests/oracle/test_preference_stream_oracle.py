@@ -11,16 +11,12 @@ import pytest
 
 from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
-from tests.conftest import ROOT, TINY_MODEL
+from tests.conftest import TINY_MODEL
 from tests.oracle.harness import observed, planned, run_distributed
 from tests.oracle.preference_harness import run_preference
+from tests.oracle.test_preference_oracle import CONVERSATIONAL, EXPLICIT, UNPAIRED
 
 pytestmark = pytest.mark.slow
-
-FIXTURES = ROOT / "tests" / "fixtures"
-CONVERSATIONAL = FIXTURES / "preference-conversational.jsonl"
-EXPLICIT = FIXTURES / "preference-explicit.jsonl"
-UNPAIRED = FIXTURES / "kto-unpaired.jsonl"
 
 # name -> (method, train data, TRL options, eval data)
 CONFIGS = {
