@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -22,10 +24,14 @@ os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 # The tiny model gains nothing from intra-op threads; with two pytest workers on two cores they only contend
 # (an oracle run is ~3x faster with one thread). Set before torch is imported; subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# datasets reads its cache location at import, so it is set before any test imports it.
-_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="shapeplan-tests-"))
-os.environ["HF_DATASETS_CACHE"] = str(_SESSION_CACHE / "datasets")
-os.environ["HF_HOME"] = str(_SESSION_CACHE / "hf")
+# datasets reads its cache location at import, so it is set before any test imports it. The processes a test starts
+# as ranks of an `accelerate launch` (RANK set) keep their test's caches: TRL's ranks share one datasets cache.
+if "RANK" not in os.environ or "SHAPEPLAN_TESTS_CACHE" not in os.environ:
+    _session_cache = tempfile.mkdtemp(prefix="shapeplan-tests-")
+    atexit.register(shutil.rmtree, _session_cache, True)
+    os.environ["SHAPEPLAN_TESTS_CACHE"] = _session_cache
+    os.environ["HF_DATASETS_CACHE"] = str(Path(_session_cache) / "datasets")
+    os.environ["HF_HOME"] = str(Path(_session_cache) / "hf")
 
 
 def write_short_text_rows(path: Path, rows: int) -> Path:

@@ -14,18 +14,23 @@ With `precompute_ref_log_probs`, DPO and KTO compute the reference log-probs in 
 (`_precompute_ref_logps`, run by the trainer's `__init__`); the train step then reads them from the batch. The
 warm-up runs that same method once per layout of each planned `ref_precompute` shape, each on a dataset of that one
 batch at the pass's batch size: a full batch, or the pass's short last one (whose gathered log-probs accelerate cuts
-to the remainder). The first train-sized and eval-sized passes are the datasets the trainer is built with, so
+to the remainder). Under `accelerate launch` the ranks run the passes together, as the run does: each pass's dataset
+holds one batch per rank, which accelerate's sharding hands to that rank, and a rank with fewer passes of its own
+repeats planned ones. The first train-side and eval-side passes are the datasets the trainer is built with, so
 `__init__` runs them as in the run; the synthetic training rows then carry placeholder reference log-probs.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import PlanFileError, UsageError
+from ..errors import PlanFileError
 from ..plan.model import Phase, Plan
 from .model import WarmTask
 from .runner import WARMED_PHASES
@@ -70,6 +75,54 @@ def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> Paired
     # the first row's prompt makes its longer side `longest` (the others keep a one-token prompt)
     first = (longest - max(chosen_rows[0], rejected_rows[0]), chosen_rows[0], rejected_rows[0])
     return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:], strict=True))))
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One precompute pass: the batch `layout` at the pass's `batch_size`, charged to `task` (None: a repeat)."""
+
+    task: WarmTask | None
+    name: str  # "train" or "eval": the trainer's name for the pass
+    batch_size: int
+    layout: PairedBatch
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """One pass all ranks run together, each on its own batch (`ranks[r]`)."""
+
+    name: str
+    batch_size: int
+    ranks: tuple[_Pass, ...]
+
+
+def shared_datasets(rows: Sequence[list[dict[str, Any]]]) -> list[Any]:
+    """A dataset of each `rows`, the same files on every rank: the main process writes them into a new folder.
+
+    TRL's precompute pass caches its result next to the dataset's files, under a fingerprint from rank 0 that every
+    rank then reads back, so the ranks need one dataset on disk (as a real run's loaded dataset is), not one in
+    memory each (whose cache file is a new temp name per process). The folder lives under this host's temp dir,
+    removed when the main process exits (or by the next warm-up if it is killed first).
+    """
+    import atexit
+    import shutil
+
+    import datasets
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    from ..plan.io import remove_stale
+
+    state = PartialState()
+    folder = [""]
+    if state.is_main_process:
+        remove_stale(Path(tempfile.gettempdir()), "shapeplan-precompute-")
+        folder[0] = tempfile.mkdtemp(prefix=f"shapeplan-precompute-{os.getpid()}-")
+        atexit.register(shutil.rmtree, folder[0], True)
+        for i, part in enumerate(rows):
+            datasets.Dataset.from_list(part).save_to_disk(os.path.join(folder[0], str(i)))
+    broadcast_object_list(folder, from_process=0)  # also waits for the main process's writes
+    return [datasets.load_from_disk(os.path.join(folder[0], str(i))) for i in range(len(rows))]
 
 
 def taking_prepared_rows(trainer: Any) -> Any:
@@ -141,21 +194,13 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         self._planned_rows = (plan.stats.rows, plan.stats.eval_rows)
 
     def run(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask], tracker: Tracker) -> None:
-        if self.shares is not None and self._precomputes():
-            # the passes of one synthetic batch each are neither sharded nor charged per rank yet
-            raise UsageError("warming precompute_ref_log_probs under `accelerate launch` is not supported yet; run "
-                             "`shapeplan warm` in one process for this plan")
-        # every planned pass runs when the trainer is built (those already warmed are charged to no task)
-        self._passes = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
+        self._rounds = self._pass_rounds(tasks, context)
         self._tracker = tracker
         super().run(tasks, context, tracker)
 
-    def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, str, int, PairedBatch]]:
-        """One pass per layout of each task: (task, the pass's name, its batch size, the batch). A task whose rows
-        are the train pass's batch size, or the train pass's remainder, is a train-pass batch; else an eval-pass
-        one."""
-        if not self._precomputes():
-            return []
+    def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[_Pass]:
+        """One pass per layout of each task. A task whose rows are the train pass's batch size, or the train pass's
+        remainder, is a train-side batch; else an eval-side one."""
         cfg = self.config
         size = cfg.precompute_ref_batch_size
         train_size = size or cfg.per_device_train_batch_size
@@ -165,39 +210,61 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
             rows = task.batch // self.rows_per_example
             train = rows in (train_size, self._planned_rows[0] % train_size)
             name, batch_size = ("train", train_size) if train else ("eval", eval_size)
-            out += [(task, name, max(batch_size, rows), layout) for layout in self.layouts(task)]
+            out += [_Pass(task, name, max(batch_size, rows), layout) for layout in self.layouts(task)]
         return out
 
-    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
-        """Without a precompute pass, the base's trainer. With one, the trainer is built on the first train-pass
-        and eval-pass batches (its `__init__` runs the pass over them), then runs the other passes."""
+    def _pass_rounds(self, tasks: Sequence[WarmTask], context: Sequence[WarmTask]) -> list[_Round]:
+        """The passes all ranks run together, train-side first. In each, every rank's dataloader yields one batch:
+        one of its own pending passes, or a repeat of planned work (charged to no task) where it has fewer. The
+        trainer's `__init__` runs the first train-side round, so there is one even when none is pending."""
         if not self._precomputes():
-            return super()._build_trainer(train_rows, eval_rows)
-        import datasets
-
-        passes = self._passes
-        first = [next((i for i, p in enumerate(passes) if p[1] == name), None) for name in ("train", "eval")]
-        if first[0] is None:
+            return []
+        planned = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
+        if not any(p.name == "train" for p in planned):
             raise PlanFileError("the plan has no train-side ref_precompute shape; re-create it with `shapeplan "
                                 "analyze`")
-        initial = [passes[i] for i in first if i is not None]
-        rest = [p for i, p in enumerate(passes) if i not in first]
-        self._queue = [*initial, *rest]  # in the order they run
-        rows = [self.rows([p[3]], ref_logps=False)[0] for p in initial]
-        trainer = super()._build_trainer(rows[0], rows[1] if len(rows) > 1 else None)
-        for _, name, batch_size, layout in rest:
-            trainer._precompute_ref_logps(datasets.Dataset.from_list(self.rows([layout], ref_logps=False)[0]),
-                                          name, batch_size)
+        shares = self.shares if self.shares is not None else [list(tasks)]
+        groups = sorted(dict.fromkeys((p.name, p.batch_size) for p in planned), key=lambda g: g[0] != "train")
+        rounds: list[_Round] = []
+        for name, batch_size in groups:
+            of_group = [p for p in planned if (p.name, p.batch_size) == (name, batch_size)]
+            own = [[p for p in of_group if p.task in share] for share in shares]
+            count = max(max(map(len, own)), int(name == "train" and not rounds))
+            for i in range(count):
+                ranks = tuple(mine[i] if i < len(mine) else replace((mine or of_group)[-1], task=None)
+                              for mine in own)
+                rounds.append(_Round(name, batch_size, ranks))
+        return rounds
+
+    def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
+        """Without a precompute pass, the base's trainer. With one, the trainer is built on the first train-side
+        and eval-side rounds (its `__init__` runs the pass over them), then runs the other rounds."""
+        if not self._precomputes():
+            return super()._build_trainer(train_rows, eval_rows)
+        from accelerate import PartialState
+
+        rounds = self._rounds
+        initial = [r for r in (next((r for r in rounds if r.name == name), None) for name in ("train", "eval"))
+                   if r is not None]
+        ordered = [*initial, *(r for r in rounds if r not in initial)]
+        rank = PartialState().process_index if self.shares is not None else 0
+        self._queue = [r.ranks[rank].task for r in ordered]
+        # each round's dataset holds every rank's batch in rank order: accelerate's sharding of the pass's
+        # dataloader gives each rank its own
+        datasets = shared_datasets([self.rows([p.layout for p in r.ranks], ref_logps=False)[0] for r in ordered])
+        trainer = self._new_trainer(datasets[0], datasets[1] if len(initial) > 1 else None)
+        for r, dataset in zip(ordered[len(initial):], datasets[len(initial):], strict=True):
+            trainer._precompute_ref_logps(dataset, r.name, r.batch_size)
         return trainer
 
     def _pass_begins(self) -> None:
         self._tracker.start()  # what ran before (loading the model, the previous pass's caching) is no task's
 
     def _pass_ends(self) -> None:
-        task = self._queue.pop(0)[0]
-        if task in self._tracker.results:  # warmed by an earlier warm-up
+        task = self._queue.pop(0)
+        if task is None or task in self._tracker.results:  # a repeat, or warmed by an earlier warm-up
             return
-        if any(p[0] == task for p in self._queue):
+        if task in self._queue:
             self._tracker.charge(task)
         else:
             self._tracker.finish(task)

@@ -248,6 +248,12 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
         """The trainer as `trl <method>`'s main() builds it, on already prepared synthetic rows."""
         import datasets
+
+        return self._new_trainer(datasets.Dataset.from_list(train_rows),
+                                 datasets.Dataset.from_list(eval_rows) if eval_rows else None)
+
+    def _new_trainer(self, train_dataset: Any, eval_dataset: Any) -> Any:
+        """The trainer as `trl <method>`'s main() builds it, on these prepared datasets."""
         from transformers import PrinterCallback
         from trl import get_peft_config, get_quantization_config
         from trl.trainer.utils import global_then_local_main_first
@@ -261,8 +267,8 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         trainer = self.trainer_type()(
             model=model_args.model_name_or_path,
             args=self.config,
-            train_dataset=datasets.Dataset.from_list(train_rows),
-            eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
             peft_config=get_peft_config(model_args),
             quantization_config=get_quantization_config(model_args),
         )

@@ -12,8 +12,9 @@ remainder) and its ranks meet different shapes in the same step.
     every graph it loads is a hit on what the warm-up's ranks compiled (a graph one warm rank compiled can serve
     both real ranks, so the counts need not match).
 
-KTO is left out: its real run takes the Trainer's NaN-loss filter (`_tr_loss / (1 + steps since the last log)`, a
-0-d division by that int) in some runs and not in others, so its device ops are not a fixed set to compare with.
+KTO runs without the Trainer's NaN-loss filter (`--logging_nan_inf_filter false`): with it, a real run takes
+`_tr_loss / (1 + steps since the last log)`, a 0-d division by that int, in some runs and not in others (a batch's
+KTO loss can be NaN), so its device ops would not be a fixed set to compare with.
 """
 
 from __future__ import annotations
@@ -37,18 +38,25 @@ from tests.warm.test_parallel import _reports
 
 TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"
 PREFERENCE = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
+UNPAIRED = ROOT / "tests" / "fixtures" / "kto-unpaired.jsonl"
 EVAL = ["--eval_strategy", "steps", "--dataset_test_split", "train"]
-# method -> (data, rows of it, TRL options); rows of different lengths, so two ranks meet different shapes at step 1
-CONFIGS: dict[str, tuple[Path, int, list[str]]] = {
+DPO = ["--max_length", "384", "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2", *EVAL]
+KTO = [*DPO, "--pad_to_multiple_of", "64", "--logging_nan_inf_filter", "false"]
+# config -> (method, data, rows of it, TRL options); rows of different lengths, so two ranks meet different shapes
+# at step 1
+CONFIGS: dict[str, tuple[str, Path, int, list[str]]] = {
     # 30 rows, eval batches of 4 on 2 ranks: 4 per rank and pass, the last gathered batch cut to 30 % 8 = 6 rows
-    "sft": (TEXT, 30, ["--max_length", "256", "--pad_to_multiple_of", "64", "--per_device_train_batch_size", "2",
-                       "--per_device_eval_batch_size", "4", *EVAL]),
+    "sft": ("sft", TEXT, 30, ["--max_length", "256", "--pad_to_multiple_of", "64", "--per_device_train_batch_size",
+                              "2", "--per_device_eval_batch_size", "4", *EVAL]),
     # 14 rows, eval batches of 2: 4 per rank and pass, the last cut to 14 % 4 = 2 rows
-    "dpo": (PREFERENCE, 14, ["--max_length", "384", "--per_device_train_batch_size", "2",
-                             "--per_device_eval_batch_size", "2", *EVAL]),
+    "dpo": ("dpo", PREFERENCE, 14, DPO),
+    # the reference log-probs of both sets computed before training, the ranks' pass batches gathered and cut
+    "dpo-precompute": ("dpo", PREFERENCE, 14, [*DPO, "--precompute_ref_log_probs", "true"]),
+    # 14 rows, eval batches of 2: the last cut to 14 % 4 = 2 rows; the KL rows are each rank's own batch rotated
+    "kto": ("kto", UNPAIRED, 14, [*KTO]),
+    "kto-precompute": ("kto", UNPAIRED, 14, [*KTO, "--precompute_ref_log_probs", "true"]),
     # 11 rows once max_length drops 3: the last gathered eval batch cut to 11 % 4 = 3 rows
-    "reward": (PREFERENCE, 14, ["--max_length", "384", "--per_device_train_batch_size", "2",
-                                "--per_device_eval_batch_size", "2", *EVAL]),
+    "reward": ("reward", PREFERENCE, 14, DPO),
 }
 COVERAGE_STEPS = ["--max_steps", "3", "--eval_steps", "2", "--logging_steps", "1"]  # two evaluations, a log every step
 COMPILE_STEPS = ["--max_steps", "1", "--eval_steps", "1", "--torch_compile", "true"]  # one compile per rank
@@ -77,11 +85,12 @@ def _ranks(prefix: Path) -> list[dict[str, Any]]:
     return [pickle.loads(Path(f"{prefix}.{rank}.pickle").read_bytes()) for rank in range(2)]
 
 
-def _warm_then_run(method: str, steps: list[str], tmp_path: Path, *, device_ops: bool
+def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops: bool
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Plan the 2-rank run, warm it under `accelerate launch`, run it for real the same way: (each rank's warm
-    report, each rank's warm-up record, each rank's real-run record)."""
-    source, rows, options = CONFIGS[method]
+    report, each rank's warm-up record, each rank's real-run record). The real run reads its data into a new
+    datasets cache, so that a precompute pass runs instead of reading an earlier run's result."""
+    method, source, rows, options = CONFIGS[config]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:rows]), encoding="utf-8")
     argv = [*options, *steps]
@@ -99,19 +108,20 @@ def _warm_then_run(method: str, steps: list[str], tmp_path: Path, *, device_ops:
     shares = [sorted(r["key"] for r in report["results"]) for report in reports]
     assert all(shares) and not set(shares[0]) & set(shares[1])  # each rank warmed its own shapes
     assert len(shares[0]) + len(shares[1]) == len({(s.phase, s.batch, s.seq) for s in plan.shapes
-                                                   if s.phase in ("train", "eval")})
+                                                   if s.phase in ("train", "eval", "ref_precompute")})
     assert not [r for report in reports for r in report["results"] if r["status"] == "failed"]
     _launch({"mode": "real", "out": str(tmp_path / "real"), "device_ops": device_ops, "method": method,
              "data": str(data), "argv": argv, "output_dir": str(tmp_path / "run"),
              "script_lines": reports[0]["script_lines"]},
-            {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
+            {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+             "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
     return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(CONFIGS))
-def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(method: str, tmp_path: Path) -> None:
-    reports, warm, real = _warm_then_run(method, COVERAGE_STEPS, tmp_path, device_ops=True)
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
+    reports, warm, real = _warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True)
     assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
     warmed = warm[0]["signatures"] | warm[1]["signatures"]
     ran = real[0]["signatures"] | real[1]["signatures"]
@@ -121,9 +131,9 @@ def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(method:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["dpo", "sft"])
-def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(method: str, tmp_path: Path) -> None:
-    reports, warm, real = _warm_then_run(method, COMPILE_STEPS, tmp_path, device_ops=False)
+@pytest.mark.parametrize("config", ["dpo", "sft"])
+def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(config: str, tmp_path: Path) -> None:
+    reports, warm, real = _warm_then_run(config, COMPILE_STEPS, tmp_path, device_ops=False)
     assert {r["status"] for report in reports for r in report["results"] if r["phase"] == "train"} == {"compiled"}
     assert all(w["counters"].get("inductor.fxgraph_cache_miss", 0) > 0 for w in warm)  # each rank compiled
     for rank in range(2):  # every graph of every rank came from the warmed cache
@@ -159,16 +169,3 @@ def test_every_rank_runs_as_many_optimizer_steps_and_eval_passes(tmp_path: Path,
     assert len(idle_steps) == 4 and {s.task for s in idle_steps} == {None}  # repeats of the first train shape
     assert [[t for t, _ in p] for p in idle_passes] == [[None] * 3] * 2  # repeats of rank 0's eval batches
     assert {b for p in idle_passes for _, b in p} == {b for p in passes for _, b in p}
-
-
-def test_a_reference_precompute_under_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
-    from shapeplan.adapters.trl_args import parse_training_args
-    from shapeplan.errors import UsageError
-    from shapeplan.warm.preference import DPOWarmer
-
-    argv = run_argv(PREFERENCE, ["--num_processes", "2", "--precompute_ref_log_probs", "true"], tmp_path)
-    warmer = DPOWarmer(parse_training_args("dpo", argv))
-    warmer.shares = [[], []]
-    with pytest.raises(UsageError, match=r"^warming precompute_ref_log_probs under `accelerate launch` is not "
-                                         r"supported yet; run `shapeplan warm` in one process for this plan$"):
-        warmer.run([], [], None)  # type: ignore[arg-type]  # refused before anything runs
