@@ -81,6 +81,10 @@ class GenerationWarmer:
         self.eval_batches = self.eval_remainder = 0  # one eval pass's generation batches, its remainder (set by bind)
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
         self.reward_funcs = self._reward_functions()
+        reward_model = getattr(args.script, "reward_model_name_or_path", None)
+        if reward_model:  # the plan says so too: its inputs are re-tokenized text, a new length almost every round
+            self.warnings.append(f"reward model {reward_model} is not warmed (its shapes are not planned): a "
+                                 "stand-in scores the completions")
 
     # -- identity ---------------------------------------------------------------------------------------------
 
@@ -131,7 +135,7 @@ class GenerationWarmer:
         return self.config.steps_per_generation * self.config.num_iterations
 
     def _reward_functions(self) -> list[Any]:
-        """Stand-ins for the run's reward functions (refusing a run without one, or with a reward model)."""
+        """Stand-ins for the run's reward functions and reward model (refusing a run without any)."""
         return _stand_in_rewards(self.args.script)
 
     # -- the run ----------------------------------------------------------------------------------------------
@@ -206,11 +210,10 @@ class GenerationWarmer:
 
 
 def _stand_in_rewards(script: Any) -> list[Any]:
-    """One host-side stand-in per reward function of the run (each returns 0.0; their number sizes the rewards)."""
-    names = list(getattr(script, "reward_funcs", None) or [])
-    if getattr(script, "reward_model_name_or_path", None):
-        raise UsageError("warming a run with a reward model is not supported: its inputs are re-tokenized text "
-                         "(see the plan's warning); drop --reward_model_name_or_path or wrap it in a reward function")
+    """One host-side stand-in per reward of the run, its reward model first as `trl grpo` puts it (each returns 0.0;
+    their number sizes the rewards); a run without one is refused."""
+    names = [*([script.reward_model_name_or_path] if getattr(script, "reward_model_name_or_path", None) else []),
+             *(getattr(script, "reward_funcs", None) or [])]
     if not names:
         raise UsageError("the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`")
 

@@ -138,19 +138,14 @@ def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
     assert row["status"] == "failed" and row["error"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`"),
-    (["--reward_funcs", "accuracy_reward", "--reward_model_name_or_path", str(TINY_MODEL)],
-     ("warming a run with a reward model is not supported: its inputs are re-tokenized text (see the plan's "
-      "warning); drop --reward_model_name_or_path or wrap it in a reward function")),
-])
-def test_warm_refuses_a_run_without_a_usable_reward_up_front(argv: list[str], message: str, tmp_path: Path) -> None:
+def test_warm_refuses_a_run_without_a_reward_up_front(tmp_path: Path) -> None:
     """Refused once, before planning (RLOO's defaults need more prompts than one: planning would fail first) and
     before any model loads."""
     prompts = tmp_path / "one.jsonl"
     prompts.write_text(TLDR.read_text().splitlines()[0] + "\n")
-    refused(shapeplan("warm", "--method", "rloo", prompts, "--model", TINY_MODEL, *argv, "--device", "cpu",
-                      "--cache-dir", tmp_path / "cache"), 2, message)
+    refused(shapeplan("warm", "--method", "rloo", prompts, "--model", TINY_MODEL, "--device", "cpu",
+                      "--cache-dir", tmp_path / "cache"), 2,
+            "the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`")
 
 
 @pytest.mark.slow
@@ -169,6 +164,26 @@ def test_warm_plans_and_warms_the_guide_grpo_example(tmp_path: Path) -> None:
         ("generate", s["batch"], s["seq"]) for s in generate]
     assert {r["status"] for r in report["results"]} == {"cached"}  # eager on CPU: run, nothing to compile
     assert report["environment"]["dtype"]["bf16"] is True  # the guide's bf16, not TRL's default
+
+
+@pytest.mark.slow
+def test_warm_warms_every_planned_shape_of_a_run_with_a_reward_model(tmp_path: Path) -> None:
+    """A reward model's inputs are re-tokenized text, a length the plan cannot know: `analyze` plans the rest and says
+    so, and `warm` warms all of that rest, a stand-in scoring for the reward model, and says so too."""
+    prompts = tmp_path / "prompts.jsonl"
+    shortest = min(TLDR.read_text().splitlines(), key=lambda row: len(json.loads(row)["prompt"]))
+    prompts.write_text(shortest + "\n")
+    argv = ["--method", "grpo", prompts, "--model", TINY_MODEL, "--reward_model_name_or_path", "my-org/reward",
+            "--reward_funcs", "accuracy_reward"]
+    planned = json.loads(ok(shapeplan("analyze", *argv, "--json")))
+    assert any(w.startswith("reward model my-org/reward is not planned") for w in planned["warnings"])
+    report = json.loads(ok(shapeplan("warm", *argv, "--device", "cpu", "--cache-dir", tmp_path / "cache", "--json")))
+    # a warm task is a generate size, whose round runs the train shapes its completions make
+    assert sorted((r["phase"], r["batch"], r["seq"]) for r in report["results"]) == sorted(
+        (s["phase"], s["batch"], s["seq"]) for s in planned["shapes"] if s["phase"] == "generate")
+    assert {r["status"] for r in report["results"]} == {"cached"}
+    assert "reward model my-org/reward is not warmed (its shapes are not planned): a stand-in scores the " \
+           "completions" in report["warnings"]
 
 
 # -- verify ----------------------------------------------------------------------------------------------------
