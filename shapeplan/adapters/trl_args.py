@@ -219,9 +219,12 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
 
 
 def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Find the positional DATASET among TRL options: the first bare token that is no option's value."""
-    parser = make_parser(method)
-    actions = parser._option_string_actions
+    """Find the positional DATASET among TRL options and the `accelerate launch` options TRL passes through: the
+    first bare token that is no option's value."""
+    from accelerate.commands.launch import launch_command_parser
+
+    # TRL's own option first where both parsers know a name
+    actions = {**launch_command_parser()._option_string_actions, **make_parser(method)._option_string_actions}
     rest = list(tokens)
     i = 0
     while i < len(rest):
