@@ -48,6 +48,11 @@ CONFIGS: dict[str, tuple[str, Path, int, list[str]]] = {
     # 30 rows, eval batches of 4 on 2 ranks: 4 per rank and pass, the last gathered batch cut to 30 % 8 = 6 rows
     "sft": ("sft", TEXT, 30, ["--max_length", "256", "--pad_to_multiple_of", "64", "--per_device_train_batch_size",
                               "2", "--per_device_eval_batch_size", "4", *EVAL]),
+    # BFD packing (padding-free batches, each rank's own cu_seq_lens), two micro-batches per optimizer step: 15 packed
+    # rows, the last gathered eval batch cut to 15 % 8 = 7 rows
+    "sft-padding-free": ("sft", TEXT, 30, ["--max_length", "256", "--packing", "--packing_strategy", "bfd",
+                                           "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2",
+                                           "--per_device_eval_batch_size", "4", *EVAL]),
     # 14 rows, eval batches of 2: 4 per rank and pass, the last cut to 14 % 4 = 2 rows
     "dpo": ("dpo", PREFERENCE, 14, DPO),
     # the reference log-probs of both sets computed before training, the ranks' pass batches gathered and cut
