@@ -53,7 +53,7 @@ from .rounds import (
     task_rounds,
 )
 from .tracker import Tracker
-from .trainer_loop import callback_base, run_logs, script_config
+from .trainer_loop import callback_base, last_step_logs, run_logs, script_config
 
 
 @dataclass
@@ -74,7 +74,7 @@ class GenerationWarmer:
         self.method = args.method
         self.config = args.training
         self.torch_compile = bool(self.config.torch_compile)
-        self.logs = False
+        self.logs = self.logs_last = False  # whether the planned run logs, and at its last step (set by bind)
         self.multiple: int | None = None
         self.warnings: list[str] = []
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
@@ -99,14 +99,15 @@ class GenerationWarmer:
         check_plan_identity(plan, self.method, self.tokenizer, self.args.model.model_name_or_path)
         self.multiple = plan.pad_to_multiple_of
         self.logs = run_logs(self.config, plan.stats.optimizer_steps)
-        # the generation batches of one eval pass: the eval loop concatenates their losses batch by batch (each
-        # concatenation length is an op of its own), so the warm pass runs at least as many
-        passes = max(plan.stats.evaluations, 1)
-        self.eval_batches = sum(s.count for s in plan.by_phase("eval_generate")) // passes
-        # accelerate cuts the last eval batch's gathered losses to the eval set's rows modulo the batch size (the
-        # set's prompts, not the batch's repeated rows); several ranks pad their last batches instead
-        one = self.args.num_processes == 1
-        self.eval_remainder = plan.stats.eval_rows % self.config.per_device_eval_batch_size if one else 0
+        self.logs_last = last_step_logs(self.config, plan.stats.optimizer_steps)
+        # the generation batches of one eval pass on each rank (even batches: the plan's count over the ranks): the
+        # eval loop concatenates their losses batch by batch (each concatenation length is an op of its own), so the
+        # warm pass runs at least as many
+        passes, ranks = max(plan.stats.evaluations, 1), self.args.num_processes
+        self.eval_batches = sum(s.count for s in plan.by_phase("eval_generate")) // passes // ranks
+        # accelerate cuts the last eval batch's gathered losses to the eval set's rows (its prompts, not the batch's
+        # repeated rows) modulo every rank's batch together
+        self.eval_remainder = plan.stats.eval_rows % (self.config.per_device_eval_batch_size * ranks)
 
     def environment(self) -> dict[str, Any]:
         return environment(self.args)
@@ -122,7 +123,7 @@ class GenerationWarmer:
                 rounds: list[Round] = []
                 for task in (t for t in share if t.phase == phase):
                     layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
-                    rounds += task_rounds(task, self.multiple, layouts)
+                    rounds += task_rounds(task, self.multiple, layouts, len(shares))
                 sides[side].append(rounds)
         train, evals = (lockstep(s) if len(s) > 1 and any(s) else s for s in sides)
         return list(zip(train, evals, strict=True))
@@ -186,7 +187,10 @@ class GenerationWarmer:
         every = self._micro_steps_per_round()
         if not rounds and carrier is not None:  # only eval-loop work left: a train task's size carries the training
             rounds = [Round(None, Call(carrier.batch, carrier.seq, 1, carrier.batch))]
-        while (len(rounds) * every) % ga:  # whole optimizer steps: repeat warmed work
+        # whole optimizer steps, and a step after the log where the run logs but not at its last step (see
+        # `last_step_logs`): repeat warmed work
+        after_log = 2 if self.logs and not self.logs_last else 1
+        while (len(rounds) * every) % ga or len(rounds) * every < after_log * ga:
             rounds.append(Round(None, _repeat(rounds[-1].own)))
         passes = _eval_passes(eval_rounds, self.eval_batches)
         rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
@@ -194,12 +198,13 @@ class GenerationWarmer:
         state = _State(rounds + [r for p in passes for r in p])
         _use_rounds(trainer, rows, rounds, every)
         trainer.args.max_steps = len(rounds) * every // ga
-        progress = _Progress(tracker, state, logs=self.logs)
+        progress = _Progress(tracker, state, logs=self.logs, logs_last=self.logs_last)
         trainer.add_callback(progress)
         with _controlled_generation(trainer, state, tracker, self._filler_token(trainer)):
             trainer.train()
             for eval_pass in passes:  # the Trainer's own eval loop, one batch per eval round
-                _use_eval_rounds(trainer, eval_pass, self.config.per_device_eval_batch_size, self.eval_remainder)
+                _use_eval_rounds(trainer, eval_pass, self.config.per_device_eval_batch_size, self.eval_remainder,
+                                 self.args.num_processes)
                 trainer.evaluate()
         if state.index >= 0:
             progress.end_round()
@@ -271,7 +276,7 @@ def _eval_passes(rounds: list[Round], batches: int) -> list[list[Round]]:
     return [sorted(p, key=lambda r: -r.own.rows) for p in passes]
 
 
-def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remainder: int) -> None:
+def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remainder: int, ranks: int) -> None:
     """The eval dataloader yields one batch of placeholder prompts per eval round (the eval loop generates for each
     batch, as TRL's `_prepare_inputs` does in eval mode), prepared as the Trainer's is, reporting the run's
     remainder."""
@@ -286,7 +291,7 @@ def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remaind
         start += r.own.rows
     dataset = datasets.Dataset.from_list(rows)
     trainer.get_eval_dataloader = lambda eval_dataset=None: prepared_loader(trainer, dataset, batches, batch_size,
-                                                                            remainder, "evaluation")
+                                                                            remainder, "evaluation", ranks)
 
 
 @contextlib.contextmanager
@@ -306,6 +311,8 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         return stop and (not decode_to or length >= decode_to[-1])
 
     def generate(*args: Any, **kwargs: Any) -> Any:
+        from accelerate import PartialState
+
         call = state.call
         assert call is not None
         input_ids = kwargs["input_ids"]
@@ -319,10 +326,10 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
                 return original_generate(*args, **kwargs)
             finally:
                 decode_to.pop()
-        rows = []
+        rows, eos_rows = [], call.eos_rows_of(PartialState().process_index)
         for i in range(call.rows):
             completion = [filler] * call.length
-            if i < call.eos_rows:
+            if i < eos_rows:
                 completion[-1] = eos
             if call.short and i > 0:
                 completion[0] = eos
@@ -355,10 +362,11 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
     """Starts the clock when training starts; steers logging, saving and evaluation as the trainer-loop warmer
     does."""
 
-    def __init__(self, tracker: Tracker, state: _State, *, logs: bool) -> None:
+    def __init__(self, tracker: Tracker, state: _State, *, logs: bool, logs_last: bool) -> None:
         self.tracker = tracker
         self.state = state
         self.logs = logs
+        self.logs_last = logs_last
         self.steps = 0
 
     @staticmethod
@@ -380,7 +388,9 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
         self.tracker.start()
 
     def on_step_end(self, args, state, control, **kwargs):
-        control.should_log = self.logs and self.steps == 0
+        # log once if the run logs at all, and at the last step where the run does (the flos gather's dtype)
+        last = state.global_step >= state.max_steps
+        control.should_log = (self.logs and self.steps == 0) or (self.logs_last and last)
         control.should_save = False
         control.should_evaluate = False
         self.steps += 1

@@ -86,6 +86,9 @@ class Call:
 
     `unpadded`: every prompt is P tokens long (else the batch is padded on the left); `short`: every row but the
     first ends at its first token (completions of mixed lengths, so the completion mask has padding).
+    `gathered`: `eos_rows` counts the rows of every rank's call together, filled rank by rank (rank r's first
+    `eos_rows - r * rows` rows, clamped to 0..rows): the trainers select the EOS-terminated lengths out of the ranks'
+    gathered completion lengths, a selection whose size is that total.
     """
 
     rows: int
@@ -95,6 +98,11 @@ class Call:
     unpadded: bool = False
     short: bool = False
     cache_len: int | None = None  # the static cache length the model's own generate must use
+    gathered: bool = False
+
+    def eos_rows_of(self, rank: int) -> int:
+        """The rows of `rank`'s call that end in EOS."""
+        return min(max(self.eos_rows - rank * self.rows, 0), self.rows) if self.gathered else self.eos_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +136,14 @@ def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[b
     return (True,) if multiple in (None, 1) else (False, True)
 
 
-def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,)) -> list[Round]:
-    """The rounds of `task`, for each prompt layout."""
+def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,),
+                ranks: int = 1) -> list[Round]:
+    """The rounds of `task`, for each prompt layout, on one of `ranks` ranks stepping together: full-length
+    completions with every count of EOS rows on this rank (0..B) and, together with the other ranks' calls, in the
+    gathered batch (0..ranks * B)."""
     b, p, new = task.batch, task.seq, task.max_new_tokens
     before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
-    before += [Call(b, p, new, k, unpadded=layouts[0]) for k in range(b + 1)]
+    before += [Call(b, p, new, k, unpadded=layouts[0], gathered=ranks > 1) for k in range(ranks * b + 1)]
     rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
               for i, u in enumerate(layouts)]
     for bucket in task.completions:
@@ -147,18 +158,21 @@ def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, .
 
 def lockstep(shares: Sequence[Sequence[Round]]) -> list[list[Round]]:
     """Pad every rank's rounds to the same count, and each round's calls to the same count, with repeats of warmed
-    work (a rank with nothing to warm repeats another rank's last round)."""
+    work (a rank with nothing to warm repeats another rank's last round). A padding call mirrors the other ranks'
+    call it runs with (its length, its share of the gathered EOS rows), on the rank's own batch size and prompt,
+    so that gathered counts add up as planned."""
     count = max(len(s) for s in shares)
-    template = next(s for s in shares if s)
+    first = next(s for s in shares if s)
     out = []
     for rounds in shares:
-        filler = (rounds or template)[-1].own
+        filler = (rounds or first)[-1].own
         out.append(list(rounds) + [Round(None, Call(filler.rows, filler.prompt, filler.length or 1, filler.rows))
                                    for _ in range(count - len(rounds))])
     for i in range(count):
-        calls = max(len(r[i].before) for r in out)
+        calls = max((r[i].before for r in out), key=len)
         for r in out:
-            own = r[i].own
-            spare = Call(own.rows, own.prompt, 1, own.rows)
-            r[i] = Round(r[i].task, own, r[i].before + (spare,) * (calls - len(r[i].before)), r[i].last)
+            own, before = r[i].own, r[i].before
+            spares = tuple(Call(own.rows, own.prompt, c.length or 1, c.eos_rows if c.gathered else own.rows,
+                                gathered=c.gathered) for c in calls[len(before):])
+            r[i] = Round(r[i].task, own, before + spares, r[i].last)
     return out

@@ -60,12 +60,13 @@ def run_logs(config: TrainingArguments, total_steps: int) -> bool:
     return total_steps >= every
 
 
-def last_step_logs(config: TrainingArguments, total_steps: int, *, ends_epoch: bool) -> bool:
-    """Whether a run of `total_steps` optimizer steps logs at its last one (`DefaultFlowCallback`; `ends_epoch`: the
-    last step ends an epoch). A log resets the Trainer's flos count to the int 0, which several ranks gather at the
-    end of training (`store_flos`) as an int64 tensor, else as a float32 one."""
+def last_step_logs(config: TrainingArguments, total_steps: int) -> bool:
+    """Whether a run of `total_steps` optimizer steps logs at its last one (`DefaultFlowCallback`; with the epoch
+    strategy the Trainer ends every epoch with a log, one that `max_steps` cuts short too). A log resets the
+    Trainer's flos count to the int 0, which several ranks gather at the end of training (`store_flos`) as an int64
+    tensor, else as a float32 one."""
     strategy = str(getattr(config.logging_strategy, "value", config.logging_strategy))
-    if (config.logging_first_step and total_steps == 1) or (strategy == "epoch" and ends_epoch):
+    if (config.logging_first_step and total_steps == 1) or strategy == "epoch":
         return True
     if strategy != "steps":
         return False
@@ -130,9 +131,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
             raise PlanFileError("the plan was made by an older shapeplan (it lacks its evaluations or its padding-free "
                                 "pairs); re-create it with `shapeplan analyze`")
         self.logs = run_logs(self.config, plan.stats.optimizer_steps)
-        epoch = self._steps_in_epoch(plan.stats.rows) * self.config.gradient_accumulation_steps
-        ends_epoch = plan.stats.micro_batches // self.args.num_processes % epoch == 0 if epoch else False
-        self.logs_last = last_step_logs(self.config, plan.stats.optimizer_steps, ends_epoch=ends_epoch)
+        self.logs_last = last_step_logs(self.config, plan.stats.optimizer_steps)
         self._remainders(plan)
         # with even batches every rank runs as many eval batches per pass: the plan's count over the ranks
         passes = max(plan.stats.evaluations, 1)

@@ -5,9 +5,10 @@
 SPEC_JSON: {"mode": "warm" | "real", "out": path prefix, "device_ops": bool, "script_lines": [...], and for
 "warm": "plan", "cache"; for "real": "method", "data", "argv", "output_dir"}. "warm" runs `shapeplan warm --plan
 PLAN --device cpu --cache-dir CACHE --json` (its report on stdout), "real" a real `trl <method>` run built as
-tests/warm/harness.py `real_run` builds it. Each rank writes OUT.RANK.pickle: {"signatures": the device-op
-signatures it dispatched (tests/warm/placement.py; with "device_ops"), "counters": the Inductor/AOTAutograd cache
-counters}. "script_lines" are the warm report's training-script lines, run before a real run.
+tests/warm/harness.py `real_run` builds it (the generation trainers: tests/warm/grpo_harness.py `real_run`). Each
+rank writes OUT.RANK.pickle: {"signatures": the device-op signatures it dispatched (tests/warm/placement.py; with
+"device_ops"), "objects": those of its object gathers, "counters": the Inductor/AOTAutograd cache counters}.
+"script_lines" are the warm report's training-script lines, run before a real run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import sys
 from pathlib import Path
 
 import tests.conftest  # noqa: F401  (offline environment)
-from tests.warm.harness import real_run
+from shapeplan.trainers import TRAINERS
+from tests.warm import grpo_harness, harness
 from tests.warm.placement import DeviceOpRecorder, tracking
 
 
@@ -35,8 +37,11 @@ def main() -> None:
             exec(line, {"torch": torch})
     recorder = DeviceOpRecorder()
     method = spec.get("method") or json.loads(Path(spec["plan"]).read_text())["method"]
-    # TRL's collators pad on the host (`pad` allocates where its inputs are)
-    recording = (tracking(recorder, importlib.import_module(f"trl.trainer.{method}_trainer"))
+    generates = TRAINERS[method].generates
+    # TRL's collators (and the generation trainers' prompt/completion tensors) pad on the host (`pad` allocates
+    # where its inputs are)
+    pad_modules = grpo_harness.PAD_MODULES if generates else (f"trl.trainer.{method}_trainer",)
+    recording = (tracking(recorder, *map(importlib.import_module, pad_modules))
                  if spec["device_ops"] else contextlib.nullcontext())
     code = 0
     with recording:
@@ -46,8 +51,9 @@ def main() -> None:
             code = shapeplan(["warm", "--plan", spec["plan"], "--device", "cpu", "--cache-dir", spec["cache"],
                               "--json"])
         else:
-            real_run(method, Path(spec["data"]), spec["argv"], Path(spec["output_dir"]))
-    out = {"signatures": recorder.signatures,
+            (grpo_harness if generates else harness).real_run(method, Path(spec["data"]), spec["argv"],
+                                                              Path(spec["output_dir"]))
+    out = {"signatures": recorder.signatures, "objects": recorder.objects,
            "counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()}}
     Path(f"{spec['out']}.{os.environ['RANK']}.pickle").write_bytes(pickle.dumps(out))
     sys.exit(code)

@@ -1,5 +1,6 @@
-"""Real `trl grpo` / `trl rloo` runs and their warm-ups on the tiny model, with the device ops they dispatch: the
-harness API of tests/warm/harness.py (whose `warm_plan` serves these methods too) with the generation options."""
+"""Real `trl grpo` / `trl rloo` / `trl distillation` runs and their warm-ups on the tiny model, with the device ops
+they dispatch: the harness API of tests/warm/harness.py (whose `warm_plan` serves these methods too) with the
+generation options (GRPO/RLOO: a reward function; Distillation: the tiny model as its own teacher)."""
 
 from __future__ import annotations
 
@@ -14,50 +15,57 @@ from tests.conftest import TINY_MODEL
 from tests.warm.harness import warm_plan
 from tests.warm.placement import DeviceOpRecorder, tracking
 
-__all__ = ["device_ops", "plan_for", "real_run", "run_argv", "warm_plan"]
+__all__ = ["PAD_MODULES", "device_ops", "plan_for", "real_run", "run_argv", "warm_plan"]
 
 REWARD = "tests.oracle.grpo_harness.completion_length_reward"
 BASE = ["--model_name_or_path", str(TINY_MODEL), "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true",
-        "--disable_tqdm", "true", "--cache_implementation", "static", "--reward_funcs", REWARD]
+        "--disable_tqdm", "true", "--cache_implementation", "static"]
+# what each method's run adds to BASE
+SIGNAL = {"grpo": ["--reward_funcs", REWARD], "rloo": ["--reward_funcs", REWARD],
+          "distillation": ["--teacher_model_name_or_path", str(TINY_MODEL)]}
+# the trainer modules whose `pad` builds prompt/completion tensors on the host (tests/warm/placement.py)
+PAD_MODULES = tuple(f"trl.trainer.{method}_trainer" for method in SIGNAL)
 
 
-def run_argv(data: Path, argv: Sequence[str], output_dir: Path) -> list[str]:
-    return ["--dataset_name", str(data), *BASE, "--output_dir", str(output_dir), *argv]
+def run_argv(data: Path, argv: Sequence[str], output_dir: Path, method: str = "grpo") -> list[str]:
+    return ["--dataset_name", str(data), *BASE, *SIGNAL[method], "--output_dir", str(output_dir), *argv]
 
 
 def plan_for(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> Plan:
-    return analyze(method, run_argv(data, argv, output_dir))
+    return analyze(method, run_argv(data, argv, output_dir, method))
 
 
 def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
     """`trl <method> ARGV` as its main() builds the trainer (the dataset read from a local file, streamed with
-    --dataset_streaming; no final save)."""
+    --dataset_streaming; the eval split only when the run evaluates; no final save)."""
     import trl
     from datasets import load_dataset
 
     script, config, model_args, _ = importlib.import_module(TRAINERS[method].script).make_parser() \
-        .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir)])
-    config.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
-                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-    module_path, name = script.reward_funcs[0].rsplit(".", 1)
-    reward = getattr(importlib.import_module(module_path), name)
+        .parse_args_and_config(["--pad_to_multiple_of", "128", *run_argv(data, argv, output_dir, method)])
+    init = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
+                attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    config.model_init_kwargs = {**init, **(config.model_init_kwargs or {})}
     dataset = load_dataset("json", data_files={"train": str(data)}, streaming=script.dataset_streaming)
-    trainer_class = TRAINERS[method].trainer()
-    # as `trl <method>` main(): the eval split only when the run evaluates
-    eval_dataset = dataset[script.dataset_test_split] if config.eval_strategy != "no" else None
-    trainer = trainer_class(model=model_args.model_name_or_path, reward_funcs=[reward], args=config,
-                            train_dataset=dataset[script.dataset_train_split], eval_dataset=eval_dataset,
-                            peft_config=trl.get_peft_config(model_args))
+    if method == "distillation":  # as `trl distillation` main(): the teacher loads like the student, unquantized
+        config.teacher_model_init_kwargs = {**init, "revision": config.teacher_model_revision,
+                                            **(config.teacher_model_init_kwargs or {})}
+        signal = {"teacher_model": config.teacher_model_name_or_path}
+    else:
+        module_path, name = script.reward_funcs[0].rsplit(".", 1)
+        signal = {"reward_funcs": [getattr(importlib.import_module(module_path), name)]}
+    trainer = TRAINERS[method].trainer()(
+        model=model_args.model_name_or_path, args=config, train_dataset=dataset[script.dataset_train_split],
+        eval_dataset=dataset[script.dataset_test_split] if config.eval_strategy != "no" else None,
+        quantization_config=trl.get_quantization_config(model_args), peft_config=trl.get_peft_config(model_args),
+        **signal)
     trainer.train()
 
 
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]
     """The device-op signatures `fn(*args)` dispatches (tests/warm/placement.py tells host from device); with
     everything=True also the signatures of every op, host ones included."""
-    import importlib
-
-    trainers = [importlib.import_module(f"trl.trainer.{name}_trainer") for name in ("grpo", "rloo")]
     recorder = DeviceOpRecorder()
-    with tracking(recorder, *trainers):
+    with tracking(recorder, *map(importlib.import_module, PAD_MODULES)):
         fn(*args)
     return (recorder.signatures, recorder.everything) if everything else recorder.signatures

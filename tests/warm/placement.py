@@ -13,6 +13,9 @@ both kinds run on the same CPU, so `DeviceOpRecorder` tracks where each tensor w
   saw made (model parameters, optimizer state) are device tensors; `.cpu()` makes a host copy.
 
 An op is a device op when any tensor it reads is a device tensor, or when it is a factory op outside TRL's `pad`.
+The ops of `torch.distributed.all_gather_object` (a pickled Python object in a byte tensor, as long as the pickle:
+TRL's ranks gather their prompt and completion texts for the logs) are kept apart, in `objects`: their sizes are
+those of the run's texts, which a warm-up on synthetic prompts does not have.
 Host work (tokenizing, building and padding prompt/completion ids and masks from Python lists) is what differs
 between two runs whose prompts differ but fall in the same buckets; the device ops of such runs are equal
 (tests/warm/test_grpo_opsig.py checks that).
@@ -40,6 +43,8 @@ class DeviceOpRecorder(TorchDispatchMode):
         super().__init__()
         self.signatures: set[Signature] = set()  # device ops
         self.everything: set[Signature] = set()  # every op, host ones included
+        self.objects: set[Signature] = set()  # the ops of object gathers (see the module docstring)
+        self._objects = 0  # inside an object gather
         self._host: dict[int, weakref.ref[torch.Tensor]] = {}  # id -> tensor (tensors compare elementwise)
         self._host_region = 0  # inside TRL's pad(): everything is host work
         self._made_on: str | None = None  # inside torch.tensor(...): where the new tensor lives
@@ -60,7 +65,7 @@ class DeviceOpRecorder(TorchDispatchMode):
             for t in _tensors(out):
                 self.mark(t, host=True)
         else:
-            self.signatures.add(signature(func, args, kwargs))
+            (self.objects if self._objects else self.signatures).add(signature(func, args, kwargs))
         return out
 
     def on_host(self, tensor: torch.Tensor) -> bool:
@@ -83,6 +88,14 @@ class DeviceOpRecorder(TorchDispatchMode):
             self._host_region -= 1
 
     paused = host_region  # what `outside_data_loading` calls: the data pipeline runs on the host
+
+    @contextlib.contextmanager
+    def object_gather(self) -> Iterator[None]:
+        self._objects += 1
+        try:
+            yield
+        finally:
+            self._objects -= 1
 
     @contextlib.contextmanager
     def making(self, where: str) -> Iterator[None]:
@@ -131,6 +144,12 @@ def tracking(recorder: DeviceOpRecorder, *pad_modules: Any) -> Iterator[DeviceOp
             return original_tensor(*args, **kwargs)
 
     pads = [(module, module.pad) for module in pad_modules]
+    original_gather_object = torch.distributed.all_gather_object
+
+    @functools.wraps(original_gather_object)
+    def all_gather_object(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with recorder.object_gather():
+            return original_gather_object(*args, **kwargs)
 
     def host_pad(original):  # type: ignore[no-untyped-def]
         @functools.wraps(original)
@@ -143,6 +162,7 @@ def tracking(recorder: DeviceOpRecorder, *pad_modules: Any) -> Iterator[DeviceOp
         return pad
 
     torch.Tensor.to, torch.Tensor.cpu, torch.tensor = to, cpu, tensor  # type: ignore[method-assign,assignment]
+    torch.distributed.all_gather_object = all_gather_object
     for module, original in pads:
         module.pad = host_pad(original)
     try:
@@ -150,5 +170,6 @@ def tracking(recorder: DeviceOpRecorder, *pad_modules: Any) -> Iterator[DeviceOp
             yield recorder
     finally:
         torch.Tensor.to, torch.Tensor.cpu, torch.tensor = original_to, original_cpu, original_tensor  # type: ignore
+        torch.distributed.all_gather_object = original_gather_object
         for module, original in pads:
             module.pad = original

@@ -11,15 +11,13 @@ one of 1, each running the student's `eval` and the teacher's `eval_teacher` for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
-from tests.warm.test_distillation_opsig import _argv, _device_ops, _warm
+from tests.warm.test_distillation_opsig import _warm
 
 pytestmark = pytest.mark.slow
 
@@ -58,30 +56,10 @@ DISTILLATION_ARGV = ["--per_device_train_batch_size", "2", "--per_device_eval_ba
                      "false", "--eval_strategy", "steps", "--eval_steps", "2", "--dataset_test_split", "train"]
 
 
-def _real_distillation(data: Path, argv: Sequence[str], output_dir: Path) -> None:
-    """`trl distillation ARGV` as its main() builds the trainer, with the eval split (the dataset from a local file)."""
-    import trl
-    from datasets import load_dataset
-    from trl.scripts.distillation import make_parser
-
-    _, config, model_args, *_ = make_parser().parse_args_and_config(
-        ["--pad_to_multiple_of", "128", *_argv(data, argv, output_dir)])
-    init = dict(revision=model_args.model_revision, trust_remote_code=config.trust_remote_code,
-                attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
-    config.model_init_kwargs = init
-    config.teacher_model_init_kwargs = {**init, "revision": config.teacher_model_revision}
-    dataset = load_dataset("json", data_files={"train": str(data)})
-    trainer = trl.DistillationTrainer(model=model_args.model_name_or_path,
-                                      teacher_model=config.teacher_model_name_or_path, args=config,
-                                      train_dataset=dataset["train"], eval_dataset=dataset["train"],
-                                      peft_config=trl.get_peft_config(model_args))
-    trainer.train()
-
-
 def test_distillation_eval_generate_warm_covers_every_device_op_of_the_real_run(tmp_path: Path) -> None:
     data = _rows(tmp_path / "train.jsonl", slice(0, 5))
-    plan = analyze("distillation", _argv(data, DISTILLATION_ARGV, tmp_path / "out"))
+    plan = plan_for("distillation", data, DISTILLATION_ARGV, tmp_path / "out")
     assert {s.batch for s in plan.by_phase("eval_generate")} == {2, 1} and plan.by_phase("eval_teacher")
-    warmed = _device_ops(_warm, plan, tmp_path / "cache")
-    missing = _device_ops(_real_distillation, data, DISTILLATION_ARGV, tmp_path / "out") - warmed
+    warmed = device_ops(_warm, plan, tmp_path / "cache")
+    missing = device_ops(real_run, "distillation", data, DISTILLATION_ARGV, tmp_path / "out") - warmed
     assert missing == set(), sorted(map(str, missing))[:20]

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
-from tests.warm.test_distillation_opsig import _argv, _device_ops, _real_run, _warm
+from tests.warm.test_distillation_opsig import _warm
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +54,8 @@ def test_issue_config_warm_covers_every_device_op(method: str, tmp_path: Path) -
 def test_issue_config_distillation_warm_covers_every_device_op(tmp_path: Path) -> None:
     argv = [*ISSUE_CONFIG[:2], *ISSUE_CONFIG[4:]]  # Distillation has no --num_generations
     data = _long_prompts(tmp_path / "train.jsonl", 32)
-    plan = analyze("distillation", _argv(data, argv, tmp_path / "out"))
+    plan = plan_for("distillation", data, argv, tmp_path / "out")
     assert min(s.seq for s in plan.shapes if s.phase == "generate") >= 512
-    real = _device_ops(_real_run, data, argv, tmp_path / "out")
-    missing = real - _device_ops(_warm, plan, tmp_path / "cache")
+    real = device_ops(real_run, "distillation", data, argv, tmp_path / "out")
+    missing = real - device_ops(_warm, plan, tmp_path / "cache")
     assert missing == set(), sorted(map(str, missing))[:20]
