@@ -25,7 +25,7 @@ from shapeplan.warm.parallel import (
     worker_count,
     worker_env,
 )
-from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep
+from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep, task_rounds
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
 from tests.warm.harness import run_argv as sft_argv
@@ -109,6 +109,19 @@ def test_lockstep_gives_a_rank_with_no_rounds_repeats_of_another_ranks_last() ->
     padded = lockstep([rounds, []])
     assert padded[0] == rounds
     assert padded[1] == [Round(None, Call(2, 64, 8, 2), (Call(2, 64, 1, 2),)), Round(None, Call(2, 64, 8, 2))]
+
+
+def test_two_ranks_end_every_count_of_gathered_rows_in_eos() -> None:
+    """TRL selects the EOS-terminated lengths out of the ranks' gathered completion lengths: the full-length calls of
+    two ranks together end 0..2B rows in EOS, each rank 0..B of its own, also where one rank only pads."""
+    a, b = _generate(64, (8,)), _generate(128, (8,))
+    for shares in ([task_rounds(a, 8, ranks=2), task_rounds(b, 8, ranks=2)], [task_rounds(a, 8, ranks=2), []]):
+        padded = lockstep(shares)
+        calls = list(zip(padded[0][0].before, padded[1][0].before, strict=True))
+        full = [(x, y) for x, y in calls if x.length == 8]  # max_new_tokens
+        assert [x.eos_rows_of(0) + y.eos_rows_of(1) for x, y in full] == [0, 1, 2, 3, 4]
+        assert {x.eos_rows_of(0) for x, _ in full} == {y.eos_rows_of(1) for _, y in full} == {0, 1, 2}
+        assert all(x.eos_rows_of(0) == y.eos_rows_of(1) == 2 for x, y in calls if x.length < 8)  # stopped early
 
 
 def _env() -> dict[str, str]:
