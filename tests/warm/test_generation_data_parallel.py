@@ -87,4 +87,5 @@ def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config:
     assert {s[0] for s in ran if s[0].startswith("c10d.")} >= COLLECTIVES  # the recorder sees the collectives
     missing = ran - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
-    assert any(s[0] == "c10d.allgather_.default" for s in real[0]["objects"] | real[1]["objects"])
+    if CONFIGS[config][0] != "distillation":  # GRPO and RLOO gather the texts they log; Distillation logs none
+        assert any(s[0] == "c10d.allgather_.default" for s in real[0]["objects"] | real[1]["objects"])
