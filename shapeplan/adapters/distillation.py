@@ -20,7 +20,7 @@ from .generation import (
     refuse_unplannable,
     static_cache,
 )
-from .loop import sampled_epochs, train_loop
+from .loop import sampled_epochs, sharding, train_loop
 from .sampling import RankBatches
 from .trl_args import TrainingArgs
 
@@ -41,7 +41,8 @@ def _train_batches(args: TrainingArgs, num_rows: int) -> Callable[[int], RankBat
     sampler = RepeatSampler(range(num_rows), mini_repeat_count=1,
                             batch_size=config.per_device_train_batch_size * args.num_processes * accumulation,
                             repeat_count=accumulation, shuffle=config.shuffle_dataset, seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation)
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation,
+                          "per_device_train_batch_size x gradient_accumulation_steps")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -70,7 +71,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
             raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
                                f"holds ({round_size}); add prompts or lower the batch")
     layout = distillation_layout(
-        batch_size=config.per_device_train_batch_size,
+        # the micro-batch both models run on: a rank's slice of it under split_batches
+        batch_size=sharding(args).rank_batch_size(config.per_device_train_batch_size, "per_device_train_batch_size"),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         pad_to_multiple_of=config.pad_to_multiple_of,
         max_new_tokens=generation.max_new_tokens,

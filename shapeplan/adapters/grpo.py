@@ -78,12 +78,32 @@ def _train_batches(args: TrainingArgs, num_rows: int, steps: int, size: int) -> 
                             batch_size=size // config.num_generations,
                             repeat_count=config.num_iterations * steps, shuffle=config.shuffle_dataset,
                             seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps)
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps,
+                          "per_device_train_batch_size x steps_per_generation")
+
+
+def _check_split(args: TrainingArgs) -> None:
+    """Under split_batches the ranks together hold one dataloader batch (per_device_train_batch_size x
+    steps_per_generation prompts, per_device_eval_batch_size in eval), and the trainer groups the gathered rewards of
+    each prompt's generations (`view(-1, num_generations)`), which fails on a batch holding a partial group."""
+    config = args.training
+    if not (args.num_processes > 1 and config.accelerator_config.split_batches):
+        return
+    sizes = [("per_device_train_batch_size x steps_per_generation",
+              config.per_device_train_batch_size * config.steps_per_generation, config.num_generations),
+             ("per_device_eval_batch_size", config.per_device_eval_batch_size,
+              config.num_generations_eval or config.num_generations)]
+    for option, size, generations in sizes:
+        if size % generations:
+            raise UsageError(f"with split_batches all ranks together hold {option}={size} completions, which the "
+                             f"trainer groups by {generations} generations and fails on; set {option} to a multiple "
+                             "of the generations or drop split_batches")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     args, notes = with_guide_example(args, argv)
     warnings = notes + _check_supported(args)
+    _check_split(args)
     config = args.training
     method = args.method
     generation = generation_settings(config)

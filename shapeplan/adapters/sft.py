@@ -133,10 +133,6 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         stream.check_run(args)
     else:  # a stream has no sampler: the Trainer ignores train_sampling_strategy
         check_strategy(args, length_aware=True)
-        if args.num_processes > 1 and (accelerator.split_batches or not accelerator.even_batches
-                                       or accelerator.dispatch_batches):
-            raise UsageError("accelerator_config split_batches, dispatch_batches or even_batches=false are not "
-                             "planned for data-parallel runs; keep accelerate's defaults")
     # SFTTrainer checks this once, against the train packing, for train and eval alike.
     if config.padding_free and not config.packing and config.max_length is not None:
         raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "

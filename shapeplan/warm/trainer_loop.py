@@ -139,16 +139,18 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         self.eval_pass = sum(s.count for s in plan.by_phase("eval")) // passes // self.args.num_processes
 
     def _steps_in_epoch(self, rows: int) -> int:
+        from ..adapters.loop import sharding
         from ..adapters.sampling import train_batches
 
         cfg = self.config
         return len(train_batches(rows, batch_size=cfg.per_device_train_batch_size,
-                                 num_processes=self.args.num_processes, strategy="sequential", seed=0,
+                                 sharding=sharding(self.args), strategy="sequential", seed=0,
                                  data_seed=None, drop_last=cfg.dataloader_drop_last)(0)[0])
 
     def _remainders(self, plan: Plan) -> None:
         """The rows of an epoch's / eval pass's last gathered batch, where the run meets one (0: none): the rows
-        modulo every rank's batch together (accelerate's `total_batch_size`).
+        modulo every rank's batch together (accelerate's `total_batch_size`: the dataloader's batch under
+        split_batches, which the ranks share).
 
         At the end of a dataloader accelerate's `gather_for_metrics` cuts gathered metrics to that many rows,
         so the warm-up's dataloaders report the same remainder. In one process that is also the last eval batch's
@@ -161,9 +163,10 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         # A stream has no length: accelerate's remainder stays -1 and `gather_for_metrics` cuts nothing.
         if cfg.dataloader_drop_last or getattr(self.args.script, "dataset_streaming", False):
             return
+        together = 1 if cfg.accelerator_config.split_batches else ranks
         if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows) * ranks:
-            self.train_remainder = plan.stats.rows % (cfg.per_device_train_batch_size * ranks)
-        self.eval_remainder = plan.stats.eval_rows % (cfg.per_device_eval_batch_size * ranks)
+            self.train_remainder = plan.stats.rows % (cfg.per_device_train_batch_size * together)
+        self.eval_remainder = plan.stats.eval_rows % (cfg.per_device_eval_batch_size * together)
         if ranks == 1:
             self.eval_short = self.eval_remainder
 
