@@ -19,16 +19,18 @@ from .sampling import (
 from .trl_args import TrainingArgs
 
 
-def sharding(args: TrainingArgs) -> Sharding:
+def sharding(args: TrainingArgs, *, dispatched: bool = False) -> Sharding:
     """How the run's dataloaders are dealt to its ranks (`Trainer.create_accelerator_and_postprocess` passes these
-    `accelerator_config` options to accelerate's `DataLoaderConfiguration`)."""
+    `accelerator_config` options to accelerate's `DataLoaderConfiguration`). `dispatched`: the caller plans
+    dispatch_batches' slices (SFT's padded batches)."""
     accelerator = args.training.accelerator_config
     # Every trainer forces (or requires) dispatch_batches=False on a stream; on one process it changes no batch.
-    if accelerator.dispatch_batches and args.num_processes > 1 and not streamed(args):
-        raise UsageError("dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not "
-                         "planned yet; drop dispatch_batches from --accelerator_config")
+    dispatch = bool(accelerator.dispatch_batches) and args.num_processes > 1 and not streamed(args)
+    if dispatch and not dispatched:
+        raise UsageError(f"dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not "
+                         f"planned for {args.method} yet; drop dispatch_batches from --accelerator_config")
     return Sharding(num_processes=args.num_processes, split_batches=bool(accelerator.split_batches),
-                    even_batches=bool(accelerator.even_batches))
+                    even_batches=bool(accelerator.even_batches), dispatch_batches=dispatch)
 
 
 def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
@@ -45,12 +47,17 @@ def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
                          "sampler has no batch_size to split); drop split_batches or pick another strategy")
 
 
-def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
-        Callable[[int], RankBatches], TrainLoop]:
-    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies."""
+def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None, *,
+                   dispatched: bool = False) -> tuple[Callable[[int], RankBatches], TrainLoop]:
+    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies;
+    `dispatched`: the caller plans dispatch_batches' slices."""
     config = args.training
     check_strategy(args, length_aware=lengths is not None)
-    shards = sharding(args)
+    shards = sharding(args, dispatched=dispatched)
+    if shards.dispatch_batches and config.train_sampling_strategy == "batch_rebalance":
+        # rank 0 would dispatch its own rebalanced batches to every rank
+        raise UsageError("dispatch_batches=true with train_sampling_strategy='batch_rebalance' is not planned; drop "
+                         "dispatch_batches or pick another strategy")
     batch_size = config.per_device_train_batch_size
     if config.train_sampling_strategy != "batch_rebalance":  # it is refused with split_batches above
         shards.rank_batch_size(batch_size, "per_device_train_batch_size")
@@ -102,14 +109,15 @@ def eval_steps_of(args: TrainingArgs, loop: TrainLoop) -> list[int]:
                             eval_on_start=config.eval_on_start)
 
 
-def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
-        RankBatches, list[int]]:
+def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None, *,
+                  dispatched: bool = False) -> tuple[RankBatches, list[int]]:
     """The eval loop's batches and the global steps after which it runs; `lengths` (the rows' token lengths) for
-    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`)."""
+    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`); `dispatched` as for
+    `train_schedule`."""
     config = args.training
     at = eval_steps_of(args, loop)
     grouped = lengths if config.train_sampling_strategy == "group_by_length" else None
-    shards = sharding(args)
+    shards = sharding(args, dispatched=dispatched)
     shards.rank_batch_size(config.per_device_eval_batch_size, "per_device_eval_batch_size")
     batches = eval_batches(num_rows, batch_size=config.per_device_eval_batch_size, sharding=shards,
                            drop_last=config.dataloader_drop_last, grouped_lengths=grouped,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..plan.batches import RankBatches
+from ..plan.rows import Dispatched
 
 # The train_sampling_strategy values `train_batches` draws orders for.
 TRAIN_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
@@ -21,6 +22,7 @@ class Sharding:
     num_processes: int = 1
     split_batches: bool = False  # each batch is cut into num_processes slices, one per rank
     even_batches: bool = True  # the last round is completed with the first rows, so every rank gets a full batch
+    dispatch_batches: bool = False  # rank 0 loads and collates, then slices the batch for every rank
 
     @property
     def split(self) -> bool:
@@ -46,6 +48,8 @@ def _batches(order: Sequence[int], batch_size: int, drop_last: bool, sharding: S
     batch_sampler = BatchSampler(list(order), batch_size, drop_last)
     if sharding.num_processes == 1:
         return [[list(b) for b in batch_sampler]]
+    if sharding.dispatch_batches:
+        return _dispatched([list(b) for b in batch_sampler], sharding, drop_last)
     ranks = [
         [list(b) for b in BatchSamplerShard(batch_sampler, sharding.num_processes, rank,
                                            split_batches=sharding.split_batches, even_batches=sharding.even_batches)]
@@ -58,6 +62,35 @@ def _batches(order: Sequence[int], batch_size: int, drop_last: bool, sharding: S
                          "collectives alone); drop even_batches=false or use a row count whose batches divide by "
                          "--num_processes")
     return ranks
+
+
+def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -> RankBatches:
+    """What accelerate's `DataLoaderDispatcher` hands each rank: rank 0 loads and collates, then slices by rows.
+
+    Without split_batches rank 0 collates `num_processes` batches one by one and concatenates them (a last group
+    may hold fewer; drop_last drops it); with split_batches it collates one batch. Rank r takes the r-th of
+    `num_processes` equal row slices; a last batch whose rows do not divide is completed with the first
+    `num_processes` rows of the first one (as rank 0 collated them) and each slice gets one row more."""
+    ranks = sharding.num_processes
+    if sharding.split_batches:
+        groups = [[batch] for batch in batches]
+    else:
+        groups = [batches[i:i + ranks] for i in range(0, len(batches), ranks)]
+        if drop_last and groups and len(groups[-1]) < ranks:
+            groups.pop()
+    out: list[list[Dispatched]] = [[] for _ in range(ranks)]
+    for number, parts in enumerate(groups):
+        rows = [i for part in parts for i in part]
+        size = len(rows) // ranks
+        if number == len(groups) - 1 and not drop_last and len(rows) % ranks:
+            first = groups[0]
+            rows += [i for part in first for i in part][:ranks]
+            parts = [*parts, *first]  # the appended rows keep the first batch's padding
+            size += 1
+        collated = tuple(tuple(part) for part in parts)
+        for rank in range(ranks):
+            out[rank].append(Dispatched(tuple(rows[rank * size:(rank + 1) * size]), collated))
+    return out
 
 
 def _length_grouped(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:

@@ -461,10 +461,11 @@ def prepared_loader(trainer: Any, dataset: Any, index: list[list[int]], batch_si
     loader: DataLoader[Any] = DataLoader(rows, batch_sampler=_FixedBatches(index, batch_size, ranks),
                                          collate_fn=trainer.data_collator, num_workers=0)
     accelerator = trainer.accelerator
+    # The plan already dealt each rank its batches (split, dispatched or not): they are prepared as they are.
     prepared = prepare_data_loader(
-        loader, accelerator.device, num_processes=1, process_index=0, split_batches=accelerator.split_batches,
+        loader, accelerator.device, num_processes=1, process_index=0, split_batches=False,
         put_on_device=accelerator.device_placement, rng_types=accelerator.rng_types.copy(),
-        dispatch_batches=accelerator.dispatch_batches, even_batches=accelerator.even_batches,
+        dispatch_batches=False, even_batches=True,
         use_seedable_sampler=accelerator.use_seedable_sampler, data_seed=accelerator.dataloader_config.data_seed,
         non_blocking=accelerator.non_blocking, use_stateful_dataloader=accelerator.use_stateful_dataloader)
     accelerator._dataloaders.append(prepared)
