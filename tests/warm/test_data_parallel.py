@@ -53,6 +53,11 @@ CONFIGS: dict[str, tuple[str, Path, int, list[str]]] = {
     "sft-padding-free": ("sft", TEXT, 30, ["--max_length", "256", "--packing", "--packing_strategy", "bfd",
                                            "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2",
                                            "--per_device_eval_batch_size", "4", *EVAL]),
+    # split_batches: the ranks share batches of 4 train and 6 eval rows (2 and 3 each); 26 rows, the last gathered
+    # eval batch cut to 26 % 6 = 2 rows
+    "sft-split": ("sft", TEXT, 26, ["--max_length", "256", "--pad_to_multiple_of", "32", "--per_device_train_batch_size",
+                                    "4", "--per_device_eval_batch_size", "6", "--accelerator_config",
+                                    '{"split_batches": true}', *EVAL]),
     # 14 rows, eval batches of 2: 4 per rank and pass, the last cut to 14 % 4 = 2 rows
     "dpo": ("dpo", PREFERENCE, 14, DPO),
     # the reference log-probs of both sets computed before training, the ranks' pass batches gathered and cut
@@ -103,7 +108,8 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     # the two ranks' first micro-batches (GA 1) have different shapes
     assert len({s.seq for s in plan.by_phase("train") if s.first_step == 1}) == 2
     eval_batch = int(options[options.index("--per_device_eval_batch_size") + 1])
-    assert plan.by_phase("eval") and plan.stats.eval_rows % (2 * eval_batch) > 0  # the last gathered batch is cut
+    together = eval_batch if "split_batches" in " ".join(options) else 2 * eval_batch  # accelerate's total batch
+    assert plan.by_phase("eval") and plan.stats.eval_rows % together > 0  # the last gathered batch is cut
     write_plan(plan, tmp_path / "plan.json")
     env = _env()
     warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
