@@ -5,12 +5,15 @@ combinations accelerate or the Trainer fail on are one-line usage errors."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from shapeplan.adapters.sampling import Sharding, eval_batches
 from shapeplan.adapters.stream import rank_batches
+from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
+from tests.conftest import ROOT, TINY_MODEL
 
 
 def _prepared(dataset, *, batch_size: int, ranks: int, split: bool, even: bool = True,  # type: ignore[no-untyped-def]
@@ -88,3 +91,30 @@ def test_split_batches_refusals_name_the_option() -> None:
     assert Sharding(1, split_batches=True).rank_batch_size(5, "x") == 5
     assert list(itertools.chain.from_iterable(
         eval_batches(4, batch_size=4, sharding=Sharding(2, split_batches=True), drop_last=False))) == [[0, 1], [2, 3]]
+
+
+TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"  # 30 rows
+EXPLICIT = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
+
+
+@pytest.mark.parametrize(("method", "data", "argv", "message"), [
+    ("sft", TEXT, ["--per_device_train_batch_size", "3", "--accelerator_config", '{"split_batches": true}'],
+     "split_batches cuts each batch of per_device_train_batch_size=3 into 2 equal slices"),
+    ("sft", TEXT, ["--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "5", "--eval_strategy",
+                   "epoch", "--dataset_test_split", "train", "--accelerator_config", '{"split_batches": true}'],
+     "split_batches cuts each batch of per_device_eval_batch_size=5 into 2 equal slices"),
+    # 30 rows in batches of 7: 5 batches, 3 on rank 0 and 2 on rank 1
+    ("sft", TEXT, ["--per_device_train_batch_size", "7", "--accelerator_config", '{"even_batches": false}'],
+     "with even_batches=false the ranks get 2 and 3 batches of 30 rows"),
+    ("sft", TEXT, ["--train_sampling_strategy", "batch_rebalance", "--accelerator_config", '{"split_batches": true}'],
+     "accelerate refuses split_batches with train_sampling_strategy='batch_rebalance'"),
+    ("sft", TEXT, ["--padding_free", "--max_length", "none", "--accelerator_config", '{"dispatch_batches": true}'],
+     "dispatch_batches=true slices each collated batch by rows across the ranks, and a padding-free batch"),
+    ("dpo", EXPLICIT, ["--accelerator_config", '{"dispatch_batches": true}'],
+     "dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not planned for dpo yet"),
+])
+def test_what_two_ranks_refuse_is_one_usage_line(method: str, data: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), "--num_processes",
+                         "2", "--max_steps", "2", *argv], use_cache=False)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
