@@ -170,16 +170,6 @@ def _rank_main(spec_json: str) -> None:
         seen = run_preference(spec["method"], train, spec["argv"], eval_path=eval_path,
                               streaming=spec["streaming"]).seen
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in seen]))
-    close_process_group()
-
-
-def close_process_group() -> None:
-    """End a rank's gloo group before the interpreter exits: left to interpreter teardown, gloo's threads
-    sometimes abort the finished process ("terminate called without an active exception")."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":  # one rank of run_distributed; importing tests.conftest set the offline env
