@@ -102,3 +102,18 @@ def test_dispatch_of_batches_padded_apart_is_refused_as_accelerate_fails(tmp_pat
         _plan("sft", CAPYBARA, argv, None)
     with pytest.raises(RuntimeError, match="You can't use batches of different size with `dispatch_batches=True`"):
         run_distributed(CAPYBARA, argv, num_processes=2, tmp_dir=tmp_path)
+
+
+def test_two_process_dispatch_completes_an_odd_last_batch(tmp_path: Path) -> None:
+    """dispatch_batches with split_batches on 29 rows in batches of 4: the last batch holds 1 row, which rank 0
+    completes with the first 2 rows of the first batch (padded as that batch was), 1 row per rank; every batch pads
+    to 64, so the concatenation holds."""
+    data = tmp_path / "odd.jsonl"
+    data.write_text("".join(TEXT.read_text().splitlines(keepends=True)[:29]))
+    argv = ["--per_device_train_batch_size", "4", "--num_train_epochs", "1", "--max_length", "64",
+            "--pad_to_multiple_of", "64", "--eval_strategy", "epoch", "--per_device_eval_batch_size", "6",
+            *_accelerator(split_batches=True, dispatch_batches=True)]
+    plan = _plan("sft", data, argv, data)
+    assert {(s.phase, s.batch) for s in plan.shapes} == {("train", 2), ("train", 1), ("eval", 3)}
+    seen = run_distributed(data, argv, eval_path=data, num_processes=2, tmp_dir=tmp_path)
+    assert planned(plan, unpadded=True) == observed(seen, unpadded=True)
