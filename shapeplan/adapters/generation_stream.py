@@ -117,10 +117,11 @@ def _read(parts: list[Any], epoch: int, limit: int | None) -> list[list[int]]:
     return out
 
 
-def _order(numbers: list[list[int]], *, batch_size: int, sharding: Sharding) -> RankBatches:
+def _order(numbers: list[list[int]], *, batch_size: int, option: str, sharding: Sharding) -> RankBatches:
     """Per-rank batches of prompt numbers, as the prepared DataLoader gives them."""
     flat = list(itertools.chain.from_iterable(numbers))
-    positions = stream.rank_batches([len(n) for n in numbers], batch_size=batch_size, sharding=sharding)
+    positions = stream.rank_batches([len(n) for n in numbers], batch_size=batch_size, option=option,
+                                    sharding=sharding)
     return [[[flat[i] for i in batch] for batch in rank] for rank in positions]
 
 
@@ -139,23 +140,24 @@ def _compact(measure: _Measure, passes: list[RankBatches]) -> StreamOrder:
     )
 
 
-def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat,
-                batch_size: int) -> tuple[StreamOrder, TrainLoop, str]:
-    """The train prompts of a streaming run, each pass's batches (`batch_size` rows per rank: the generation batch),
-    the Trainer's loop over them, and a note saying what was read."""
+def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat, batch_size: int,
+                option: str) -> tuple[StreamOrder, TrainLoop, str]:
+    """The train prompts of a streaming run, each pass's batches (the dataloader's `batch_size` rows, set by
+    `option`: a rank's generation batch, or the ranks' under split_batches), the Trainer's loop over them, and a
+    note saying what was read."""
     config = args.training
     shards = sharding(args)
     measure = _Measure(trainer, "train")
     parts = _pipeline(source, measure, shuffle=config.shuffle_dataset, seed=config.seed, repeat=repeat,
                       measure_batch=repeat.batch_size, sharding=shards)
     micro = config.max_steps * config.gradient_accumulation_steps
-    limit = micro * shards.rank_batch_size(batch_size, "the generation batch") * (
+    limit = micro * shards.rank_batch_size(batch_size, option) * (
         1 if len(parts) > 1 else shards.num_processes)
     first = _read(parts, 0, limit)
     if not all(first):
         raise DatasetError(f"the train stream holds fewer prompts than one generation batch "
                            f"({repeat.batch_size} unique prompts); stream more data or lower the batch")
-    passes = [_order(first, batch_size=batch_size, sharding=shards)]
+    passes = [_order(first, batch_size=batch_size, option=option, sharding=shards)]
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
                      num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
@@ -164,7 +166,7 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
                                     shuffled=False)
         loop = replace(loop, batches_per_pass=length)
         for epoch in range(1, max(mb.epoch for mb in micro_batches(loop)) + 1):
-            passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, sharding=shards))
+            passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, option=option, sharding=shards))
             if {len(rank) for rank in passes[-1]} != {length}:
                 raise UsageError("the shards' shards of the stream change length between passes (the files are "
                                  "dealt anew each pass), so the shards would fall out of step; lower --max_steps to "
@@ -185,7 +187,8 @@ def eval_order(args: TrainingArgs, trainer: Any, source: Any, generations: int) 
     measure = _Measure(trainer, "eval")
     parts = _pipeline(source, measure, shuffle=True, seed=config.seed, repeat=Repeat(generations),
                       measure_batch=_EVAL_CHUNK, sharding=sharding(args))
-    batches = _order(_read(parts, 0, None), batch_size=config.per_device_eval_batch_size, sharding=sharding(args))
+    batches = _order(_read(parts, 0, None), batch_size=config.per_device_eval_batch_size,
+                     option="per_device_eval_batch_size", sharding=sharding(args))
     return _compact(measure, [batches])
 
 

@@ -187,11 +187,11 @@ class Streamed(Generic[T]):
     whole: bool  # the stream ended before the rows wanted: it was read whole
 
 
-def read(dataset: Any, read_rows: Read[T], *, sharding: Sharding, batch_size: int, per_rank: int | None,
-         reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
+def read(dataset: Any, read_rows: Read[T], *, sharding: Sharding, batch_size: int, option: str,
+         per_rank: int | None, reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
     """The first `per_rank` prepared rows each rank reads (all of them when None) and their batches of the
-    dataloader's `batch_size` (a rank's share of it under split_batches); `check` gets the prepared rows of each
-    part read (to refuse a part whose every row was dropped)."""
+    dataloader's `batch_size` (set by `option`; a rank's share of it under split_batches); `check` gets the
+    prepared rows of each part read (to refuse a part whose every row was dropped)."""
     streams = rank_streams(dataset, sharding)
     wanted = None if per_rank is None else per_rank * (1 if len(streams) > 1 else sharding.num_processes)
     parts = []
@@ -199,15 +199,16 @@ def read(dataset: Any, read_rows: Read[T], *, sharding: Sharding, batch_size: in
         parts.append(list(itertools.islice(read_rows(part, wanted, reader), wanted)))
         check(len(parts[-1]))
     return Streamed(rows=list(itertools.chain.from_iterable(parts)),
-                    batches=rank_batches([len(p) for p in parts], batch_size=batch_size, sharding=sharding),
+                    batches=rank_batches([len(p) for p in parts], batch_size=batch_size, option=option,
+                                         sharding=sharding),
                     whole=wanted is None or any(len(p) < wanted for p in parts))
 
 
-def rank_batches(sizes: list[int], *, batch_size: int, sharding: Sharding) -> RankBatches:
-    """Each rank's batches of indices into the parts' rows joined, as the prepared DataLoader of `batch_size` gives
-    them: one part per rank (sharded by files) or one shared part (split by `IterableDatasetShard` in chunks of
-    `batch_size` x ranks, or of `batch_size` cut in one slice per rank under split_batches; the last chunk completed
-    with the first rows). The Trainer sets no drop_last for a stream."""
+def rank_batches(sizes: list[int], *, batch_size: int, option: str, sharding: Sharding) -> RankBatches:
+    """Each rank's batches of indices into the parts' rows joined, as the prepared DataLoader of `batch_size` (set
+    by `option`) gives them: one part per rank (sharded by files) or one shared part (split by
+    `IterableDatasetShard` in chunks of `batch_size` x ranks, or of `batch_size` cut in one slice per rank under
+    split_batches; the last chunk completed with the first rows). The Trainer sets no drop_last for a stream."""
     from accelerate.data_loader import IterableDatasetShard
 
     ranks = sharding.num_processes
@@ -222,7 +223,7 @@ def rank_batches(sizes: list[int], *, batch_size: int, sharding: Sharding) -> Ra
         starts = itertools.accumulate(sizes, initial=0)
         per_rank = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
     # prepare_data_loader gives the rank's DataLoader a batch_size of its share
-    size = sharding.rank_batch_size(batch_size, "the batch size")
+    size = sharding.rank_batch_size(batch_size, option)
     return [[order[i:i + size] for i in range(0, len(order), size)] for order in per_rank]
 
 
@@ -233,7 +234,6 @@ def check_run(args: TrainingArgs) -> None:
         raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
                          "--max_steps N")
     # The trainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
-    sharding(args).rank_batch_size(config.per_device_train_batch_size, "per_device_train_batch_size")
 
 
 def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None], *,
@@ -246,10 +246,9 @@ def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Call
     micro = config.max_steps * ga
     reader = Reader()
     shards = sharding(args)
-    batch_size = config.per_device_train_batch_size
-    streamed = read(dataset, read_rows, sharding=shards, batch_size=batch_size,
-                    per_rank=micro * shards.rank_batch_size(batch_size, "per_device_train_batch_size"),
-                    reader=reader, check=check)
+    batch_size, option = config.per_device_train_batch_size, "per_device_train_batch_size"
+    streamed = read(dataset, read_rows, sharding=shards, batch_size=batch_size, option=option,
+                    per_rank=micro * shards.rank_batch_size(batch_size, option), reader=reader, check=check)
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=ga, num_train_epochs=config.num_train_epochs,
                      max_steps=config.max_steps)
@@ -264,10 +263,8 @@ def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Call
 
 def read_eval(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None]) -> Streamed[T]:
     """The eval stream, read whole as each evaluation reads it, and its batches."""
-    shards = sharding(args)
-    shards.rank_batch_size(args.training.per_device_eval_batch_size, "per_device_eval_batch_size")
-    return read(dataset, read_rows, sharding=shards, batch_size=args.training.per_device_eval_batch_size,
-                per_rank=None, reader=Reader(), check=check)
+    return read(dataset, read_rows, sharding=sharding(args), batch_size=args.training.per_device_eval_batch_size,
+                option="per_device_eval_batch_size", per_rank=None, reader=Reader(), check=check)
 
 
 def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:

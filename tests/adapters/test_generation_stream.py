@@ -88,7 +88,8 @@ def test_the_planned_order_is_the_prepared_dataloaders(kind: str, ranks: int, sh
     repeat = generation_stream.Repeat(config.num_generations, config.generation_batch_size // config.num_generations,
                                       config.num_iterations * config.steps_per_generation)
     batch_size = config.per_device_train_batch_size * config.steps_per_generation
-    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat, batch_size=batch_size)
+    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat, batch_size=batch_size,
+                                                   option="per_device_train_batch_size x steps_per_generation")
     planned = [[[[order.lengths[i] - 1 for i in batch] for batch in rank] for rank in epoch] for epoch in order.passes]
     micro = config.max_steps * config.gradient_accumulation_steps
     assert planned == _real_passes(source, args, len(order.passes), micro)
@@ -116,7 +117,8 @@ def test_planning_reads_only_what_the_run_consumes_and_the_shuffle_buffer() -> N
     counts = []
     for count in (5_000, 50_000):
         read.clear()
-        order, _, _ = generation_stream.train_order(args, _Numbering(), rows(count), repeat=repeat, batch_size=4)
+        order, _, _ = generation_stream.train_order(args, _Numbering(), rows(count), repeat=repeat, batch_size=4,
+                                                    option="per_device_train_batch_size x steps_per_generation")
         assert len(order.lengths) == 10
         counts.append(len(read))
     assert counts[0] == counts[1] and 1000 < counts[0] <= 1000 + 10 + 2, counts

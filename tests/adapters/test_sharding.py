@@ -80,7 +80,8 @@ def test_stream_batches_are_the_prepared_dataloaders(rows: int, batch_size: int,
 
     stream = type("Stream", (_Rows, IterableDataset), {})(rows)
     real = _prepared(stream, batch_size=batch_size, ranks=ranks, split=split)
-    planned = rank_batches([rows], batch_size=batch_size, sharding=Sharding(ranks, split_batches=split))
+    planned = rank_batches([rows], batch_size=batch_size, option="per_device_train_batch_size",
+                           sharding=Sharding(ranks, split_batches=split))
     assert planned == real
 
 
