@@ -20,9 +20,12 @@ from .generation import (
     refuse_unplannable,
     static_cache,
 )
-from .loop import sampled_epochs, train_loop
+from .loop import sampled_epochs, sharding, train_loop
 from .sampling import RankBatches
 from .trl_args import TrainingArgs
+
+# what sets the train dataloader's batch size
+_ROUND_BATCH = "per_device_train_batch_size x gradient_accumulation_steps"
 
 
 def _check_supported(args: TrainingArgs) -> None:
@@ -41,7 +44,7 @@ def _train_batches(args: TrainingArgs, num_rows: int) -> Callable[[int], RankBat
     sampler = RepeatSampler(range(num_rows), mini_repeat_count=1,
                             batch_size=config.per_device_train_batch_size * args.num_processes * accumulation,
                             repeat_count=accumulation, shuffle=config.shuffle_dataset, seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation)
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation, _ROUND_BATCH)
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -58,7 +61,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         generation_stream.check_supported(args)
         repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
         streamed, loop, note = generation_stream.train_order(
-            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation)
+            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation,
+            option=_ROUND_BATCH)
         train_lengths = streamed.lengths
         epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
         warnings.append(note)
@@ -70,7 +74,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
             raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
                                f"holds ({round_size}); add prompts or lower the batch")
     layout = distillation_layout(
-        batch_size=config.per_device_train_batch_size,
+        # the micro-batch both models run on: a rank's slice of it under split_batches
+        batch_size=sharding(args).rank_batch_size(config.per_device_train_batch_size, "per_device_train_batch_size"),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         pad_to_multiple_of=config.pad_to_multiple_of,
         max_new_tokens=generation.max_new_tokens,

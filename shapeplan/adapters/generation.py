@@ -17,7 +17,7 @@ from ..plan.schedule import TrainLoop
 from ..trainers import trainer_spec
 from . import generation_stream
 from .common import RunData, run_fingerprint, versions
-from .loop import eval_steps_of
+from .loop import eval_steps_of, sharding
 from .sampling import RankBatches, ordered_batches
 from .trl_args import TrainingArgs
 
@@ -119,7 +119,9 @@ def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, 
     config = args.training
     lengths = prompt_lengths(data.eval, trainer, "eval")
     order = list(RepeatSampler(range(len(lengths)), mini_repeat_count=generations, seed=config.seed))
-    batches = ordered_batches(order, batch_size=config.per_device_eval_batch_size, num_processes=args.num_processes,
+    shards = sharding(args)
+    shards.rank_batch_size(config.per_device_eval_batch_size, "per_device_eval_batch_size")
+    batches = ordered_batches(order, batch_size=config.per_device_eval_batch_size, sharding=shards,
                               drop_last=config.dataloader_drop_last)
     return EvalLoop(lengths, batches, tuple(eval_steps_of(args, loop)))
 

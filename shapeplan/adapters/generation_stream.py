@@ -12,7 +12,7 @@ What TRL 1.16 does with a stream (`get_train_dataloader` / `get_eval_dataloader`
 - eval: `stream.shuffle(seed=seed)` always (a fresh loader per evaluation: the same order each time), then
   `repeat_iterable_dataset(mini_repeat_count=generations)`.
 - `dispatch_batches=False`: accelerate gives each rank its own files (`IterableDataset.shard`) when the stream has
-  enough, else `IterableDatasetShard` splits the one stream (`shapeplan.adapters.stream`).
+  enough (and split_batches is off), else `IterableDatasetShard` splits the one stream (`shapeplan.adapters.stream`).
 
 Planning builds that same pipeline on the lazily loaded stream with one `map` between the shuffle and the repeat: it
 tokenizes each prompt the shuffle yields (the trainer's own `_tokenize_prompts`) and numbers it. A `map` before the
@@ -29,7 +29,8 @@ from typing import Any
 from ..errors import DatasetError, UsageError, first_line
 from ..plan.schedule import TrainLoop, micro_batches
 from . import stream
-from .sampling import RankBatches
+from .loop import sharding
+from .sampling import RankBatches, Sharding
 from .trl_args import TrainingArgs
 
 _EVAL_CHUNK = 1000  # eval prompts tokenized at a time (the eval stream is read whole)
@@ -91,13 +92,10 @@ def check_supported(args: TrainingArgs) -> None:
         raise UsageError(f"TRL's {args.method} trainer refuses dispatch_batches=True on a streamed dataset (the "
                          "main process would collate the string 'prompt' column); drop dispatch_batches from "
                          "--accelerator_config")
-    if args.num_processes > 1 and accelerator.split_batches:
-        raise UsageError("accelerator_config split_batches is not planned for data-parallel streaming runs; keep "
-                         "accelerate's default")
 
 
 def _pipeline(source: Any, measure: _Measure, *, shuffle: bool, seed: int, repeat: Repeat, measure_batch: int,
-              num_processes: int) -> list[Any]:
+              sharding: Sharding) -> list[Any]:
     """The trainer's stream (shuffled, measured, repeated) as each rank reads it: one per rank when accelerate
     shards it by files, else the one shared stream. The measure tokenizes `measure_batch` prompts at a time (the
     rows the next map reads at once, so no row more is read)."""
@@ -107,7 +105,7 @@ def _pipeline(source: Any, measure: _Measure, *, shuffle: bool, seed: int, repea
     measured = shuffled.map(measure, batched=True, batch_size=measure_batch).select_columns([_ID])
     repeated = repeat_iterable_dataset(measured, mini_repeat_count=repeat.mini_repeat_count,
                                        batch_size=repeat.batch_size, repeat_count=repeat.repeat_count)
-    return stream.rank_streams(repeated, num_processes)
+    return stream.rank_streams(repeated, sharding)
 
 
 def _read(parts: list[Any], epoch: int, limit: int | None) -> list[list[int]]:
@@ -119,10 +117,11 @@ def _read(parts: list[Any], epoch: int, limit: int | None) -> list[list[int]]:
     return out
 
 
-def _order(numbers: list[list[int]], *, batch_size: int, num_processes: int) -> RankBatches:
+def _order(numbers: list[list[int]], *, batch_size: int, option: str, sharding: Sharding) -> RankBatches:
     """Per-rank batches of prompt numbers, as the prepared DataLoader gives them."""
     flat = list(itertools.chain.from_iterable(numbers))
-    positions = stream.rank_batches([len(n) for n in numbers], batch_size=batch_size, num_processes=num_processes)
+    positions = stream.rank_batches([len(n) for n in numbers], batch_size=batch_size, option=option,
+                                    sharding=sharding)
     return [[[flat[i] for i in batch] for batch in rank] for rank in positions]
 
 
@@ -141,22 +140,24 @@ def _compact(measure: _Measure, passes: list[RankBatches]) -> StreamOrder:
     )
 
 
-def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat,
-                batch_size: int) -> tuple[StreamOrder, TrainLoop, str]:
-    """The train prompts of a streaming run, each pass's batches (`batch_size` rows per rank: the generation batch),
-    the Trainer's loop over them, and a note saying what was read."""
+def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat, batch_size: int,
+                option: str) -> tuple[StreamOrder, TrainLoop, str]:
+    """The train prompts of a streaming run, each pass's batches (the dataloader's `batch_size` rows, set by
+    `option`: a rank's generation batch, or the ranks' under split_batches), the Trainer's loop over them, and a
+    note saying what was read."""
     config = args.training
-    ranks = args.num_processes
+    shards = sharding(args)
     measure = _Measure(trainer, "train")
     parts = _pipeline(source, measure, shuffle=config.shuffle_dataset, seed=config.seed, repeat=repeat,
-                      measure_batch=repeat.batch_size, num_processes=ranks)
+                      measure_batch=repeat.batch_size, sharding=shards)
     micro = config.max_steps * config.gradient_accumulation_steps
-    limit = micro * batch_size * (1 if len(parts) > 1 else ranks)
+    limit = micro * shards.rank_batch_size(batch_size, option) * (
+        1 if len(parts) > 1 else shards.num_processes)
     first = _read(parts, 0, limit)
     if not all(first):
         raise DatasetError(f"the train stream holds fewer prompts than one generation batch "
                            f"({repeat.batch_size} unique prompts); stream more data or lower the batch")
-    passes = [_order(first, batch_size=batch_size, num_processes=ranks)]
+    passes = [_order(first, batch_size=batch_size, option=option, sharding=shards)]
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
                      num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
@@ -165,10 +166,10 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
                                     shuffled=False)
         loop = replace(loop, batches_per_pass=length)
         for epoch in range(1, max(mb.epoch for mb in micro_batches(loop)) + 1):
-            passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, num_processes=ranks))
+            passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, option=option, sharding=shards))
             if {len(rank) for rank in passes[-1]} != {length}:
-                raise UsageError("the ranks' shards of the stream change length between passes (the files are "
-                                 "dealt anew each pass), so the ranks would fall out of step; lower --max_steps to "
+                raise UsageError("the shards' shards of the stream change length between passes (the files are "
+                                 "dealt anew each pass), so the shards would fall out of step; lower --max_steps to "
                                  "what one pass holds")
     order = _compact(measure, passes)
     again = ("" if len(passes) == 1 else
@@ -185,9 +186,9 @@ def eval_order(args: TrainingArgs, trainer: Any, source: Any, generations: int) 
     config = args.training
     measure = _Measure(trainer, "eval")
     parts = _pipeline(source, measure, shuffle=True, seed=config.seed, repeat=Repeat(generations),
-                      measure_batch=_EVAL_CHUNK, num_processes=args.num_processes)
+                      measure_batch=_EVAL_CHUNK, sharding=sharding(args))
     batches = _order(_read(parts, 0, None), batch_size=config.per_device_eval_batch_size,
-                     num_processes=args.num_processes)
+                     option="per_device_eval_batch_size", sharding=sharding(args))
     return _compact(measure, [batches])
 
 

@@ -28,6 +28,8 @@ from .trl_args import TrainingArgs, make_parser, parse_training_args
 # Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
 # `shapeplan warm` sets for the device it warms on.
 _RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split", "use_cpu"}
+# what sets the train dataloader's batch size
+_GENERATION_BATCH = "per_device_train_batch_size x steps_per_generation"
 
 
 def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArgs, list[str]]:
@@ -78,12 +80,31 @@ def _train_batches(args: TrainingArgs, num_rows: int, steps: int, size: int) -> 
                             batch_size=size // config.num_generations,
                             repeat_count=config.num_iterations * steps, shuffle=config.shuffle_dataset,
                             seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps)
+    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps, _GENERATION_BATCH)
+
+
+def _check_split(args: TrainingArgs) -> None:
+    """Under split_batches the ranks together hold one dataloader batch (per_device_train_batch_size x
+    steps_per_generation prompts, per_device_eval_batch_size in eval), and the trainer groups the gathered rewards of
+    each prompt's generations (`view(-1, num_generations)`), which fails on a batch holding a partial group."""
+    config = args.training
+    if not (args.num_processes > 1 and config.accelerator_config.split_batches):
+        return
+    sizes = [(_GENERATION_BATCH, config.per_device_train_batch_size * config.steps_per_generation,
+              config.num_generations),
+             ("per_device_eval_batch_size", config.per_device_eval_batch_size,
+              config.num_generations_eval or config.num_generations)]
+    for option, size, generations in sizes:
+        if size % generations:
+            raise UsageError(f"with split_batches all ranks together hold {option}={size} completions, which the "
+                             f"trainer groups by {generations} generations and fails on; set {option} to a multiple "
+                             "of the generations or drop split_batches")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     args, notes = with_guide_example(args, argv)
     warnings = notes + _check_supported(args)
+    _check_split(args)
     config = args.training
     method = args.method
     generation = generation_settings(config)
@@ -98,7 +119,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                                           batch_size=size // config.num_generations,
                                           repeat_count=config.num_iterations * steps)
         streamed, loop, note = generation_stream.train_order(
-            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps)
+            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
+            option=_GENERATION_BATCH)
         train_lengths = streamed.lengths
         epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
         warnings.append(note)

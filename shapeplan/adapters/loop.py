@@ -7,14 +7,30 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import UsageError
 from ..plan.schedule import TrainLoop, evaluation_steps
+from .common import streamed
 from .sampling import (
     TRAIN_STRATEGIES,
     RankBatches,
+    Sharding,
     eval_batches,
     ordered_batches,
     train_batches,
 )
 from .trl_args import TrainingArgs
+
+
+def sharding(args: TrainingArgs, *, dispatched: bool = False) -> Sharding:
+    """How the run's dataloaders are dealt to its ranks (`Trainer.create_accelerator_and_postprocess` passes these
+    `accelerator_config` options to accelerate's `DataLoaderConfiguration`). `dispatched`: the caller plans
+    dispatch_batches' slices (SFT's padded batches)."""
+    accelerator = args.training.accelerator_config
+    # Every trainer forces (or requires) dispatch_batches=False on a stream; on one process it changes no batch.
+    dispatch = bool(accelerator.dispatch_batches) and args.num_processes > 1 and not streamed(args)
+    if dispatch and not dispatched:
+        raise UsageError(f"dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not "
+                         f"planned for {args.method} yet; drop dispatch_batches from --accelerator_config")
+    return Sharding(num_processes=args.num_processes, split_batches=bool(accelerator.split_batches),
+                    even_batches=bool(accelerator.even_batches), dispatch_batches=dispatch)
 
 
 def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
@@ -25,15 +41,28 @@ def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
     if strategy not in planned:
         raise UsageError(f"train_sampling_strategy={strategy!r} is not one shapeplan plans; use one of "
                          f"{', '.join(planned)}")
+    if strategy == "batch_rebalance" and args.training.accelerator_config.split_batches:
+        # The Trainer passes it as a batch_sampler, which has no batch_size for split_batches to split.
+        raise UsageError("accelerate refuses split_batches with train_sampling_strategy='batch_rebalance' (its batch "
+                         "sampler has no batch_size to split); drop split_batches or pick another strategy")
 
 
-def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
-        Callable[[int], RankBatches], TrainLoop]:
-    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies."""
+def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None, *,
+                   dispatched: bool = False) -> tuple[Callable[[int], RankBatches], TrainLoop]:
+    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies;
+    `dispatched`: the caller plans dispatch_batches' slices."""
     config = args.training
     check_strategy(args, length_aware=lengths is not None)
+    shards = sharding(args, dispatched=dispatched)
+    if shards.dispatch_batches and config.train_sampling_strategy == "batch_rebalance":
+        # rank 0 would dispatch its own rebalanced batches to every rank
+        raise UsageError("dispatch_batches=true with train_sampling_strategy='batch_rebalance' is not planned; drop "
+                         "dispatch_batches or pick another strategy")
+    batch_size = config.per_device_train_batch_size
+    if config.train_sampling_strategy != "batch_rebalance":  # it is refused with split_batches above
+        shards.rank_batch_size(batch_size, "per_device_train_batch_size")
     epoch_batches = train_batches(
-        num_rows, batch_size=config.per_device_train_batch_size, num_processes=args.num_processes,
+        num_rows, batch_size=batch_size, sharding=shards,
         strategy=config.train_sampling_strategy, seed=config.seed, data_seed=config.data_seed,
         drop_last=config.dataloader_drop_last, lengths=lengths or (),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -52,14 +81,17 @@ def train_loop(args: TrainingArgs, epoch_batches: Callable[[int], RankBatches]) 
     )
 
 
-def sampled_epochs(args: TrainingArgs, sampler: Iterable[int], batch_size: int) -> Callable[[int], RankBatches]:
+def sampled_epochs(args: TrainingArgs, sampler: Iterable[int], batch_size: int,
+                   option: str) -> Callable[[int], RankBatches]:
     """epoch -> per-rank batches of a custom sampler (TRL's `RepeatSampler`) that draws a new order at each pass,
-    as the prepared DataLoader gives them."""
+    as the prepared DataLoader gives them; `option` names the setting the dataloader's `batch_size` comes from."""
     drawn: list[RankBatches] = []  # the latest epoch's batches; the planner asks for epochs in order
+    shards = sharding(args)
+    shards.rank_batch_size(batch_size, option)
 
     def epoch_batches(epoch: int) -> RankBatches:
         while len(drawn) <= epoch:
-            drawn.append(ordered_batches(list(sampler), batch_size=batch_size, num_processes=args.num_processes,
+            drawn.append(ordered_batches(list(sampler), batch_size=batch_size, sharding=shards,
                                          drop_last=args.training.dataloader_drop_last))
             if len(drawn) > 1:
                 drawn[-2] = []  # free the previous epoch
@@ -77,19 +109,25 @@ def eval_steps_of(args: TrainingArgs, loop: TrainLoop) -> list[int]:
                             eval_on_start=config.eval_on_start)
 
 
-def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None) -> tuple[
-        RankBatches, list[int]]:
+def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None, *,
+                  dispatched: bool = False) -> tuple[RankBatches, list[int]]:
     """The eval loop's batches and the global steps after which it runs; `lengths` (the rows' token lengths) for
-    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`)."""
+    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`); `dispatched` as for
+    `train_schedule`."""
     config = args.training
     at = eval_steps_of(args, loop)
     grouped = lengths if config.train_sampling_strategy == "group_by_length" else None
-    batches = eval_batches(num_rows, batch_size=config.per_device_eval_batch_size, num_processes=args.num_processes,
+    shards = sharding(args, dispatched=dispatched)
+    shards.rank_batch_size(config.per_device_eval_batch_size, "per_device_eval_batch_size")
+    batches = eval_batches(num_rows, batch_size=config.per_device_eval_batch_size, sharding=shards,
                            drop_last=config.dataloader_drop_last, grouped_lengths=grouped,
                            seed=config.data_seed if config.data_seed is not None else config.seed)
     return batches, at
 
 
-def sequential_pass(args: TrainingArgs, num_rows: int, batch_size: int) -> RankBatches:
-    """A `DataLoader(shuffle=False)` prepared by accelerate, as TRL builds for precompute passes (never drop_last)."""
-    return eval_batches(num_rows, batch_size=batch_size, num_processes=args.num_processes, drop_last=False)
+def sequential_pass(args: TrainingArgs, num_rows: int, batch_size: int, option: str) -> RankBatches:
+    """A `DataLoader(shuffle=False)` prepared by accelerate, as TRL builds for precompute passes (never drop_last);
+    `option` names the setting `batch_size` comes from."""
+    shards = sharding(args)
+    shards.rank_batch_size(batch_size, option)
+    return eval_batches(num_rows, batch_size=batch_size, sharding=shards, drop_last=False)

@@ -184,7 +184,9 @@ def precompute_batches(args: TrainingArgs, run: PreparedRun[Any]) -> tuple[RankB
     if not config.precompute_ref_log_probs:
         return (), ()
     size = config.precompute_ref_batch_size
-    train = sequential_pass(args, len(run.train_rows), size or config.per_device_train_batch_size)
+    train = sequential_pass(args, len(run.train_rows), size or config.per_device_train_batch_size,
+                            "precompute_ref_batch_size" if size else "per_device_train_batch_size")
     if run.eval_rows is None:
         return train, ()
-    return train, sequential_pass(args, len(run.eval_rows), size or config.per_device_eval_batch_size)
+    return train, sequential_pass(args, len(run.eval_rows), size or config.per_device_eval_batch_size,
+                                  "precompute_ref_batch_size" if size else "per_device_eval_batch_size")

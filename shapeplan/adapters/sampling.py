@@ -4,25 +4,93 @@ samplers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from ..errors import UsageError
 from ..plan.batches import RankBatches
+from ..plan.rows import Dispatched
 
 # The train_sampling_strategy values `train_batches` draws orders for.
 TRAIN_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
 
 
-def _batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int) -> RankBatches:
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How accelerate's `prepare_data_loader` deals a dataloader's batches to the ranks: the launch's process count
+    and `--accelerator_config`'s dataloader options, as the Trainer passes them to its `Accelerator`."""
+
+    num_processes: int = 1
+    split_batches: bool = False  # each batch is cut into num_processes slices, one per rank
+    even_batches: bool = True  # the last round is completed with the first rows, so every rank gets a full batch
+    dispatch_batches: bool = False  # rank 0 loads and collates, then slices the batch for every rank
+
+    @property
+    def split(self) -> bool:
+        return self.split_batches and self.num_processes > 1
+
+    def rank_batch_size(self, batch_size: int, option: str) -> int:
+        """The rows each rank's batch holds when the dataloader's batch is `batch_size` (set by `option`).
+        accelerate refuses split_batches on a batch size that is not a multiple of the ranks (a batch of 1 it
+        splits into empty slices)."""
+        if not self.split:
+            return batch_size
+        if batch_size % self.num_processes:
+            raise UsageError(f"split_batches cuts each batch of {option}={batch_size} into {self.num_processes} "
+                             "equal slices, which accelerate refuses (or, for a batch of 1, leaves empty); set "
+                             f"{option} to a multiple of --num_processes or drop split_batches")
+        return batch_size // self.num_processes
+
+
+def _batches(order: Sequence[int], batch_size: int, drop_last: bool, sharding: Sharding) -> RankBatches:
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler
 
     batch_sampler = BatchSampler(list(order), batch_size, drop_last)
-    if num_processes == 1:
+    if sharding.num_processes == 1:
         return [[list(b) for b in batch_sampler]]
-    return [
-        [list(b) for b in BatchSamplerShard(batch_sampler, num_processes, rank, split_batches=False,
-                                           even_batches=True)]
-        for rank in range(num_processes)
+    if sharding.dispatch_batches:
+        return _dispatched([list(b) for b in batch_sampler], sharding, drop_last)
+    ranks = [
+        [list(b) for b in BatchSamplerShard(batch_sampler, sharding.num_processes, rank,
+                                           split_batches=sharding.split_batches, even_batches=sharding.even_batches)]
+        for rank in range(sharding.num_processes)
     ]
+    counts = sorted({len(batches) for batches in ranks})
+    if len(counts) > 1:  # only even_batches=False leaves ranks unequal
+        raise UsageError(f"with even_batches=false the ranks get {' and '.join(map(str, counts))} batches of "
+                         f"{len(order)} rows, so the Trainer's ranks fall out of step (one runs a forward and its "
+                         "collectives alone); drop even_batches=false or use a row count whose batches divide by "
+                         "--num_processes")
+    return ranks
+
+
+def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -> RankBatches:
+    """What accelerate's `DataLoaderDispatcher` hands each rank: rank 0 loads and collates, then slices by rows.
+
+    Without split_batches rank 0 collates `num_processes` batches one by one and concatenates them (a last group
+    may hold fewer; drop_last drops it); with split_batches it collates one batch. Rank r takes the r-th of
+    `num_processes` equal row slices; a last batch whose rows do not divide is completed with the first
+    `num_processes` rows of the first one (as rank 0 collated them) and each slice gets one row more."""
+    ranks = sharding.num_processes
+    if sharding.split_batches:
+        groups = [[batch] for batch in batches]
+    else:
+        groups = [batches[i:i + ranks] for i in range(0, len(batches), ranks)]
+        if drop_last and groups and len(groups[-1]) < ranks:
+            groups.pop()
+    out: list[list[Dispatched]] = [[] for _ in range(ranks)]
+    for number, parts in enumerate(groups):
+        rows = [i for part in parts for i in part]
+        size = len(rows) // ranks
+        if number == len(groups) - 1 and not drop_last and len(rows) % ranks:
+            first = groups[0]
+            rows += [i for part in first for i in part][:ranks]
+            parts = [*parts, *first]  # the appended rows keep the first batch's padding
+            size += 1
+        collated = tuple(tuple(part) for part in parts)
+        for rank in range(ranks):
+            out[rank].append(Dispatched(tuple(rows[rank * size:(rank + 1) * size]), collated))
+    return out
 
 
 def _length_grouped(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:
@@ -37,7 +105,7 @@ def train_batches(
     num_rows: int,
     *,
     batch_size: int,
-    num_processes: int,
+    sharding: Sharding,
     strategy: str,
     seed: int,
     data_seed: int | None,
@@ -56,7 +124,7 @@ def train_batches(
     shard a pass-through), with the Trainer's arguments and its own fixed seed.
     """
     if strategy == "batch_rebalance":
-        return _rebalanced(lengths, batch_size=batch_size, num_processes=num_processes,
+        return _rebalanced(lengths, batch_size=batch_size, num_processes=sharding.num_processes,
                           gradient_accumulation_steps=gradient_accumulation_steps, drop_last=drop_last)
     if strategy == "random":
         from accelerate.data_loader import SeedableRandomSampler
@@ -75,7 +143,7 @@ def train_batches(
     else:
         raise ValueError(f"no order for train_sampling_strategy={strategy!r}")
 
-    return lambda epoch: _batches(order(epoch), batch_size, drop_last, num_processes)
+    return lambda epoch: _batches(order(epoch), batch_size, drop_last, sharding)
 
 
 def _rebalanced(lengths: Sequence[int], *, batch_size: int, num_processes: int, gradient_accumulation_steps: int,
@@ -97,16 +165,16 @@ def _rebalanced(lengths: Sequence[int], *, batch_size: int, num_processes: int, 
     return epoch_batches
 
 
-def eval_batches(num_rows: int, *, batch_size: int, num_processes: int, drop_last: bool,
+def eval_batches(num_rows: int, *, batch_size: int, sharding: Sharding, drop_last: bool,
                  grouped_lengths: Sequence[int] | None = None, seed: int = 0) -> RankBatches:
     """The eval loop's order, sharded across ranks with even batches: sequential, or with
     train_sampling_strategy "group_by_length" (pass the rows' lengths as `grouped_lengths`) `LengthGroupedSampler`
     seeded with `seed` (`data_seed`, else `seed`), a fresh generator at every evaluation."""
     order = range(num_rows) if grouped_lengths is None else _length_grouped(grouped_lengths, batch_size, seed)
-    return _batches(order, batch_size, drop_last, num_processes)
+    return _batches(order, batch_size, drop_last, sharding)
 
 
-def ordered_batches(order: Sequence[int], *, batch_size: int, num_processes: int, drop_last: bool) -> RankBatches:
+def ordered_batches(order: Sequence[int], *, batch_size: int, sharding: Sharding, drop_last: bool) -> RankBatches:
     """Per-rank batches of a custom sampler's `order` (e.g. TRL's `RepeatSampler`), as the prepared DataLoader
     gives them: accelerate shards whole batches across ranks, since such a sampler is not a `RandomSampler`."""
-    return _batches(order, batch_size, drop_last, num_processes)
+    return _batches(order, batch_size, drop_last, sharding)

@@ -33,7 +33,8 @@ from ..errors import DatasetError, UsageError
 from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop
 from . import lengths
-from .sampling import RankBatches
+from .loop import sharding
+from .sampling import RankBatches, Sharding
 from .trl_args import TrainingArgs
 
 T = TypeVar("T")
@@ -155,11 +156,12 @@ def counted(stream: Any, reader: Reader) -> Any:
     return stream.map(reader.count, features=stream.features)
 
 
-def rank_streams(stream: Any, num_processes: int) -> list[Any]:
-    """The stream each rank reads when accelerate shards it by files (`stream.shard`), else the one shared stream
-    (`IterableDatasetShard` splits it by rows)."""
-    if num_processes > 1 and stream.n_shards >= num_processes:
-        return [stream.shard(num_shards=num_processes, index=rank) for rank in range(num_processes)]
+def rank_streams(stream: Any, sharding: Sharding) -> list[Any]:
+    """The stream each rank reads when accelerate shards it by files (`stream.shard`, never under split_batches),
+    else the one shared stream (`IterableDatasetShard` splits it by rows)."""
+    ranks = sharding.num_processes
+    if ranks > 1 and not sharding.split_batches and stream.n_shards >= ranks:
+        return [stream.shard(num_shards=ranks, index=rank) for rank in range(ranks)]
     return [stream]
 
 
@@ -185,38 +187,44 @@ class Streamed(Generic[T]):
     whole: bool  # the stream ended before the rows wanted: it was read whole
 
 
-def read(dataset: Any, read_rows: Read[T], *, num_processes: int, batch_size: int, per_rank: int | None,
-         reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
-    """The first `per_rank` prepared rows each rank reads (all of them when None) and their batches; `check` gets
-    the prepared rows of each part read (to refuse a part whose every row was dropped)."""
-    streams = rank_streams(dataset, num_processes)
-    wanted = None if per_rank is None else per_rank * (1 if len(streams) > 1 else num_processes)
+def read(dataset: Any, read_rows: Read[T], *, sharding: Sharding, batch_size: int, option: str,
+         per_rank: int | None, reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
+    """The first `per_rank` prepared rows each rank reads (all of them when None) and their batches of the
+    dataloader's `batch_size` (set by `option`; a rank's share of it under split_batches); `check` gets the
+    prepared rows of each part read (to refuse a part whose every row was dropped)."""
+    streams = rank_streams(dataset, sharding)
+    wanted = None if per_rank is None else per_rank * (1 if len(streams) > 1 else sharding.num_processes)
     parts = []
     for part in streams:
         parts.append(list(itertools.islice(read_rows(part, wanted, reader), wanted)))
         check(len(parts[-1]))
     return Streamed(rows=list(itertools.chain.from_iterable(parts)),
-                    batches=rank_batches([len(p) for p in parts], batch_size=batch_size, num_processes=num_processes),
+                    batches=rank_batches([len(p) for p in parts], batch_size=batch_size, option=option,
+                                         sharding=sharding),
                     whole=wanted is None or any(len(p) < wanted for p in parts))
 
 
-def rank_batches(sizes: list[int], *, batch_size: int, num_processes: int) -> RankBatches:
-    """Each rank's batches of indices into the parts' rows joined, as the prepared DataLoader gives them: one part
-    per rank (sharded by files) or one shared part (split by `IterableDatasetShard`, the last chunk completed with
-    the first rows). The Trainer sets no drop_last for a stream."""
+def rank_batches(sizes: list[int], *, batch_size: int, option: str, sharding: Sharding) -> RankBatches:
+    """Each rank's batches of indices into the parts' rows joined, as the prepared DataLoader of `batch_size` (set
+    by `option`) gives them: one part per rank (sharded by files) or one shared part (split by
+    `IterableDatasetShard` in chunks of `batch_size` x ranks, or of `batch_size` cut in one slice per rank under
+    split_batches; the last chunk completed with the first rows). The Trainer sets no drop_last for a stream."""
     from accelerate.data_loader import IterableDatasetShard
 
-    if len(sizes) == 1 and num_processes > 1:
+    ranks = sharding.num_processes
+    if len(sizes) == 1 and ranks > 1:
         # IterableDatasetShard iterates any iterable: here the row indices, in stream order.
         shards = (IterableDatasetShard(range(sizes[0]), batch_size=batch_size, drop_last=False,
-                                       num_processes=num_processes, process_index=rank)
-                  for rank in range(num_processes))
+                                       num_processes=ranks, process_index=rank, split_batches=sharding.split_batches)
+                  for rank in range(ranks))
         per_rank = [list(shard) for shard in shards]
     else:
         # `starts` has one more item than `sizes` (the end), which zip leaves out
         starts = itertools.accumulate(sizes, initial=0)
         per_rank = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
-    return [[order[i:i + batch_size] for i in range(0, len(order), batch_size)] for order in per_rank]
+    # prepare_data_loader gives the rank's DataLoader a batch_size of its share
+    size = sharding.rank_batch_size(batch_size, option)
+    return [[order[i:i + size] for i in range(0, len(order), size)] for order in per_rank]
 
 
 def check_run(args: TrainingArgs) -> None:
@@ -226,9 +234,6 @@ def check_run(args: TrainingArgs) -> None:
         raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
                          "--max_steps N")
     # The trainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
-    if args.num_processes > 1 and config.accelerator_config.split_batches:
-        raise UsageError("accelerator_config split_batches is not planned for data-parallel runs; keep accelerate's "
-                         "defaults")
 
 
 def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None], *,
@@ -240,8 +245,10 @@ def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Call
     ga = config.gradient_accumulation_steps
     micro = config.max_steps * ga
     reader = Reader()
-    streamed = read(dataset, read_rows, num_processes=args.num_processes, batch_size=config.per_device_train_batch_size,
-                    per_rank=micro * config.per_device_train_batch_size, reader=reader, check=check)
+    shards = sharding(args)
+    batch_size, option = config.per_device_train_batch_size, "per_device_train_batch_size"
+    streamed = read(dataset, read_rows, sharding=shards, batch_size=batch_size, option=option,
+                    per_rank=micro * shards.rank_batch_size(batch_size, option), reader=reader, check=check)
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=ga, num_train_epochs=config.num_train_epochs,
                      max_steps=config.max_steps)
@@ -256,8 +263,8 @@ def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Call
 
 def read_eval(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None]) -> Streamed[T]:
     """The eval stream, read whole as each evaluation reads it, and its batches."""
-    return read(dataset, read_rows, num_processes=args.num_processes,
-                batch_size=args.training.per_device_eval_batch_size, per_rank=None, reader=Reader(), check=check)
+    return read(dataset, read_rows, sharding=sharding(args), batch_size=args.training.per_device_eval_batch_size,
+                option="per_device_eval_batch_size", per_rank=None, reader=Reader(), check=check)
 
 
 def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:

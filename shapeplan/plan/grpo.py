@@ -24,9 +24,10 @@ from .schedule import TrainLoop, micro_batches
 class GenerationLayout:
     """How the trainer generates and batches, as TRL's config names it.
 
-    One dataloader batch holds a rank's generation batch (`batch_size * steps_per_generation` rows); the trainer
-    generates on it every `steps_per_generation * num_iterations` micro-steps and trains on slices of
-    `batch_size` rows. `round_forwards` are the no-grad forwards run over each generation batch in chunks of
+    One dataloader batch holds a rank's generation batch (`batch_size * steps_per_generation` rows, a
+    `num_processes`-th of that under accelerate's split_batches); the trainer generates on it every
+    `steps_per_generation * num_iterations` micro-steps and trains on its `steps_per_generation` equal slices
+    (`split_tensor_dict`). `round_forwards` are the no-grad forwards run over each generation batch in chunks of
     `batch_size` (GRPO: `old_logprob` and/or `ref`; Distillation: `teacher`); `eval_forwards` the forwards run on
     each eval batch (GRPO: `eval` for the loss, plus `eval` again for old log-probs and `ref`).
     """
@@ -82,6 +83,7 @@ def _chunks(rows: int, size: int) -> list[int]:
 class _Rank:
     cache: CacheLength
     prompt_bucket: int = 0  # P of the round being trained on
+    train_rows: int = 0  # rows of each slice of the round being trained on
 
 
 class _Counting:
@@ -160,13 +162,14 @@ def plan_generation(
                 lengths = [prompt_lengths[i] for i in batch]
                 bucket = round_up(max(lengths), multiple)
                 rank_state.prompt_bucket = bucket
+                rank_state.train_rows = len(batch) // layout.steps_per_generation
                 counting.generate("generate", len(batch), bucket, rank_state.cache.next(bucket), mb.step)
                 for phase in layout.round_forwards:
                     for rows in _chunks(len(batch), layout.batch_size):
                         counting.forwards(phase, rows, bucket, mb.step)
                 tokens += sum(lengths)
                 padded += len(batch) * bucket
-            counting.forwards("train", layout.batch_size, rank_state.prompt_bucket, mb.step)
+            counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step)
             micro += 1
         micro_step += 1
         last_step = mb.step

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from .buckets import round_up
 
@@ -38,10 +39,47 @@ class BatchShape:
     unpadded: bool = False  # no pad token: attention runs without a mask
 
 
+@dataclass(frozen=True, slots=True)
+class Dispatched(Sequence[int]):
+    """A rank's slice of a batch that accelerate's `dispatch_batches` collates on rank 0: the slice's rows, and
+    the parts rank 0 collated one by one and concatenated before slicing (each padded on its own)."""
+
+    rows: tuple[int, ...]
+    parts: tuple[tuple[int, ...], ...]
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        return self.rows[index]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rows)
+
+
+class UnequalParts(ValueError):
+    """Rank 0 would concatenate dispatched parts padded to different lengths (`seqs`), which torch.cat fails on."""
+
+    def __init__(self, seqs: Sequence[int]) -> None:
+        super().__init__(f"parts padded to {', '.join(map(str, seqs))}")
+        self.seqs = tuple(seqs)
+
+
 def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
-    """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
+    """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up); a dispatched slice keeps the
+    padding of the parts rank 0 collated (which must agree)."""
     lengths = [rows.lengths[i] for i in batch]
-    seq = round_up(max(lengths), multiple)
+    if isinstance(batch, Dispatched):
+        seqs = sorted({round_up(max(rows.lengths[i] for i in part), multiple) for part in batch.parts})
+        if len(seqs) > 1:
+            raise UnequalParts(seqs)
+        seq = seqs[0]
+    else:
+        seq = round_up(max(lengths), multiple)
     return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq)
 
 

@@ -201,10 +201,16 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
     def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[_Pass]:
         """One pass per layout of each task. A task whose rows are the train pass's batch size, or the train pass's
         remainder, is a train-side batch; else an eval-side one."""
+        from ..adapters.loop import sharding
+
         cfg = self.config
         size = cfg.precompute_ref_batch_size
-        train_size = size or cfg.per_device_train_batch_size
-        eval_size = size or cfg.per_device_eval_batch_size
+        # a rank's batch of the pass: its share of the dataloader's batch under split_batches
+        share = sharding(self.args).rank_batch_size
+        train_size = share(size or cfg.per_device_train_batch_size,
+                           "precompute_ref_batch_size" if size else "per_device_train_batch_size")
+        eval_size = share(size or cfg.per_device_eval_batch_size,
+                          "precompute_ref_batch_size" if size else "per_device_eval_batch_size")
         out = []
         for task in tasks:
             rows = task.batch // self.rows_per_example
@@ -253,8 +259,10 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         # dataloader gives each rank its own
         datasets = shared_datasets([self.rows([p.layout for p in r.ranks], ref_logps=False)[0] for r in ordered])
         trainer = self._new_trainer(datasets[0], datasets[1] if len(initial) > 1 else None)
+        # the pass's dataloader batch: under split_batches the ranks' batches together, which accelerate splits
+        together = self.args.num_processes if self.config.accelerator_config.split_batches else 1
         for r, dataset in zip(ordered[len(initial):], datasets[len(initial):], strict=True):
-            trainer._precompute_ref_logps(dataset, r.name, r.batch_size)
+            trainer._precompute_ref_logps(dataset, r.name, r.batch_size * together)
         return trainer
 
     def _pass_begins(self) -> None:

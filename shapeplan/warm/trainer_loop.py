@@ -138,16 +138,18 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         self.eval_pass = sum(s.count for s in plan.by_phase("eval")) // passes // self.args.num_processes
 
     def _steps_in_epoch(self, rows: int) -> int:
+        from ..adapters.loop import sharding
         from ..adapters.sampling import train_batches
 
         cfg = self.config
         return len(train_batches(rows, batch_size=cfg.per_device_train_batch_size,
-                                 num_processes=self.args.num_processes, strategy="sequential", seed=0,
+                                 sharding=sharding(self.args), strategy="sequential", seed=0,
                                  data_seed=None, drop_last=cfg.dataloader_drop_last)(0)[0])
 
     def _remainders(self, plan: Plan) -> None:
         """The rows of an epoch's / eval pass's last gathered batch, where the run meets one (0: none): the rows
-        modulo every rank's batch together (accelerate's `total_batch_size`).
+        modulo every rank's batch together (accelerate's `total_batch_size`: the dataloader's batch under
+        split_batches, which the ranks share).
 
         At the end of a dataloader accelerate's `gather_for_metrics` cuts gathered metrics to that many rows,
         so the warm-up's dataloaders report the same remainder. In one process that is also the last eval batch's
@@ -160,9 +162,10 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         # A stream has no length: accelerate's remainder stays -1 and `gather_for_metrics` cuts nothing.
         if cfg.dataloader_drop_last or getattr(self.args.script, "dataset_streaming", False):
             return
+        together = 1 if cfg.accelerator_config.split_batches else ranks
         if plan.stats.micro_batches >= self._steps_in_epoch(plan.stats.rows) * ranks:
-            self.train_remainder = plan.stats.rows % (cfg.per_device_train_batch_size * ranks)
-        self.eval_remainder = plan.stats.eval_rows % (cfg.per_device_eval_batch_size * ranks)
+            self.train_remainder = plan.stats.rows % (cfg.per_device_train_batch_size * together)
+        self.eval_remainder = plan.stats.eval_rows % (cfg.per_device_eval_batch_size * together)
         if ranks == 1:
             self.eval_short = self.eval_remainder
 
@@ -457,10 +460,11 @@ def prepared_loader(trainer: Any, dataset: Any, index: list[list[int]], batch_si
     loader: DataLoader[Any] = DataLoader(rows, batch_sampler=_FixedBatches(index, batch_size, ranks),
                                          collate_fn=trainer.data_collator, num_workers=0)
     accelerator = trainer.accelerator
+    # The plan already dealt each rank its batches (split, dispatched or not): they are prepared as they are.
     prepared = prepare_data_loader(
-        loader, accelerator.device, num_processes=1, process_index=0, split_batches=accelerator.split_batches,
+        loader, accelerator.device, num_processes=1, process_index=0, split_batches=False,
         put_on_device=accelerator.device_placement, rng_types=accelerator.rng_types.copy(),
-        dispatch_batches=accelerator.dispatch_batches, even_batches=accelerator.even_batches,
+        dispatch_batches=False, even_batches=True,
         use_seedable_sampler=accelerator.use_seedable_sampler, data_seed=accelerator.dataloader_config.data_seed,
         non_blocking=accelerator.non_blocking, use_stateful_dataloader=accelerator.use_stateful_dataloader)
     accelerator._dataloaders.append(prepared)

@@ -64,26 +64,32 @@ def _real_passes(source: Any, args: Any, passes: int, micro: int) -> list[list[l
         for rank in range(args.num_processes):
             loader = prepare_data_loader(
                 DataLoader(dataset, batch_size=config.per_device_train_batch_size * config.steps_per_generation),
-                num_processes=args.num_processes, process_index=rank, dispatch_batches=False, put_on_device=False)
+                num_processes=args.num_processes, process_index=rank, dispatch_batches=False, put_on_device=False,
+                split_batches=config.accelerator_config.split_batches)
             loader.set_epoch(epoch)
             ranks.append([[int(p.split()[0]) for p in batch["prompt"]] for batch in itertools.islice(loader, micro)])
         out.append(ranks)
     return out
 
 
-@pytest.mark.parametrize("kind", ["file", "files", "short"])
-@pytest.mark.parametrize("ranks", [1, 2])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_the_planned_order_is_the_prepared_dataloaders(kind: str, ranks: int, shuffle: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kind", "ranks", "shuffle", "split"), [
+    *itertools.product(["file", "files", "short"], [1, 2], [True, False], [False]),
+    # split_batches: the ranks share each dataloader batch (never sharded by files)
+    *itertools.product(["file", "files", "short"], [2], [True], [True]),
+])
+def test_the_planned_order_is_the_prepared_dataloaders(kind: str, ranks: int, shuffle: bool, split: bool,
+                                                        tmp_path: Path) -> None:
     source = load_dataset_source(str(_source(tmp_path, kind)), streaming=True)["train"]
     args = parse_training_args("grpo", ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *GRPO,
                                         "--max_steps", "7", "--seed", "5", "--shuffle_dataset", str(shuffle),
-                                        "--num_processes", str(ranks)])
+                                        "--num_processes", str(ranks),
+                                        "--accelerator_config", json.dumps({"split_batches": split})])
     config = args.training
     repeat = generation_stream.Repeat(config.num_generations, config.generation_batch_size // config.num_generations,
                                       config.num_iterations * config.steps_per_generation)
     batch_size = config.per_device_train_batch_size * config.steps_per_generation
-    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat, batch_size=batch_size)
+    order, loop, _ = generation_stream.train_order(args, _Numbering(), source, repeat=repeat, batch_size=batch_size,
+                                                   option="per_device_train_batch_size x steps_per_generation")
     planned = [[[[order.lengths[i] - 1 for i in batch] for batch in rank] for rank in epoch] for epoch in order.passes]
     micro = config.max_steps * config.gradient_accumulation_steps
     assert planned == _real_passes(source, args, len(order.passes), micro)
@@ -111,7 +117,8 @@ def test_planning_reads_only_what_the_run_consumes_and_the_shuffle_buffer() -> N
     counts = []
     for count in (5_000, 50_000):
         read.clear()
-        order, _, _ = generation_stream.train_order(args, _Numbering(), rows(count), repeat=repeat, batch_size=4)
+        order, _, _ = generation_stream.train_order(args, _Numbering(), rows(count), repeat=repeat, batch_size=4,
+                                                    option="per_device_train_batch_size x steps_per_generation")
         assert len(order.lengths) == 10
         counts.append(len(read))
     assert counts[0] == counts[1] and 1000 < counts[0] <= 1000 + 10 + 2, counts
@@ -122,8 +129,11 @@ def test_planning_reads_only_what_the_run_consumes_and_the_shuffle_buffer() -> N
      "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N"),
     ("rloo", TLDR, ["--max_steps", "2", "--accelerator_config", '{"dispatch_batches": true}'], UsageError,
      "TRL's rloo trainer refuses dispatch_batches=True on a streamed dataset"),
-    ("grpo", TLDR, ["--max_steps", "2", "--num_processes", "2", "--accelerator_config", '{"split_batches": true}'],
-     UsageError, "accelerator_config split_batches is not planned for data-parallel streaming runs"),
+    ("grpo", TLDR, ["--max_steps", "2", "--num_processes", "2", "--per_device_train_batch_size", "2",
+                    "--steps_per_generation", "1", "--gradient_accumulation_steps", "1", "--num_generations", "4",
+                    "--accelerator_config", '{"split_batches": true}'],
+     UsageError, "with split_batches all ranks together hold per_device_train_batch_size x steps_per_generation=2 "
+                 "completions, which the trainer groups by 4 generations"),
     ("grpo", None, ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "2"],
      DatasetError, "the train stream holds fewer prompts than one generation batch (4 unique prompts)"),
     ("grpo", CAPYBARA, ["--max_steps", "2"], DatasetError,

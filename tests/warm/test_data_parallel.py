@@ -53,10 +53,20 @@ CONFIGS: dict[str, tuple[str, Path, int, list[str]]] = {
     "sft-padding-free": ("sft", TEXT, 30, ["--max_length", "256", "--packing", "--packing_strategy", "bfd",
                                            "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2",
                                            "--per_device_eval_batch_size", "4", *EVAL]),
+    # split_batches: the ranks share batches of 4 train and 6 eval rows (2 and 3 each); 26 rows, the last gathered
+    # eval batch cut to 26 % 6 = 2 rows
+    "sft-split": ("sft", TEXT, 26, ["--max_length", "256", "--pad_to_multiple_of", "32",
+                                    "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "6",
+                                    "--accelerator_config", '{"split_batches": true}', *EVAL]),
     # 14 rows, eval batches of 2: 4 per rank and pass, the last cut to 14 % 4 = 2 rows
     "dpo": ("dpo", PREFERENCE, 14, DPO),
     # the reference log-probs of both sets computed before training, the ranks' pass batches gathered and cut
     "dpo-precompute": ("dpo", PREFERENCE, 14, [*DPO, "--precompute_ref_log_probs", "true"]),
+    # split_batches: the ranks share each batch of 4 (train, eval and precompute passes), 2 rows each
+    "dpo-precompute-split": ("dpo", PREFERENCE, 14, ["--max_length", "384", "--per_device_train_batch_size", "4",
+                                                     "--per_device_eval_batch_size", "4", *EVAL,
+                                                     "--precompute_ref_log_probs", "true", "--accelerator_config",
+                                                     '{"split_batches": true}']),
     # 14 rows, eval batches of 2: the last cut to 14 % 4 = 2 rows; the KL rows are each rank's own batch rotated
     "kto": ("kto", UNPAIRED, 14, [*KTO]),
     "kto-precompute": ("kto", UNPAIRED, 14, [*KTO, "--precompute_ref_log_probs", "true"]),
@@ -103,7 +113,8 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     # the two ranks' first micro-batches (GA 1) have different shapes
     assert len({s.seq for s in plan.by_phase("train") if s.first_step == 1}) == 2
     eval_batch = int(options[options.index("--per_device_eval_batch_size") + 1])
-    assert plan.by_phase("eval") and plan.stats.eval_rows % (2 * eval_batch) > 0  # the last gathered batch is cut
+    together = eval_batch if "split_batches" in " ".join(options) else 2 * eval_batch  # accelerate's total batch
+    assert plan.by_phase("eval") and plan.stats.eval_rows % together > 0  # the last gathered batch is cut
     write_plan(plan, tmp_path / "plan.json")
     env = _env()
     warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
@@ -123,8 +134,15 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
 
 
+# The one op this warm-up misses: the precompute pass's last gathered log-probs, (4,) float32, cut to the remainder's
+# 2 rows (`gather_for_metrics`). The warm-up's passes hold whole batches, so none is cut; without split_batches the
+# eval loop's loss cut has the same signature and warms it, with split_batches the eval losses are (8,).
+_GAP = pytest.mark.xfail(strict=True, reason="the precompute pass's remainder cut is not warmed under ranks")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("config", [pytest.param(c, marks=_GAP) if c == "dpo-precompute-split" else c
+                                    for c in sorted(CONFIGS)])
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True)
     assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
