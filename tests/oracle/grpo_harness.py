@@ -18,7 +18,7 @@ from typing import Any
 from shapeplan.guard.recorder import Forward
 from shapeplan.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
-from tests.oracle.harness import load_data, run_ranks
+from tests.oracle.harness import end_rank, load_data, run_ranks
 
 
 def completion_length_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -90,3 +90,4 @@ if __name__ == "__main__":  # one rank of run_generation_trainer_distributed
     records = run_generation_trainer(spec["method"], Path(spec["train"]), spec["argv"], streaming=spec["streaming"],
                                      eval_path=Path(spec["eval"]) if spec["eval"] else None)
     Path(spec["out"]).write_text(json.dumps([asdict(s) for s in records]))
+    end_rank()

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from shapeplan.guard.recorder import Forward
 from tests.conftest import ROOT, TINY_MODEL
@@ -119,6 +119,15 @@ def run_ranks(module: str, spec: dict[str, Any], *, num_processes: int, tmp_dir:
     return seen
 
 
+def end_rank(code: int = 0) -> NoReturn:
+    """End a rank process once its record is written, skipping the interpreter's teardown: tearing down torch's
+    gloo threads at exit now and then aborts ("terminate called without an active exception", exit -6) after the
+    rank has finished, in real TRL runs as much as in warm-ups, which would fail a run that did what it should."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def observed(seen: Sequence[Forward], *, varlen: bool = False, unpadded: bool = False) -> dict[
         tuple[str, int, int], tuple]:
     """(phase, batch, seq) -> (count, first step), plus the sorted cu_seq_lens lengths, max_length_q values and
@@ -174,3 +183,4 @@ def _rank_main(spec_json: str) -> None:
 
 if __name__ == "__main__":  # one rank of run_distributed; importing tests.conftest set the offline env
     _rank_main(sys.argv[1])
+    end_rank()

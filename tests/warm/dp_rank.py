@@ -23,6 +23,7 @@ from pathlib import Path
 
 import tests.conftest  # noqa: F401  (offline environment)
 from shapeplan.trainers import TRAINERS
+from tests.oracle.harness import end_rank
 from tests.warm import grpo_harness, harness
 from tests.warm.placement import DeviceOpRecorder, tracking
 
@@ -56,7 +57,7 @@ def main() -> None:
     out = {"signatures": recorder.signatures, "objects": recorder.objects,
            "counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()}}
     Path(f"{spec['out']}.{os.environ['RANK']}.pickle").write_bytes(pickle.dumps(out))
-    sys.exit(code)
+    end_rank(code)
 
 
 if __name__ == "__main__":
