@@ -89,11 +89,14 @@ class _Pass:
 
 @dataclass(frozen=True, slots=True)
 class _Round:
-    """One pass all ranks run together, each on its own batch (`ranks[r]`)."""
+    """One pass all ranks run together, each on its own batch (`ranks[r]`); with `cut`, the pass is the first `cut`
+    rows of those batches, charged to no task: a short last batch that accelerate completes with rows from the start
+    and whose gathered log-probs it cuts to `cut` rows, as at the end of the run's pass."""
 
     name: str
     batch_size: int
     ranks: tuple[_Pass, ...]
+    cut: int = 0
 
 
 def shared_datasets(rows: Sequence[list[dict[str, Any]]]) -> list[Any]:
@@ -198,19 +201,23 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         self._tracker = tracker
         super().run(tasks, context, tracker)
 
-    def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[_Pass]:
-        """One pass per layout of each task. A task whose rows are the train pass's batch size, or the train pass's
-        remainder, is a train-side batch; else an eval-side one."""
+    def _pass_sizes(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """The train and eval passes' names and a rank's batch of each: its share of the dataloader's batch under
+        split_batches."""
         from ..adapters.loop import sharding
 
         cfg = self.config
         size = cfg.precompute_ref_batch_size
-        # a rank's batch of the pass: its share of the dataloader's batch under split_batches
         share = sharding(self.args).rank_batch_size
-        train_size = share(size or cfg.per_device_train_batch_size,
-                           "precompute_ref_batch_size" if size else "per_device_train_batch_size")
-        eval_size = share(size or cfg.per_device_eval_batch_size,
-                          "precompute_ref_batch_size" if size else "per_device_eval_batch_size")
+        return (("train", share(size or cfg.per_device_train_batch_size,
+                                "precompute_ref_batch_size" if size else "per_device_train_batch_size")),
+                ("eval", share(size or cfg.per_device_eval_batch_size,
+                               "precompute_ref_batch_size" if size else "per_device_eval_batch_size")))
+
+    def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[_Pass]:
+        """One pass per layout of each task. A task whose rows are the train pass's batch size, or the train pass's
+        remainder, is a train-side batch; else an eval-side one."""
+        (_, train_size), (_, eval_size) = self._pass_sizes()
         out = []
         for task in tasks:
             rows = task.batch // self.rows_per_example
@@ -240,7 +247,21 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
                 ranks = tuple(mine[i] if i < len(mine) else replace((mine or of_group)[-1], task=None)
                               for mine in own)
                 rounds.append(_Round(name, batch_size, ranks))
-        return rounds
+        return rounds + self._cut_rounds(rounds)
+
+    def _cut_rounds(self, rounds: list[_Round]) -> list[_Round]:
+        """Under several ranks, a round for each pass whose rows leave a last gathered batch that accelerate cuts
+        (the rows modulo every rank's batch together). In one process the pass's short last batch is a planned
+        shape of its own, whose round cuts already."""
+        ranks = self.args.num_processes
+        if ranks == 1:
+            return []
+        out = []
+        for (name, size), rows in zip(self._pass_sizes(), self._planned_rows, strict=True):
+            source = next((r for r in rounds if r.batch_size == size), None)
+            if rows % (size * ranks) and source is not None:
+                out.append(replace(source, name=name, cut=rows % (size * ranks)))
+        return out
 
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
         """Without a precompute pass, the base's trainer. With one, the trainer is built on the first train-side
@@ -250,14 +271,15 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         from accelerate import PartialState
 
         rounds = self._rounds
-        initial = [r for r in (next((r for r in rounds if r.name == name), None) for name in ("train", "eval"))
-                   if r is not None]
-        ordered = [*initial, *(r for r in rounds if r not in initial)]
+        first = [next((i for i, r in enumerate(rounds) if r.name == name), None) for name in ("train", "eval")]
+        initial = [i for i in first if i is not None]
+        ordered = [rounds[i] for i in initial] + [r for i, r in enumerate(rounds) if i not in initial]
         rank = PartialState().process_index if self.shares is not None else 0
-        self._queue = [r.ranks[rank].task for r in ordered]
+        self._queue = [None if r.cut else r.ranks[rank].task for r in ordered]
         # each round's dataset holds every rank's batch in rank order: accelerate's sharding of the pass's
         # dataloader gives each rank its own
-        datasets = shared_datasets([self.rows([p.layout for p in r.ranks], ref_logps=False)[0] for r in ordered])
+        datasets = shared_datasets([self.rows([p.layout for p in r.ranks], ref_logps=False)[0][:r.cut or None]
+                                    for r in ordered])
         trainer = self._new_trainer(datasets[0], datasets[1] if len(initial) > 1 else None)
         # the pass's dataloader batch: under split_batches the ranks' batches together, which accelerate splits
         together = self.args.num_processes if self.config.accelerator_config.split_batches else 1

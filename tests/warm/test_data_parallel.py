@@ -134,15 +134,8 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
 
 
-# The one op this warm-up misses: the precompute pass's last gathered log-probs, (4,) float32, cut to the remainder's
-# 2 rows (`gather_for_metrics`). The warm-up's passes hold whole batches, so none is cut; without split_batches the
-# eval loop's loss cut has the same signature and warms it, with split_batches the eval losses are (8,).
-_GAP = pytest.mark.xfail(strict=True, reason="the precompute pass's remainder cut is not warmed under ranks")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [pytest.param(c, marks=_GAP) if c == "dpo-precompute-split" else c
-                                    for c in sorted(CONFIGS)])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True)
     assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
