@@ -4,9 +4,7 @@ times), and the generation settings, into `plan_generation` with the distillatio
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..errors import DatasetError, UsageError
+from ..errors import UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.model import Plan
 from . import generation_stream
@@ -16,12 +14,11 @@ from .generation import (
     eval_loop,
     generation_settings,
     plan_run,
-    prompt_lengths,
     refuse_unplannable,
     static_cache,
+    train_order,
 )
-from .loop import sampled_epochs, sharding, train_loop
-from .sampling import RankBatches
+from .loop import sharding
 from .trl_args import TrainingArgs
 
 # what sets the train dataloader's batch size
@@ -35,18 +32,6 @@ def _check_supported(args: TrainingArgs) -> None:
     refuse_unplannable(args)
 
 
-def _train_batches(args: TrainingArgs, num_rows: int) -> Callable[[int], RankBatches]:
-    """epoch -> per-rank generation batches, from the trainer's `_get_train_sampler` (one permutation per epoch)."""
-    from trl.trainer.utils import RepeatSampler
-
-    config = args.training
-    accumulation = config.gradient_accumulation_steps
-    sampler = RepeatSampler(range(num_rows), mini_repeat_count=1,
-                            batch_size=config.per_device_train_batch_size * args.num_processes * accumulation,
-                            repeat_count=accumulation, shuffle=config.shuffle_dataset, seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * accumulation, _ROUND_BATCH)
-
-
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     _check_supported(args)
     config = args.training
@@ -56,23 +41,10 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation
     warnings: list[str] = []
-    if generation_stream.is_stream(data.train):
-        # get_train_dataloader's stream counterpart of _train_batches' RepeatSampler
-        generation_stream.check_supported(args)
-        repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
-        streamed, loop, note = generation_stream.train_order(
-            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation,
-            option=_ROUND_BATCH)
-        train_lengths = streamed.lengths
-        epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
-        warnings.append(note)
-    else:
-        train_lengths = prompt_lengths(data.train, trainer, "train")
-        epoch_batches = _train_batches(args, len(train_lengths))
-        loop = train_loop(args, epoch_batches)
-        if loop.steps_in_epoch == 0:
-            raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
-                               f"holds ({round_size}); add prompts or lower the batch")
+    repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
+    train_lengths, epoch_batches, loop = train_order(
+        args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation,
+        option=_ROUND_BATCH, warnings=warnings)
     layout = distillation_layout(
         # the micro-batch both models run on: a rank's slice of it under split_batches
         batch_size=sharding(args).rank_batch_size(config.per_device_train_batch_size, "per_device_train_batch_size"),

@@ -96,6 +96,34 @@ def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
     return tuple(lengths)
 
 
+def train_order(args: TrainingArgs, trainer: Any, train: Any, *, repeat: generation_stream.Repeat, batch_size: int,
+                option: str, warnings: list[str]) -> tuple[tuple[int, ...], Callable[[int], RankBatches], TrainLoop]:
+    """The train prompts' lengths, each epoch's per-rank batches and the Trainer's loop: TRL's `RepeatSampler` with
+    `repeat`'s arguments (one permutation per epoch) over a map-style dataset, or its stream counterpart (a note
+    saying what was read goes to `warnings`). `batch_size`: the train dataloader's, set by `option`."""
+    from trl.trainer.utils import RepeatSampler
+
+    from .loop import sampled_epochs, train_loop
+
+    config = args.training
+    if generation_stream.is_stream(train):
+        generation_stream.check_supported(args)
+        streamed, loop, note = generation_stream.train_order(args, trainer, train, repeat=repeat,
+                                                             batch_size=batch_size, option=option)
+        warnings.append(note)
+        return streamed.lengths, streamed.epoch_batches, loop
+    lengths = prompt_lengths(train, trainer, "train")
+    sampler = RepeatSampler(range(len(lengths)), mini_repeat_count=repeat.mini_repeat_count,
+                            batch_size=repeat.batch_size, repeat_count=repeat.repeat_count,
+                            shuffle=config.shuffle_dataset, seed=config.seed)
+    epoch_batches = sampled_epochs(args, sampler, batch_size, option)
+    loop = train_loop(args, epoch_batches)
+    if loop.steps_in_epoch == 0:
+        raise DatasetError(f"the train dataset has {len(lengths)} prompts, fewer than one generation batch holds "
+                           f"({repeat.batch_size} unique prompts); add prompts or lower the batch")
+    return lengths, epoch_batches, loop
+
+
 @dataclass(frozen=True)
 class EvalLoop:
     """The eval prompts' lengths, the per-rank order of one evaluation, and the steps after which it runs (all

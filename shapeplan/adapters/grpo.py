@@ -4,9 +4,7 @@ holds what Distillation shares)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..errors import DatasetError, UsageError
+from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..trainers import trainer_spec
@@ -17,12 +15,10 @@ from .generation import (
     eval_loop,
     generation_settings,
     plan_run,
-    prompt_lengths,
     refuse_unplannable,
     static_cache,
+    train_order,
 )
-from .loop import sampled_epochs, train_loop
-from .sampling import RankBatches
 from .trl_args import TrainingArgs, make_parser, parse_training_args
 
 # Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
@@ -71,18 +67,6 @@ def _check_supported(args: TrainingArgs) -> list[str]:
     return warnings
 
 
-def _train_batches(args: TrainingArgs, num_rows: int, steps: int, size: int) -> Callable[[int], RankBatches]:
-    """epoch -> per-rank generation batches: `RepeatSampler` draws one permutation per epoch from one generator."""
-    from trl.trainer.utils import RepeatSampler
-
-    config = args.training
-    sampler = RepeatSampler(range(num_rows), mini_repeat_count=config.num_generations,
-                            batch_size=size // config.num_generations,
-                            repeat_count=config.num_iterations * steps, shuffle=config.shuffle_dataset,
-                            seed=config.seed)
-    return sampled_epochs(args, sampler, config.per_device_train_batch_size * steps, _GENERATION_BATCH)
-
-
 def _check_split(args: TrainingArgs) -> None:
     """Under split_batches the ranks together hold one dataloader batch (per_device_train_batch_size x
     steps_per_generation prompts, per_device_eval_batch_size in eval), and the trainer groups the gathered rewards of
@@ -112,26 +96,12 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     steps, size = config.steps_per_generation, config.generation_batch_size
     data = load_run_data(args, eval_source=eval_source)
     trainer = bare_trainer(method, data.tokenizer, config)
-    if generation_stream.is_stream(data.train):
-        # get_train_dataloader's stream counterpart of _train_batches' RepeatSampler
-        generation_stream.check_supported(args)
-        repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
-                                          batch_size=size // config.num_generations,
-                                          repeat_count=config.num_iterations * steps)
-        streamed, loop, note = generation_stream.train_order(
-            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
-            option=_GENERATION_BATCH)
-        train_lengths = streamed.lengths
-        epoch_batches: Callable[[int], RankBatches] = streamed.epoch_batches
-        warnings.append(note)
-    else:
-        train_lengths = prompt_lengths(data.train, trainer, "train")
-        epoch_batches = _train_batches(args, len(train_lengths), steps, size)
-        loop = train_loop(args, epoch_batches)
-        if loop.steps_in_epoch == 0:
-            raise DatasetError(f"the train dataset has {len(train_lengths)} prompts, fewer than one generation batch "
-                               f"holds ({size // config.num_generations} unique prompts); add prompts or lower the "
-                               "batch")
+    repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
+                                      batch_size=size // config.num_generations,
+                                      repeat_count=config.num_iterations * steps)
+    train_lengths, epoch_batches, loop = train_order(
+        args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
+        option=_GENERATION_BATCH, warnings=warnings)
 
     # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
     old_logprob = (trainer_spec(method).old_logprobs_always

@@ -21,7 +21,7 @@ CASES = {
     "fewer-prompts-than-a-round": ([str(TLDR), *TEACHER, "--per_device_train_batch_size", "16",
                                     "--gradient_accumulation_steps", "8"], 1,
                                    "Error: the train dataset has 64 prompts, fewer than one generation batch holds "
-                                   "(128); add prompts or lower the batch"),
+                                   "(128 unique prompts); add prompts or lower the batch"),
 }
 
 
