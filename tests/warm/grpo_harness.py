@@ -11,11 +11,13 @@ from pathlib import Path
 from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
 from shapeplan.trainers import TRAINERS
+from shapeplan.warm.model import WarmReport
+from shapeplan.warm.opsig import Signature
 from tests.conftest import TINY_MODEL
 from tests.warm.harness import warm_plan
 from tests.warm.placement import DeviceOpRecorder, tracking
 
-__all__ = ["PAD_MODULES", "device_ops", "plan_for", "real_run", "run_argv", "warm_plan"]
+__all__ = ["PAD_MODULES", "device_ops", "plan_for", "real_run", "run_argv", "warm_ops", "warm_plan"]
 
 REWARD = "tests.oracle.grpo_harness.completion_length_reward"
 BASE = ["--model_name_or_path", str(TINY_MODEL), "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true",
@@ -69,3 +71,10 @@ def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-
     with tracking(recorder, *map(importlib.import_module, PAD_MODULES)):
         fn(*args)
     return (recorder.signatures, recorder.everything) if everything else recorder.signatures
+
+
+def warm_ops(plan: Plan, cache_dir: Path) -> tuple[WarmReport, set[Signature]]:
+    """`warm_plan(plan, cache_dir)`'s report, and the device-op signatures the warm-up dispatched."""
+    reports: list[WarmReport] = []
+    ops = device_ops(lambda: reports.append(warm_plan(plan, cache_dir)))
+    return reports[0], ops

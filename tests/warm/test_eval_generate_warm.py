@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TLDR
-from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
+from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_ops
 from tests.warm.test_distillation_opsig import _warm
 
 pytestmark = pytest.mark.slow
@@ -37,14 +37,8 @@ def test_eval_generate_warm_covers_every_device_op_of_the_real_run(method: str, 
     plan = plan_for(method, data, ARGV, tmp_path / "out")
     eval_generate = {(s.batch, s.seq) for s in plan.by_phase("eval_generate")}
     assert len({p for _, p in eval_generate}) >= 2 and plan.by_phase("eval"), plan.shapes
-    report = None
-
-    def warmed() -> None:
-        nonlocal report
-        report = warm_plan(plan, tmp_path / "cache")
-
-    ops = device_ops(warmed)
-    assert report is not None and not report.failed, [r.error for r in report.failed]
+    report, ops = warm_ops(plan, tmp_path / "cache")
+    assert not report.failed, [r.error for r in report.failed]
     assert {(r.task.batch, r.task.seq) for r in report.results if r.task.phase == "eval_generate"} == eval_generate
     real = device_ops(real_run, method, data, ARGV, tmp_path / "out")
     missing = real - ops

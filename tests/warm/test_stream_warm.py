@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TLDR
-from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
+from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_ops
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +23,8 @@ def test_streaming_grpo_plan_warms_every_device_op_of_the_real_run(tmp_path: Pat
     data.write_text("".join(TLDR.read_text(encoding="utf-8").splitlines(keepends=True)[:8]), encoding="utf-8")
     plan = plan_for("grpo", data, ARGV, tmp_path / "out")
     assert any(w.startswith("streaming: the run reads 2 train prompts") for w in plan.warnings), plan.warnings
-    report = None
-
-    def warmed() -> None:
-        nonlocal report
-        report = warm_plan(plan, tmp_path / "cache")
-
-    ops = device_ops(warmed)
-    assert report is not None and not report.failed, [r.error for r in report.failed]
+    report, ops = warm_ops(plan, tmp_path / "cache")
+    assert not report.failed, [r.error for r in report.failed]
     assert {(r.task.batch, r.task.seq) for r in report.results if r.task.phase == "generate"} == \
         {(s.batch, s.seq) for s in plan.by_phase("generate")}
     missing = device_ops(real_run, "grpo", data, ARGV, tmp_path / "out") - ops
