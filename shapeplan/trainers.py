@@ -57,7 +57,10 @@ class TrainerSpec:
     `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
     completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
     neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
-    `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart.
+    `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart. `collated`: what its
+    collator makes of a batch of examples, which accelerate's dispatch_batches slices by rows: "rows" (one row per
+    example in every tensor), "halves" (every example's chosen sequence, then every rejected one) or "examples" (the
+    list of example dicts itself, strings included, which accelerate can neither concatenate nor broadcast).
     """
 
     name: Method
@@ -75,6 +78,7 @@ class TrainerSpec:
     lengths: LengthKind | None = None
     old_logprobs_always: bool = False
     phase_rules: PhaseRules = PhaseRules()
+    collated: Literal["rows", "halves", "examples"] = "rows"
 
     def plan(self, args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:
@@ -188,17 +192,18 @@ _SPECS = (
                                "--max_completion_length", "128", "--cache_implementation", "static", "--bf16",
                                "true"),
                 # TRL's trl-lib/tldr example rewards completions close to 20 characters
-                guide_reward_funcs=("reward_len",), phase_rules=_GENERATION_RULES),
+                guide_reward_funcs=("reward_len",), phase_rules=_GENERATION_RULES, collated="examples"),
     TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
                 phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
-                old_logprobs_always=True, phase_rules=_GENERATION_RULES),
+                old_logprobs_always=True, phase_rules=_GENERATION_RULES, collated="examples"),
     TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
                 default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
                 warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute"),
                 lockstep=True,
                 phase_rules=PhaseRules(no_grad_phase="kl", ref_eval_twins=True, precompute=True, unpadded=True,
-                                       loss_masks="halves")),
+                                       loss_masks="halves"),
+                collated="halves"),
     TrainerSpec(name="kto", script="trl.scripts.kto", trainer_class="KTOTrainer", config_class="KTOConfig",
                 default_dataset="trl-lib/kto-mix-14k", plan_function=_kto_plan, warmer_class=_kto_warmer,
                 phases=("train", "eval", "ref", "eval_ref", "kl", "eval_kl", "ref_kl", "eval_ref_kl",
@@ -209,13 +214,14 @@ _SPECS = (
     TrainerSpec(name="reward", script="trl.scripts.reward", trainer_class="RewardTrainer",
                 config_class="RewardConfig", default_dataset="trl-lib/ultrafeedback_binarized",
                 plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval"),
-                lockstep=True, phase_rules=PhaseRules(unpadded=True)),
+                lockstep=True, phase_rules=PhaseRules(unpadded=True), collated="halves"),
     TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
                 config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
                 plan_function=_distillation_plan, warmer_class=_distillation_warmer,
                 phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True,
                 generates=True, lengths="prompts",
-                phase_rules=PhaseRules(generates=True, logits_helper="_get_last_hidden_state", backbone=True)),
+                phase_rules=PhaseRules(generates=True, logits_helper="_get_last_hidden_state", backbone=True),
+                collated="examples"),
 )
 
 TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UsageError
 from ..plan.dpo import DPOLayout, plan_dpo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
+from .loop import dispatched_parts, sharding
 from .preference import (
     Preparation,
     precompute_batches,
@@ -42,18 +44,26 @@ def preparation(tokenizer: Any, config: Any) -> Preparation[PairedRows]:
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
+    if args.training.precompute_ref_log_probs and sharding(args).dispatch_batches:
+        # the collator adds one log-prob per pair to batches of two sequences per pair; rank 0 slices both alike
+        raise UsageError("dispatch_batches=true with precompute_ref_log_probs: rank 0 slices each batch's reference "
+                         "log-probs (one per pair) by the rows of its sequences (two per pair), so a rank gets "
+                         "another rank's log-probs or none and the loss fails; drop dispatch_batches or "
+                         "precompute_ref_log_probs")
     run = prepare_run(args, argv, eval_source, preparation)
     train_precompute, eval_precompute = precompute_batches(args, run)
-    return plan_dpo(
-        train_rows=run.train_rows,
-        layout=DPOLayout(max_length=args.training.max_length, precompute_ref=args.training.precompute_ref_log_probs,
-                         truncation_mode=args.training.truncation_mode),
-        loop=run.loop,
-        epoch_batches=run.epoch_batches,
-        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
-        eval_rows=run.eval_rows,
-        eval_batches=run.eval_batches,
-        eval_steps=run.eval_steps,
-        precompute_batches=train_precompute,
-        eval_precompute_batches=eval_precompute,
-    )
+    with dispatched_parts():  # rank 0 concatenates the batches it dispatches
+        return plan_dpo(
+            train_rows=run.train_rows,
+            layout=DPOLayout(max_length=args.training.max_length,
+                             precompute_ref=args.training.precompute_ref_log_probs,
+                             truncation_mode=args.training.truncation_mode),
+            loop=run.loop,
+            epoch_batches=run.epoch_batches,
+            info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
+            eval_rows=run.eval_rows,
+            eval_batches=run.eval_batches,
+            eval_steps=run.eval_steps,
+            precompute_batches=train_precompute,
+            eval_precompute_batches=eval_precompute,
+        )

@@ -3,10 +3,13 @@ sequential passes trainers make over their data before training (reference preco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from ..errors import UsageError
+from ..plan.rows import UnequalParts
 from ..plan.schedule import TrainLoop, evaluation_steps
+from ..trainers import trainer_spec
 from .common import streamed
 from .sampling import (
     TRAIN_STRATEGIES,
@@ -19,18 +22,34 @@ from .sampling import (
 from .trl_args import TrainingArgs
 
 
-def sharding(args: TrainingArgs, *, dispatched: bool = False) -> Sharding:
+def sharding(args: TrainingArgs) -> Sharding:
     """How the run's dataloaders are dealt to its ranks (`Trainer.create_accelerator_and_postprocess` passes these
-    `accelerator_config` options to accelerate's `DataLoaderConfiguration`). `dispatched`: the caller plans
-    dispatch_batches' slices (SFT's padded batches)."""
+    `accelerator_config` options to accelerate's `DataLoaderConfiguration`)."""
     accelerator = args.training.accelerator_config
     # Every trainer forces (or requires) dispatch_batches=False on a stream; on one process it changes no batch.
     dispatch = bool(accelerator.dispatch_batches) and args.num_processes > 1 and not streamed(args)
-    if dispatch and not dispatched:
-        raise UsageError(f"dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not "
-                         f"planned for {args.method} yet; drop dispatch_batches from --accelerator_config")
+    collated = trainer_spec(args.method).collated
+    if dispatch and collated == "examples":
+        # accelerate's `concatenate` (without split_batches) and `broadcast` (with it) take tensors only
+        raise UsageError(f"dispatch_batches=true on several ranks: rank 0 would concatenate or broadcast "
+                         f"{args.method}'s batches, which are lists of example dicts holding strings, and "
+                         "accelerate fails on them (TypeError); drop dispatch_batches from --accelerator_config")
     return Sharding(num_processes=args.num_processes, split_batches=bool(accelerator.split_batches),
-                    even_batches=bool(accelerator.even_batches), dispatch_batches=dispatch)
+                    even_batches=bool(accelerator.even_batches), dispatch_batches=dispatch,
+                    halves=collated == "halves")
+
+
+@contextmanager
+def dispatched_parts() -> Iterator[None]:
+    """Around planning dispatched batches: rank 0 concatenates the batches it dispatches (torch.cat), which fails on
+    parts padded to other lengths."""
+    try:
+        yield
+    except UnequalParts as exc:
+        raise UsageError(f"dispatch_batches=true: rank 0 concatenates batches padded to "
+                         f"{' and '.join(map(str, exc.seqs))} tokens, which accelerate fails on; add split_batches "
+                         "(rank 0 then pads each whole batch), pad every batch alike (--pad_to_multiple_of, "
+                         "--max_length), or drop dispatch_batches") from None
 
 
 def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
@@ -47,13 +66,12 @@ def check_strategy(args: TrainingArgs, *, length_aware: bool) -> None:
                          "sampler has no batch_size to split); drop split_batches or pick another strategy")
 
 
-def train_schedule(args: TrainingArgs, num_rows: int, lengths: Sequence[int] | None = None, *,
-                   dispatched: bool = False) -> tuple[Callable[[int], RankBatches], TrainLoop]:
-    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies;
-    `dispatched`: the caller plans dispatch_batches' slices."""
+def train_schedule(args: TrainingArgs, num_rows: int,
+                   lengths: Sequence[int] | None = None) -> tuple[Callable[[int], RankBatches], TrainLoop]:
+    """The train batch order and loop; `lengths` (the rows' token lengths) for the length-aware strategies."""
     config = args.training
     check_strategy(args, length_aware=lengths is not None)
-    shards = sharding(args, dispatched=dispatched)
+    shards = sharding(args)
     if shards.dispatch_batches and config.train_sampling_strategy == "batch_rebalance":
         # rank 0 would dispatch its own rebalanced batches to every rank
         raise UsageError("dispatch_batches=true with train_sampling_strategy='batch_rebalance' is not planned; drop "
@@ -109,15 +127,14 @@ def eval_steps_of(args: TrainingArgs, loop: TrainLoop) -> list[int]:
                             eval_on_start=config.eval_on_start)
 
 
-def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int, lengths: Sequence[int] | None = None, *,
-                  dispatched: bool = False) -> tuple[RankBatches, list[int]]:
+def eval_schedule(args: TrainingArgs, loop: TrainLoop, num_rows: int,
+                  lengths: Sequence[int] | None = None) -> tuple[RankBatches, list[int]]:
     """The eval loop's batches and the global steps after which it runs; `lengths` (the rows' token lengths) for
-    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`); `dispatched` as for
-    `train_schedule`."""
+    group_by_length, whose eval sampler is seeded (`data_seed`, else `seed`)."""
     config = args.training
     at = eval_steps_of(args, loop)
     grouped = lengths if config.train_sampling_strategy == "group_by_length" else None
-    shards = sharding(args, dispatched=dispatched)
+    shards = sharding(args)
     shards.rank_batch_size(config.per_device_eval_batch_size, "per_device_eval_batch_size")
     batches = eval_batches(num_rows, batch_size=config.per_device_eval_batch_size, sharding=shards,
                            drop_last=config.dataloader_drop_last, grouped_lengths=grouped,

@@ -23,6 +23,7 @@ class Sharding:
     split_batches: bool = False  # each batch is cut into num_processes slices, one per rank
     even_batches: bool = True  # the last round is completed with the first rows, so every rank gets a full batch
     dispatch_batches: bool = False  # rank 0 loads and collates, then slices the batch for every rank
+    halves: bool = False  # the collator stacks every example's chosen sequence, then every rejected one
 
     @property
     def split(self) -> bool:
@@ -70,7 +71,10 @@ def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -
     Without split_batches rank 0 collates `num_processes` batches one by one and concatenates them (a last group
     may hold fewer; drop_last drops it); with split_batches it collates one batch. Rank r takes the r-th of
     `num_processes` equal row slices; a last batch whose rows do not divide is completed with the first
-    `num_processes` rows of the first one (as rank 0 collated them) and each slice gets one row more."""
+    `num_processes` rows of the first one (as rank 0 collated them) and each slice gets one row more.
+
+    A collator that stacks `halves` (chosen, then rejected) makes a slice straddle them unless each slice is one
+    whole collated batch: rank 0 then hands a rank chosen sequences without their rejected ones."""
     ranks = sharding.num_processes
     if sharding.split_batches:
         groups = [[batch] for batch in batches]
@@ -78,6 +82,8 @@ def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -
         groups = [batches[i:i + ranks] for i in range(0, len(batches), ranks)]
         if drop_last and groups and len(groups[-1]) < ranks:
             groups.pop()
+    if sharding.halves:
+        _check_whole_halves(groups, ranks, split=sharding.split_batches)
     out: list[list[Dispatched]] = [[] for _ in range(ranks)]
     for number, parts in enumerate(groups):
         rows = [i for part in parts for i in part]
@@ -91,6 +97,23 @@ def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -
         for rank in range(ranks):
             out[rank].append(Dispatched(tuple(rows[rank * size:(rank + 1) * size]), collated))
     return out
+
+
+def _check_whole_halves(groups: list[list[list[int]]], ranks: int, *, split: bool) -> None:
+    if split:
+        raise UsageError("dispatch_batches=true with split_batches: rank 0 collates each batch as every chosen "
+                         "sequence then every rejected one and cuts it into equal row slices, so one rank trains on "
+                         "chosen sequences only and another on rejected ones as if they were pairs; drop "
+                         "split_batches or dispatch_batches")
+    for parts in groups:
+        sizes = sorted({len(part) for part in parts})
+        if len(parts) < ranks or len(sizes) > 1:
+            raise UsageError(f"dispatch_batches=true: rank 0 concatenates the last {len(parts)} batch(es) of "
+                             f"{'/'.join(map(str, sizes))} pairs, each collated as chosen then rejected sequences, "
+                             f"and cuts them into {ranks} equal row slices, which split pairs across ranks (one "
+                             "trains on chosen sequences without their rejected ones); use a row count that is a "
+                             "multiple of the batch size x --num_processes, set --dataloader_drop_last, or drop "
+                             "dispatch_batches")
 
 
 def _length_grouped(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError
 from ..plan.batches import RunInfo
 from ..plan.model import Plan
-from ..plan.rows import Rows, UnequalParts
+from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
 from . import length_cache, lengths, stream
 from .common import (
@@ -22,7 +21,7 @@ from .common import (
     trl_preparing,
     versions,
 )
-from .loop import check_strategy, eval_schedule, eval_steps_of, train_schedule
+from .loop import check_strategy, dispatched_parts, eval_schedule, eval_steps_of, train_schedule
 from .trl_args import TrainingArgs
 
 
@@ -153,7 +152,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     if streaming:
         return _plan_stream(args, argv, data, layout, warnings)
 
-    dispatch = _check_dispatch(args, padding_free)
+    _check_dispatch(args, padding_free)
     train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
                                        use_cache=use_cache)
     strategy = config.train_sampling_strategy
@@ -164,7 +163,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         cause = f"train_sampling_strategy={strategy!r}" if strategy != "random" else "use_seedable_sampler=False"
         warnings.insert(0, f"{cause} draws the train order from the global RNG: train shapes are every shape some "
                         "order can produce, with the most micro-batches and the earliest step each can have")
-    epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths, dispatched=dispatch)
+    epoch_batches, loop = train_schedule(args, len(train_rows), train_rows.lengths)
     info = RunInfo(
         method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of, dropped_rows=dropped,
         exact=exact, config=recorded_config(args, argv), versions=versions(),
@@ -172,38 +171,23 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         warnings=warnings,
     )
     if data.eval is None:
-        with _dispatched_parts():
+        with dispatched_parts():
             return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
     eval_packing = config.packing if config.eval_packing is None else config.eval_packing
     eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval", use_cache=use_cache)
-    eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths, dispatched=dispatch)
-    with _dispatched_parts():
+    eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths)
+    with dispatched_parts():
         return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
                         eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
 
 
-def _check_dispatch(args: TrainingArgs, padding_free: bool) -> bool:
-    """Whether accelerate dispatches the run's batches (dispatch_batches on several ranks), which padded batches
-    follow; a padding-free batch is one row of every sequence, (1, tokens), which dispatch cannot slice by rows."""
-    dispatch = bool(args.training.accelerator_config.dispatch_batches) and args.num_processes > 1
-    if dispatch and padding_free:
+def _check_dispatch(args: TrainingArgs, padding_free: bool) -> None:
+    """A padding-free batch is one row of every sequence, (1, tokens), which dispatch_batches cannot slice by rows."""
+    if bool(args.training.accelerator_config.dispatch_batches) and args.num_processes > 1 and padding_free:
         raise UsageError("dispatch_batches=true slices each collated batch by rows across the ranks, and a "
                          "padding-free batch (padding_free, or bfd packing) is one row (1, tokens), which accelerate "
                          "slices into empty batches or fails to concatenate; drop dispatch_batches or padding-free "
                          "batches")
-    return dispatch
-
-
-@contextmanager
-def _dispatched_parts() -> Iterator[None]:
-    """Rank 0 concatenates the batches it dispatches (torch.cat), which fails on parts padded to other lengths."""
-    try:
-        yield
-    except UnequalParts as exc:
-        raise UsageError(f"dispatch_batches=true: rank 0 concatenates batches padded to "
-                         f"{' and '.join(map(str, exc.seqs))} tokens, which accelerate fails on; add split_batches "
-                         "(rank 0 then pads each whole batch), pad every batch alike (--pad_to_multiple_of, "
-                         "--max_length), or drop dispatch_batches") from None
 
 
 def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFTLayout,

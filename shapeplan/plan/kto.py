@@ -55,14 +55,15 @@ def plan_kto(
 ) -> Plan:
     def forwards(rows: UnpairedRows, *, main: tuple[Phase, ...], kl: tuple[Phase, ...]) -> Forwards:
         def run(batch: Sequence[int]) -> list[tuple[Phase, BatchShape]]:
-            shape = padded_rows([rows.lengths[i] for i in batch], info.pad_to_multiple_of, layout.max_length)
+            shape = padded_rows(batch, lambda i: (rows.lengths[i],), info.pad_to_multiple_of, layout.max_length)
             # the policy's step selects the desirable rows and the completion tokens of each kind for its loss and
             # metrics; the reference forwards do not
             policy = replace(shape, completion_tokens=_completion_counts(rows, batch, layout.max_length),
                              chosen_rows=sum(rows.labels[i] for i in batch))
             out = [(phase, policy if phase in ("train", "eval") else shape) for phase in main]
             if rows.kl_lengths is not None:
-                kl_shape = padded_rows([rows.kl_lengths[i] for i in batch], info.pad_to_multiple_of,
+                kl_lengths = rows.kl_lengths
+                kl_shape = padded_rows(batch, lambda i: (kl_lengths[i],), info.pad_to_multiple_of,
                                        layout.max_length)
                 out += [(phase, kl_shape) for phase in kl]
             return out

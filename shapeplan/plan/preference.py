@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .buckets import round_up
-from .rows import BatchShape
+from .rows import BatchShape, collated_seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +27,20 @@ def clipped(length: int, max_length: int | None) -> int:
     return length if max_length is None else min(length, max_length)
 
 
-def padded_rows(lengths: Sequence[int], multiple: int | None, max_length: int | None = None) -> BatchShape:
-    """Right-padded rows: (rows, longest clipped row rounded up to the multiple)."""
-    kept = [clipped(n, max_length) for n in lengths]
-    seq = round_up(max(kept), multiple)
+def padded_rows(batch: Sequence[int], sequences: Callable[[int], tuple[int, ...]], multiple: int | None,
+                max_length: int | None = None) -> BatchShape:
+    """Right-padded rows of the `sequences` (token lengths) each example of `batch` collates to: (rows, longest
+    clipped row rounded up to the multiple, or for a dispatched slice the padding its collated parts share)."""
+    kept = [clipped(n, max_length) for i in batch for n in sequences(i)]
+    seq = collated_seq(batch, lambda part: round_up(max(clipped(n, max_length) for i in part for n in sequences(i)),
+                                                    multiple))
     return BatchShape(batch=len(kept), seq=seq, tokens=sum(kept), unpadded=sum(kept) == len(kept) * seq)
 
 
 def stacked_batch(rows: PairedRows, batch: Sequence[int], multiple: int | None,
                   max_length: int | None = None) -> BatchShape:
     """All chosen sequences then all rejected ones, in one padded batch of 2 x rows."""
-    return padded_rows([rows.chosen[i] for i in batch] + [rows.rejected[i] for i in batch], multiple, max_length)
+    return padded_rows(batch, lambda i: (rows.chosen[i], rows.rejected[i]), multiple, max_length)
 
 
 def completion_tokens(prompt: int, total: int, max_length: int | None, truncation_mode: str) -> int:

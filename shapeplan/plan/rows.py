@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -69,17 +69,21 @@ class UnequalParts(ValueError):
         self.seqs = tuple(seqs)
 
 
+def collated_seq(batch: Sequence[int], longest: Callable[[Sequence[int]], int]) -> int:
+    """The padded length of `batch`, `longest(rows)` being what the collator pads a batch of `rows` to; a
+    dispatched slice keeps the padding of the parts rank 0 collated, which must agree (UnequalParts)."""
+    if not isinstance(batch, Dispatched):
+        return longest(batch)
+    seqs = sorted({longest(part) for part in batch.parts})
+    if len(seqs) > 1:
+        raise UnequalParts(seqs)
+    return seqs[0]
+
+
 def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:
-    """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up); a dispatched slice keeps the
-    padding of the parts rank 0 collated (which must agree)."""
+    """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
     lengths = [rows.lengths[i] for i in batch]
-    if isinstance(batch, Dispatched):
-        seqs = sorted({round_up(max(rows.lengths[i] for i in part), multiple) for part in batch.parts})
-        if len(seqs) > 1:
-            raise UnequalParts(seqs)
-        seq = seqs[0]
-    else:
-        seq = round_up(max(lengths), multiple)
+    seq = collated_seq(batch, lambda part: round_up(max(rows.lengths[i] for i in part), multiple))
     return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq)
 
 
