@@ -13,7 +13,7 @@ from shapeplan.adapters.sampling import Sharding, eval_batches
 from shapeplan.adapters.stream import rank_batches
 from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
-from tests.conftest import ROOT, TINY_MODEL
+from tests.conftest import ROOT, TINY_MODEL, TLDR
 
 
 def _prepared(dataset, *, batch_size: int, ranks: int, split: bool, even: bool = True,  # type: ignore[no-untyped-def]
@@ -111,11 +111,41 @@ EXPLICIT = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
      "accelerate refuses split_batches with train_sampling_strategy='batch_rebalance'"),
     ("sft", TEXT, ["--padding_free", "--max_length", "none", "--accelerator_config", '{"dispatch_batches": true}'],
      "dispatch_batches=true slices each collated batch by rows across the ranks, and a padding-free batch"),
-    ("dpo", EXPLICIT, ["--accelerator_config", '{"dispatch_batches": true}'],
-     "dispatch_batches=true on several ranks (rank 0 collates and slices every batch) is not planned for dpo yet"),
+    # DPO's and Reward's collator stacks every chosen sequence, then every rejected one: a row slice of a whole
+    # batch hands one rank chosen sequences only
+    ("dpo", EXPLICIT, ["--per_device_train_batch_size", "4", "--accelerator_config",
+                       '{"dispatch_batches": true, "split_batches": true}'],
+     "dispatch_batches=true with split_batches: rank 0 collates each batch as every chosen sequence then every "
+     "rejected one"),
+    # 40 pairs in batches of 3: the last group is a batch of 3 pairs and one of 1, cut into two slices of 4 rows
+    ("reward", EXPLICIT, ["--per_device_train_batch_size", "3", "--accelerator_config", '{"dispatch_batches": true}'],
+     "dispatch_batches=true: rank 0 concatenates the last 2 batch(es) of 3 and 1 pairs"),
+    ("dpo", EXPLICIT, ["--per_device_train_batch_size", "4", "--precompute_ref_log_probs", "--accelerator_config",
+                       '{"dispatch_batches": true}'],
+     "dispatch_batches=true with precompute_ref_log_probs: rank 0 slices each batch's reference log-probs"),
+    ("grpo", TLDR, ["--per_device_train_batch_size", "4", "--num_generations", "2", "--accelerator_config",
+                    '{"dispatch_batches": true}'],
+     "dispatch_batches=true on several ranks: rank 0 would concatenate or broadcast grpo's batches"),
 ])
 def test_what_two_ranks_refuse_is_one_usage_line(method: str, data: Path, argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as info:
         analyze(method, ["--dataset_name", str(data), "--model_name_or_path", str(TINY_MODEL), "--num_processes",
                          "2", "--max_steps", "2", *argv], use_cache=False)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_dispatched_pairs_are_whole_collated_batches() -> None:
+    """Without split_batches rank 0 concatenates one batch per rank; when the batches are alike each rank's row slice
+    is one whole collated batch (its pairs' chosen and rejected sequences), as without dispatch."""
+    from shapeplan.adapters.sampling import ordered_batches
+
+    shards = Sharding(num_processes=2, dispatch_batches=True, halves=True)
+    ranks = ordered_batches(list(range(16)), batch_size=4, sharding=shards, drop_last=False)
+    assert [[list(b) for b in rank] for rank in ranks] == [[[0, 1, 2, 3], [8, 9, 10, 11]],
+                                                           [[4, 5, 6, 7], [12, 13, 14, 15]]]
+    assert ranks[1][0].parts == ((0, 1, 2, 3), (4, 5, 6, 7))
+    # 18 pairs: drop_last keeps whole groups only, so the slices stay whole batches
+    dropped = ordered_batches(list(range(18)), batch_size=4, sharding=shards, drop_last=True)
+    assert [len(rank) for rank in dropped] == [2, 2]
+    with pytest.raises(UsageError, match=r"^dispatch_batches=true: rank 0 concatenates the last 1 batch\(es\) of 2 "):
+        ordered_batches(list(range(18)), batch_size=4, sharding=shards, drop_last=False)
