@@ -14,7 +14,7 @@ from tests.conftest import CAPYBARA, TINY_MODEL
 from tests.oracle import grpo_harness
 from tests.oracle.harness import observed, planned, run_distributed
 from tests.oracle.test_grpo_oracle import MIXED, _rows
-from tests.oracle.test_preference_oracle import EXPLICIT
+from tests.oracle.test_preference_oracle import EXPLICIT, UNPAIRED
 from tests.oracle.test_sft_oracle import TEXT
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,18 @@ CASES: dict[str, tuple[str, Path, list[str], Path | None, bool]] = {
                                     "--max_steps", "3", "--max_length", "256", "--eval_strategy", "steps",
                                     "--eval_steps", "2", "--per_device_eval_batch_size", "6", "--pad_to_multiple_of",
                                     "64", *_accelerator(split_batches=True)], EXPLICIT, False),
+    # 40 pairs in batches of 4: rank 0 concatenates 2 collated batches (chosen then rejected, all padded to 512) and
+    # cuts them into 2 slices of 8 rows, each one whole batch: the ranks train as without dispatch; eval alike
+    "dpo-dispatch": ("dpo", EXPLICIT, ["--per_device_train_batch_size", "4", "--max_steps", "3", "--max_length",
+                                       "512", "--pad_to_multiple_of", "512", "--eval_strategy", "steps",
+                                       "--eval_steps", "3", "--per_device_eval_batch_size", "4",
+                                       *_accelerator(dispatch_batches=True)], EXPLICIT, False),
+    # KTO collates one row per example (and one KL row): rank 0 pads each whole batch of 4 and sends 2 rows per rank
+    "kto-dispatch-split": ("kto", UNPAIRED, ["--per_device_train_batch_size", "4", "--max_steps", "3",
+                                             "--max_length", "256", "--pad_to_multiple_of", "32", "--eval_strategy",
+                                             "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "6",
+                                             *_accelerator(split_batches=True, dispatch_batches=True)],
+                           UNPAIRED, False),
     # a one-file stream: IterableDatasetShard cuts each chunk of 4 rows in two
     "sft-stream-split": ("sft", CAPYBARA, ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
                                            "--max_steps", "4", "--max_length", "128", "--pad_to_multiple_of", "32",
@@ -117,3 +129,16 @@ def test_two_process_dispatch_completes_an_odd_last_batch(tmp_path: Path) -> Non
     assert {(s.phase, s.batch) for s in plan.shapes} == {("train", 2), ("train", 1), ("eval", 3)}
     seen = run_distributed(data, argv, eval_path=data, num_processes=2, tmp_dir=tmp_path)
     assert planned(plan, unpadded=True) == observed(seen, unpadded=True)
+
+
+def test_generation_trainer_dispatch_is_refused_as_accelerate_fails(tmp_path: Path) -> None:
+    """GRPO's collator hands over the list of example dicts itself; with dispatch_batches rank 0 concatenates them
+    (or broadcasts them, with split_batches), which accelerate fails on (strings are no tensors): the plan refuses it
+    in one line and the real run fails."""
+    train = _rows(tmp_path / "train.jsonl", MIXED)
+    argv = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8",
+            "--max_steps", "2", *_accelerator(dispatch_batches=True)]
+    with pytest.raises(UsageError, match=r"^dispatch_batches=true on several ranks: rank 0 would concatenate or "):
+        _plan("grpo", train, argv, None)
+    with pytest.raises(RuntimeError, match="TypeError: Can only concatenate tensors but got"):
+        grpo_harness.run_generation_trainer_distributed("grpo", train, argv, tmp_dir=tmp_path)
