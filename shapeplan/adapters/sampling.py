@@ -109,7 +109,8 @@ def _check_whole_halves(groups: list[list[list[int]]], ranks: int, *, split: boo
         sizes = sorted({len(part) for part in parts})
         if len(parts) < ranks or len(sizes) > 1:
             raise UsageError(f"dispatch_batches=true: rank 0 concatenates the last {len(parts)} batch(es) of "
-                             f"{' and '.join(str(len(part)) for part in parts)} pairs, each collated as chosen then rejected sequences, "
+                             f"{' and '.join(str(len(part)) for part in parts)} pairs, each collated as chosen "
+                             "then rejected sequences, "
                              f"and cuts them into {ranks} equal row slices, which split pairs across ranks (one "
                              "trains on chosen sequences without their rejected ones); use a row count that is a "
                              "multiple of the batch size x --num_processes, set --dataloader_drop_last, or drop "
