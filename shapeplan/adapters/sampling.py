@@ -109,10 +109,10 @@ def _check_whole_halves(groups: list[list[list[int]]], ranks: int, *, split: boo
         if len(parts) < ranks or len({len(part) for part in parts}) > 1:
             raise UsageError(f"dispatch_batches=true: rank 0 concatenates the last {len(parts)} batch(es) of "
                              f"{' and '.join(str(len(part)) for part in parts)} pairs, each collated as chosen "
-                             f"then rejected sequences, and cuts them into {ranks} equal row slices, which split pairs "
-                             "across ranks (one trains on chosen sequences without their rejected ones); use a row count that is a "
-                             "multiple of the batch size x --num_processes, set --dataloader_drop_last, or drop "
-                             "dispatch_batches")
+                             f"then rejected sequences, and cuts them into {ranks} equal row slices, which split "
+                             "pairs across ranks (one trains on chosen sequences without their rejected ones); use a "
+                             "row count that is a multiple of the batch size x --num_processes, set "
+                             "--dataloader_drop_last, or drop dispatch_batches")
 
 
 def _length_grouped(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:
