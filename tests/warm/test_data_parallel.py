@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from shapeplan.plan.io import write_plan
+from shapeplan.plan.model import Plan
 from shapeplan.warm.model import WarmTask
 from tests.conftest import ROOT
 from tests.warm.harness import plan_for, run_argv
@@ -103,8 +104,7 @@ def _ranks(prefix: Path) -> list[dict[str, Any]]:
 def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops: bool
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Plan the 2-rank run, warm it under `accelerate launch`, run it for real the same way: (each rank's warm
-    report, each rank's warm-up record, each rank's real-run record). The real run reads its data into a new
-    datasets cache, so that a precompute pass runs instead of reading an earlier run's result."""
+    report, each rank's warm-up record, each rank's real-run record)."""
     method, source, rows, options = CONFIGS[config]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:rows]), encoding="utf-8")
@@ -115,6 +115,17 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     eval_batch = int(options[options.index("--per_device_eval_batch_size") + 1])
     together = eval_batch if "split_batches" in " ".join(options) else 2 * eval_batch  # accelerate's total batch
     assert plan.by_phase("eval") and plan.stats.eval_rows % together > 0  # the last gathered batch is cut
+    return warm_then_run_plan(plan, method, data, argv, tmp_path, device_ops=device_ops,
+                              phases=("train", "eval", "ref_precompute"))
+
+
+def warm_then_run_plan(plan: Plan, method: str, data: Path, argv: list[str], tmp_path: Path, *, device_ops: bool,
+                       phases: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                         list[dict[str, Any]]]:
+    """Warm the 2-rank `plan` under `accelerate launch`, checking that the ranks warmed its shapes of `phases`
+    between them, each its own, none failed; then run `trl <method> ARGV` on `data` for real the same way, on the
+    warmed cache and a new datasets cache (so that a precompute pass runs instead of reading an earlier run's
+    result). Returns each rank's warm report, warm-up record and real-run record."""
     write_plan(plan, tmp_path / "plan.json")
     env = _env()
     warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
@@ -124,8 +135,8 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
     shares = [sorted(r["key"] for r in report["results"]) for report in reports]
     assert all(shares) and not set(shares[0]) & set(shares[1])  # each rank warmed its own shapes
     assert len(shares[0]) + len(shares[1]) == len({(s.phase, s.batch, s.seq) for s in plan.shapes
-                                                   if s.phase in ("train", "eval", "ref_precompute")})
-    assert not [r for report in reports for r in report["results"] if r["status"] == "failed"]
+                                                   if s.phase in phases})
+    assert not [r for report in reports for r in report["results"] if r["status"] == "failed"], reports
     _launch({"mode": "real", "out": str(tmp_path / "real"), "device_ops": device_ops, "method": method,
              "data": str(data), "argv": argv, "output_dir": str(tmp_path / "run"),
              "script_lines": reports[0]["script_lines"]},
@@ -137,11 +148,17 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
-    reports, warm, real = _warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True)
-    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
+    assert_covered(*_warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True), COLLECTIVES)
+
+
+def assert_covered(reports: list[dict[str, Any]], warm: list[dict[str, Any]], real: list[dict[str, Any]],
+                   collectives: set[str]) -> None:
+    """Every device-op signature some rank of the real run dispatched, some warm rank dispatched, `collectives`
+    among them (the recorder sees them); an eager warm-up compiles nothing."""
+    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}
     warmed = warm[0]["signatures"] | warm[1]["signatures"]
     ran = real[0]["signatures"] | real[1]["signatures"]
-    assert {s[0] for s in ran if s[0].startswith("c10d.")} >= COLLECTIVES  # the recorder sees the collectives
+    assert {s[0] for s in ran if s[0].startswith("c10d.")} >= collectives
     missing = ran - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
 

@@ -24,11 +24,9 @@ from typing import Any
 
 import pytest
 
-from shapeplan.plan.io import write_plan
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import plan_for
-from tests.warm.test_data_parallel import _env, _launch, _ranks
-from tests.warm.test_parallel import _reports
+from tests.warm.test_data_parallel import assert_covered, warm_then_run_plan
 
 pytestmark = pytest.mark.slow
 
@@ -61,31 +59,13 @@ def _warm_then_run(config: str, tmp_path: Path) -> tuple[list[dict[str, Any]], l
     plan = plan_for(method, data, [*argv, "--num_processes", "2"], tmp_path / "out")
     # the two ranks generate for prompts of different buckets at step 1
     assert len({s.seq for s in plan.by_phase("generate") if s.first_step == 1}) == 2, plan.shapes
-    write_plan(plan, tmp_path / "plan.json")
-    env = _env()
-    warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": True,
-                      "plan": str(tmp_path / "plan.json"), "cache": str(tmp_path / "cache")}, env)
-    reports = _reports(warmed.stdout)
-    assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
-    shares = [sorted(r["key"] for r in report["results"]) for report in reports]
-    assert all(shares) and not set(shares[0]) & set(shares[1])  # each rank warmed its own generate sizes
-    assert len(shares[0]) + len(shares[1]) == len([s for s in plan.shapes if s.phase.endswith("generate")])
-    assert not [r for report in reports for r in report["results"] if r["status"] == "failed"], reports
-    _launch({"mode": "real", "out": str(tmp_path / "real"), "device_ops": True, "method": method, "data": str(data),
-             "argv": argv, "output_dir": str(tmp_path / "run"), "script_lines": reports[0]["script_lines"]},
-            {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
-             "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
-    return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
+    return warm_then_run_plan(plan, method, data, argv, tmp_path, device_ops=True,
+                              phases=("generate", "eval_generate"))
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(config, tmp_path)
-    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}  # eager: nothing compiles
-    warmed = warm[0]["signatures"] | warm[1]["signatures"]
-    ran = real[0]["signatures"] | real[1]["signatures"]
-    assert {s[0] for s in ran if s[0].startswith("c10d.")} >= COLLECTIVES  # the recorder sees the collectives
-    missing = ran - warmed
-    assert missing == set(), sorted(map(str, missing))[:20]
+    assert_covered(reports, warm, real, COLLECTIVES)
     if CONFIGS[config][0] != "distillation":  # GRPO and RLOO gather the texts they log; Distillation logs none
         assert any(s[0] == "c10d.allgather_.default" for s in real[0]["objects"] | real[1]["objects"])
