@@ -72,10 +72,6 @@ def train_schedule(args: TrainingArgs, num_rows: int,
     config = args.training
     check_strategy(args, length_aware=lengths is not None)
     shards = sharding(args)
-    if shards.dispatch_batches and config.train_sampling_strategy == "batch_rebalance":
-        # rank 0 would dispatch its own rebalanced batches to every rank
-        raise UsageError("dispatch_batches=true with train_sampling_strategy='batch_rebalance' is not planned; drop "
-                         "dispatch_batches or pick another strategy")
     batch_size = config.per_device_train_batch_size
     if config.train_sampling_strategy != "batch_rebalance":  # it is refused with split_batches above
         shards.rank_batch_size(batch_size, "per_device_train_batch_size")

@@ -146,7 +146,7 @@ def train_batches(
     shard a pass-through), with the Trainer's arguments and its own fixed seed.
     """
     if strategy == "batch_rebalance":
-        return _rebalanced(lengths, batch_size=batch_size, num_processes=sharding.num_processes,
+        return _rebalanced(lengths, batch_size=batch_size, sharding=sharding,
                           gradient_accumulation_steps=gradient_accumulation_steps, drop_last=drop_last)
     if strategy == "random":
         from accelerate.data_loader import SeedableRandomSampler
@@ -168,21 +168,25 @@ def train_batches(
     return lambda epoch: _batches(order(epoch), batch_size, drop_last, sharding)
 
 
-def _rebalanced(lengths: Sequence[int], *, batch_size: int, num_processes: int, gradient_accumulation_steps: int,
+def _rebalanced(lengths: Sequence[int], *, batch_size: int, sharding: Sharding, gradient_accumulation_steps: int,
                 drop_last: bool) -> Callable[[int], RankBatches]:
+    """One `BatchRebalanceSampler` per rank. Under dispatch_batches only rank 0's dataloader is read: rank 0
+    dispatches its own sampler's batches to every rank (the other ranks' shares of the data are never read)."""
     from transformers.trainer_pt_utils import BatchRebalanceSampler
 
+    ranks = sharding.num_processes
     samplers = [
         BatchRebalanceSampler(lengths=list(lengths), effective_batch_size=batch_size * gradient_accumulation_steps
-                              * num_processes, dp_size=num_processes, grad_accum=gradient_accumulation_steps,
+                              * ranks, dp_size=ranks, grad_accum=gradient_accumulation_steps,
                               rank=rank, drop_last=drop_last)
-        for rank in range(num_processes)
+        for rank in range(1 if sharding.dispatch_batches else ranks)
     ]
 
     def epoch_batches(epoch: int) -> RankBatches:
         for sampler in samplers:
             sampler.set_epoch(epoch)
-        return [[list(batch) for batch in sampler] for sampler in samplers]
+        batches = [[list(batch) for batch in sampler] for sampler in samplers]
+        return _dispatched(batches[0], sharding, drop_last) if sharding.dispatch_batches else batches
 
     return epoch_batches
 

@@ -21,7 +21,7 @@ from .common import (
     trl_preparing,
     versions,
 )
-from .loop import check_strategy, dispatched_parts, eval_schedule, eval_steps_of, train_schedule
+from .loop import check_strategy, dispatched_parts, eval_schedule, eval_steps_of, sharding, train_schedule
 from .trl_args import TrainingArgs
 
 
@@ -153,6 +153,10 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         return _plan_stream(args, argv, data, layout, warnings)
 
     _check_dispatch(args, padding_free)
+    if sharding(args).dispatch_batches and config.train_sampling_strategy == "batch_rebalance":
+        warnings.append("dispatch_batches with train_sampling_strategy='batch_rebalance': only rank 0's dataloader "
+                        "is read, and its sampler holds rank 0's share of each epoch, so the run trains on 1/"
+                        f"{args.num_processes} of the data; drop dispatch_batches to train on all of it")
     train_rows, dropped = prepare_rows(data.train, tokenizer, config, packing=config.packing, name="train",
                                        use_cache=use_cache)
     strategy = config.train_sampling_strategy

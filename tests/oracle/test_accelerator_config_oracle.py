@@ -54,6 +54,12 @@ CASES: dict[str, tuple[str, Path, list[str], Path | None, bool]] = {
                                    "64", "--pad_to_multiple_of", "64", "--eval_strategy", "epoch",
                                    "--per_device_eval_batch_size", "7", *_accelerator(dispatch_batches=True)],
                      TEXT, False),
+    # batch_rebalance's sampler shards itself, but under dispatch only rank 0's dataloader is read: rank 0
+    # concatenates pairs of its own rebalanced batches (all padded to 64) and sends each rank one
+    "sft-dispatch-rebalance": ("sft", TEXT, ["--per_device_train_batch_size", "4", "--num_train_epochs", "1",
+                                             "--max_length", "64", "--pad_to_multiple_of", "64",
+                                             "--train_sampling_strategy", "batch_rebalance",
+                                             *_accelerator(dispatch_batches=True)], None, False),
     "dpo-split": ("dpo", EXPLICIT, ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
                                     "--max_steps", "3", "--max_length", "256", "--eval_strategy", "steps",
                                     "--eval_steps", "2", "--per_device_eval_batch_size", "6", "--pad_to_multiple_of",
@@ -88,6 +94,9 @@ def test_two_process_plan_equals_real_trainer(name: str, tmp_path: Path) -> None
     assert {s.rank for s in seen} == {0, 1}
     assert plan.exact
     assert planned(plan, unpadded=True) == observed(seen, unpadded=True)
+    if "batch_rebalance" in argv:  # one epoch reads rank 0's share only (fewer rows than the set), as the plan says
+        assert sum(s.batch for s in seen if s.phase == "train") < plan.stats.rows
+        assert any("trains on 1/2 of the data" in w for w in plan.warnings)
 
 
 def test_two_process_grpo_split_plan_equals_real_trainer(tmp_path: Path) -> None:
