@@ -34,9 +34,9 @@ if "RANK" not in os.environ or "SHAPEPLAN_TESTS_CACHE" not in os.environ:
     os.environ["HF_HOME"] = str(Path(_session_cache) / "hf")
 
 
-def write_short_text_rows(path: Path, rows: int) -> Path:
-    """`rows` short plain-text rows (1 to 24 words), seeded: a stream long enough to cross TRL's 1000-row pack
-    batches with a few seconds of tokenization."""
+def write_short_text_rows(path: Path, rows: int, *, column: str = "text", max_words: int = 24) -> Path:
+    """`rows` short plain-text rows of 1 to `max_words` words in `column`, seeded: a stream long enough to cross
+    TRL's 1000-row pack batches (or the shuffle buffer) with a few seconds of tokenization."""
     import json
     import random
 
@@ -44,7 +44,7 @@ def write_short_text_rows(path: Path, rows: int) -> Path:
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
     with path.open("w") as f:
         for _ in range(rows):
-            f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(1, 24)))}) + "\n")
+            f.write(json.dumps({column: " ".join(rng.choices(words, k=rng.randint(1, max_words)))}) + "\n")
     return path
 
 

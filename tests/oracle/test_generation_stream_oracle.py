@@ -5,14 +5,12 @@ accelerate's sharding across two ranks."""
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 
 from shapeplan.analyze import analyze
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, write_short_text_rows
 from tests.oracle.distillation_harness import run_distillation_trainer
 from tests.oracle.grpo_harness import (
     observed,
@@ -27,16 +25,6 @@ pytestmark = pytest.mark.slow
 SHUFFLE_BUFFER = 1000  # datasets' IterableDataset.shuffle default, which TRL keeps
 # TRL's "auto" resolves to no padding on CPU: the real runs pad as on Neuron, to 128 unless a config says otherwise
 STATIC = ["--cache_implementation", "static", "--pad_to_multiple_of", "128"]
-
-
-def _short_prompts(path: Path, rows: int) -> Path:
-    """`rows` plain-text prompts of 1 to 60 words, seeded: many rows, little to tokenize, several buckets of 16."""
-    rng = random.Random(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
-    with path.open("w") as f:
-        for _ in range(rows):
-            f.write(json.dumps({"prompt": " ".join(rng.choices(words, k=rng.randint(1, 60)))}) + "\n")
-    return path
 
 
 # name -> (method, train rows: a count of generated short prompts, or TLDR lines; eval TLDR lines or None; options)
@@ -68,7 +56,7 @@ CONFIGS = {
 
 def _data(rows: int | slice, path: Path) -> Path:
     if isinstance(rows, int) and rows > SHUFFLE_BUFFER:
-        return _short_prompts(path, rows)
+        return write_short_text_rows(path, rows, column="prompt", max_words=60)
     return _rows(path, rows if isinstance(rows, slice) else slice(MIXED.start, rows))
 
 
