@@ -206,13 +206,13 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         split_batches."""
         from ..adapters.loop import sharding
 
-        cfg = self.config
-        size = cfg.precompute_ref_batch_size
         share = sharding(self.args).rank_batch_size
-        return (("train", share(size or cfg.per_device_train_batch_size,
-                                "precompute_ref_batch_size" if size else "per_device_train_batch_size")),
-                ("eval", share(size or cfg.per_device_eval_batch_size,
-                               "precompute_ref_batch_size" if size else "per_device_eval_batch_size")))
+
+        def size(option: str) -> int:  # precompute_ref_batch_size, else the loop's own batch size
+            name = "precompute_ref_batch_size" if self.config.precompute_ref_batch_size else option
+            return share(getattr(self.config, name), name)
+
+        return ("train", size("per_device_train_batch_size")), ("eval", size("per_device_eval_batch_size"))
 
     def _precompute_passes(self, tasks: Sequence[WarmTask]) -> list[_Pass]:
         """One pass per layout of each task. A task whose rows are the train pass's batch size, or the train pass's
