@@ -8,7 +8,7 @@ from ..errors import UsageError
 from ..plan.dpo import DPOLayout, plan_dpo
 from ..plan.model import Plan
 from ..plan.preference import PairedRows
-from .loop import dispatched_parts, sharding
+from .loop import sharding
 from .preference import (
     Preparation,
     precompute_batches,
@@ -52,18 +52,17 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                          "precompute_ref_log_probs")
     run = prepare_run(args, argv, eval_source, preparation)
     train_precompute, eval_precompute = precompute_batches(args, run)
-    with dispatched_parts():  # rank 0 concatenates the batches it dispatches
-        return plan_dpo(
-            train_rows=run.train_rows,
-            layout=DPOLayout(max_length=args.training.max_length,
-                             precompute_ref=args.training.precompute_ref_log_probs,
-                             truncation_mode=args.training.truncation_mode),
-            loop=run.loop,
-            epoch_batches=run.epoch_batches,
-            info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
-            eval_rows=run.eval_rows,
-            eval_batches=run.eval_batches,
-            eval_steps=run.eval_steps,
-            precompute_batches=train_precompute,
-            eval_precompute_batches=eval_precompute,
-        )
+    return plan_dpo(
+        train_rows=run.train_rows,
+        layout=DPOLayout(max_length=args.training.max_length,
+                         precompute_ref=args.training.precompute_ref_log_probs,
+                         truncation_mode=args.training.truncation_mode),
+        loop=run.loop,
+        epoch_batches=run.epoch_batches,
+        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
+        eval_rows=run.eval_rows,
+        eval_batches=run.eval_batches,
+        eval_steps=run.eval_steps,
+        precompute_batches=train_precompute,
+        eval_precompute_batches=eval_precompute,
+    )

@@ -7,7 +7,6 @@ from typing import Any
 from ..errors import UsageError
 from ..plan.kto import KTOLayout, UnpairedRows, plan_kto
 from ..plan.model import Plan
-from .loop import dispatched_parts
 from .preference import (
     Preparation,
     precompute_batches,
@@ -71,16 +70,15 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                              "--per_device_train_batch_size 2 or more")
     run = prepare_run(args, argv, eval_source, preparation)
     train_precompute, eval_precompute = precompute_batches(args, run)
-    with dispatched_parts():  # rank 0 concatenates the batches it dispatches
-        return plan_kto(
-            train_rows=run.train_rows,
-            layout=KTOLayout(max_length=config.max_length, precompute_ref=config.precompute_ref_log_probs),
-            loop=run.loop,
-            epoch_batches=run.epoch_batches,
-            info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
-            eval_rows=run.eval_rows,
-            eval_batches=run.eval_batches,
-            eval_steps=run.eval_steps,
-            precompute_batches=train_precompute,
-            eval_precompute_batches=eval_precompute,
-        )
+    return plan_kto(
+        train_rows=run.train_rows,
+        layout=KTOLayout(max_length=config.max_length, precompute_ref=config.precompute_ref_log_probs),
+        loop=run.loop,
+        epoch_batches=run.epoch_batches,
+        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
+        eval_rows=run.eval_rows,
+        eval_batches=run.eval_batches,
+        eval_steps=run.eval_steps,
+        precompute_batches=train_precompute,
+        eval_precompute_batches=eval_precompute,
+    )

@@ -9,7 +9,6 @@ from ..plan.model import Plan
 from ..plan.preference import PairedRows
 from ..plan.reward import plan_reward
 from .common import apply_chat_template_path
-from .loop import dispatched_parts
 from .preference import Preparation, prepare_run
 from .trl_args import TrainingArgs
 
@@ -42,6 +41,5 @@ def preparation(tokenizer: Any, config: Any) -> Preparation[PairedRows]:
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
     run = prepare_run(args, argv, eval_source, preparation, setup_tokenizer=_set_tokens)
-    with dispatched_parts():  # rank 0 concatenates the batches it dispatches
-        return plan_reward(train_rows=run.train_rows, loop=run.loop, epoch_batches=run.epoch_batches, info=run.info,
-                           eval_rows=run.eval_rows, eval_batches=run.eval_batches, eval_steps=run.eval_steps)
+    return plan_reward(train_rows=run.train_rows, loop=run.loop, epoch_batches=run.epoch_batches, info=run.info,
+                       eval_rows=run.eval_rows, eval_batches=run.eval_batches, eval_steps=run.eval_steps)

@@ -21,7 +21,7 @@ from .common import (
     trl_preparing,
     versions,
 )
-from .loop import check_strategy, dispatched_parts, eval_schedule, eval_steps_of, sharding, train_schedule
+from .loop import check_strategy, eval_schedule, eval_steps_of, sharding, train_schedule
 from .trl_args import TrainingArgs
 
 
@@ -175,14 +175,12 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         warnings=warnings,
     )
     if data.eval is None:
-        with dispatched_parts():
-            return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
     eval_packing = config.packing if config.eval_packing is None else config.eval_packing
     eval_rows, _ = prepare_rows(data.eval, tokenizer, config, packing=eval_packing, name="eval", use_cache=use_cache)
     eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths)
-    with dispatched_parts():
-        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
-                        eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
+                    eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
 
 
 def _check_dispatch(args: TrainingArgs, padding_free: bool) -> None:
