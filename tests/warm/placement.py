@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -161,6 +162,12 @@ def tracking(recorder: DeviceOpRecorder, *pad_modules: Any) -> Iterator[DeviceOp
 
         return pad
 
+    # `torch.device(...)` contexts know their factory functions from a set built once per process
+    # (`_device_constructors`, cached): built while `torch.tensor` is the wrapper, it misses the real one, and
+    # transformers' test for a meta-device context (`torch.tensor([]).device`) fails. A model built inside `tracking`
+    # then skips initializing the weights its checkpoint lacks (a reward model's `score` head stays uninitialized
+    # memory, at times NaN or 1e38). So the set is built first, from the real functions.
+    _device_constructors()
     torch.Tensor.to, torch.Tensor.cpu, torch.tensor = to, cpu, tensor  # type: ignore[method-assign,assignment]
     torch.distributed.all_gather_object = all_gather_object
     for module, original in pads:

@@ -15,9 +15,6 @@ checks the real run has them.
 Every config: a static cache, at most 8 new tokens, completions and prompts bucketed by 8, two optimizer steps, a
 log at every step, and prompts from the TLDR sample whose buckets differ between the ranks at the first step (each
 rank generates for its own prompts: different generate sizes, static cache lengths and (B, P + C) forwards).
-
-Distillation is left out: its 2-rank runs (warm-up and real) sometimes stop with NaN sampling probabilities, cause
-not found (docs/warm.md).
 """
 
 from __future__ import annotations
@@ -46,6 +43,8 @@ CONFIGS: dict[str, tuple[str, slice, list[str]]] = {
     # RLOO computes every round, and the reference forward of beta 0.05)
     "rloo-two-steps-per-generation": ("rloo", slice(0, 8), [*COMMON, "--num_generations", "2",
                                                               "--steps_per_generation", "2"]),
+    # one generation per prompt, 2 prompts per rank and step, the student and teacher forwards on each
+    "distillation": ("distillation", slice(0, 8), COMMON),
 }
 COLLECTIVES = {"c10d.allreduce_.default", "c10d.allgather_.default", "c10d.broadcast_.default"}
 
@@ -68,4 +67,5 @@ def _warm_then_run(config: str, tmp_path: Path) -> tuple[list[dict[str, Any]], l
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(config, tmp_path)
     assert_covered(reports, warm, real, COLLECTIVES)
-    assert any(s[0] == "c10d.allgather_.default" for s in real[0]["objects"] | real[1]["objects"])
+    if CONFIGS[config][0] != "distillation":  # GRPO and RLOO gather the texts they log; Distillation logs none
+        assert any(s[0] == "c10d.allgather_.default" for s in real[0]["objects"] | real[1]["objects"])
