@@ -16,12 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-# The 2-rank warm-up/real-run pairs (marked ranks) start two processes each on the two cores: run alone, after the
-# rest, they do not compete with another file's trainer runs (under that load their runs have now and then met NaN
-# losses or sampling probabilities, cause not found).
 test: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q -m "not ranks"
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -p no:xdist -m ranks
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q
 
 # Everything but the tests that run a real trainer or compile (marked slow).
 test-fast: install

@@ -142,7 +142,6 @@ def warm_then_run_plan(plan: Plan, method: str, data: Path, argv: list[str], tmp
 
 
 @pytest.mark.slow
-@pytest.mark.ranks
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     assert_covered(*_warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True), COLLECTIVES)
@@ -161,7 +160,6 @@ def assert_covered(reports: list[dict[str, Any]], warm: list[dict[str, Any]], re
 
 
 @pytest.mark.slow
-@pytest.mark.ranks
 @pytest.mark.parametrize("config", ["dpo", "sft"])
 def test_two_rank_run_compiles_nothing_after_a_two_rank_warm_up(config: str, tmp_path: Path) -> None:
     reports, warm, real = _warm_then_run(config, COMPILE_STEPS, tmp_path, device_ops=False)

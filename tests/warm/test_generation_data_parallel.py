@@ -28,7 +28,7 @@ from tests.conftest import TLDR
 from tests.warm.grpo_harness import plan_for
 from tests.warm.test_data_parallel import assert_covered, warm_then_run_plan
 
-pytestmark = [pytest.mark.slow, pytest.mark.ranks]
+pytestmark = pytest.mark.slow
 
 COMMON = ["--per_device_train_batch_size", "2", "--max_completion_length", "8", "--pad_to_multiple_of", "8",
           "--max_steps", "2", "--logging_steps", "1", "--bf16", "false"]
