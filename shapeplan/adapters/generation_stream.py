@@ -162,9 +162,8 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=config.gradient_accumulation_steps,
                      num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
     if any(len(numbers) < limit for numbers in first):  # the whole stream was read: it ends before max_steps
-        length = stream.pass_length(passes[0], gradient_accumulation_steps=config.gradient_accumulation_steps,
-                                    shuffled=False)
-        loop = replace(loop, batches_per_pass=length)
+        length = stream.pass_length(passes[0], gradient_accumulation_steps=config.gradient_accumulation_steps)
+        loop = replace(loop, batches_per_pass=(length,))
         for epoch in range(1, max(mb.epoch for mb in micro_batches(loop)) + 1):
             passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, option=option, sharding=shards))
             if {len(rank) for rank in passes[-1]} != {length}:

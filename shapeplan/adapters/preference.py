@@ -75,10 +75,11 @@ class Preparation(Generic[R]):
         """How a rank's stream of `dataset` yields its prepared rows (each its columns' lengths, then values)."""
         check_columns(dataset, self.trainer, name, self.accepted)
 
-        def read(part: Any, limit: int | None, reader: stream.Reader) -> Iterator[tuple[Any, ...]]:
+        def read(part: Any, limit: int | None, reader: stream.Reader, epoch: int) -> Iterator[tuple[Any, ...]]:
             with trl_preparing(name):
                 # lazy: the trainer's maps run on the rows as they are read
-                for row in self.bare._prepare_dataset(stream.counted(part, reader), tokenizer, config, name):
+                prepared = self.bare._prepare_dataset(stream.counted(part, reader), tokenizer, config, name)
+                for row in stream.in_pass(prepared, epoch):
                     yield (*(len(row[c]) for c in self.lengths), *(row[c] for c in self.values))
         return read
 
@@ -158,10 +159,10 @@ def _stream_run(args: TrainingArgs, argv: list[str], data: RunData, prep: Prepar
     train, loop, read = stream.read_train(data.train, args, prep.stream_reader(data.train, data.tokenizer, config,
                                                                                "train"), check("train"))
     train_rows = prep.streamed(train.rows)
-    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+    info = RunInfo(method=args.method, rows=train.rows_per_pass, pad_to_multiple_of=config.pad_to_multiple_of,
                    config=recorded_config(args, argv), versions=versions(), fingerprint=run_fingerprint(data),
                    warnings=(read,))
-    run = PreparedRun(train_rows=train_rows, epoch_batches=lambda epoch: train.batches, loop=loop, info=info)
+    run = PreparedRun(train_rows=train_rows, epoch_batches=train.epoch_batches, loop=loop, info=info)
     if data.eval is None:
         return run
     evaluated = stream.read_eval(data.eval, args, prep.stream_reader(data.eval, data.tokenizer, config, "eval"),

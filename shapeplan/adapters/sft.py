@@ -203,17 +203,17 @@ def _plan_stream(args: TrainingArgs, argv: list[str], data: RunData, layout: SFT
                                           _stream_check(config, "train"), shuffled=config.shuffle_dataset)
     warnings.append(read)
     train_rows = stream.sft_rows(train.rows)
-    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+    info = RunInfo(method=args.method, rows=train.rows_per_pass, pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded_config(args, argv), versions=versions(),
                    fingerprint=run_fingerprint(data), warnings=warnings)
     if data.eval is None:
-        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: train.batches,
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=train.epoch_batches,
                         info=info)
     eval_packing = config.packing if config.eval_packing is None else config.eval_packing
     evaluated = stream.read_eval(data.eval, args, _stream_reader(data.eval, data.tokenizer, config,
                                                                  packing=eval_packing, name="eval"),
                                  _stream_check(config, "eval"))
-    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=lambda epoch: train.batches,
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=train.epoch_batches,
                     info=info, eval_rows=stream.sft_rows(evaluated.rows), eval_batches=evaluated.batches,
                     eval_steps=eval_steps_of(args, loop))
 
@@ -223,10 +223,10 @@ def _stream_reader(dataset: Any, tokenizer: Any, config: Any, *, packing: bool,
     """How a rank's stream of `dataset` yields its prepared rows."""
     trainer = _preparer(dataset, tokenizer, config, packing=packing)
 
-    def read(part: Any, limit: int | None, reader: stream.Reader) -> Iterator[stream.PreparedRow]:
+    def read(part: Any, limit: int | None, reader: stream.Reader, epoch: int) -> Iterator[stream.PreparedRow]:
         with trl_preparing(name):
             yield from stream.prepared_rows(part, tokenizer, config, trainer, packing=packing, name=name,
-                                            reader=reader, limit=limit)
+                                            reader=reader, epoch=epoch, limit=limit)
     return read
 
 

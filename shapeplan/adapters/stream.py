@@ -18,6 +18,10 @@ What TRL and the Trainer do with a stream (trl 1.16, transformers 5.24, accelera
 So the train plan is the first `max_steps x batch x GA x ranks` prepared rows in stream order, and only those are
 read (with a batched map, up to the end of the map batch that holds the last one, as TRL reads it); a stream
 shorter than that is read whole, and the Trainer passes over it again until max_steps (`TrainLoop.batches_per_pass`).
+Before each pass the Trainer calls the stream's `set_epoch(pass)`, and datasets then deals a stream's files in a
+new order and reseeds its shuffle buffers: a pass over a stream of several files, or through a shuffle
+(`shuffle_dataset`), has its own rows, so each is read as the run reads it. A one-file stream with no shuffle
+gives the same rows each pass and is read once.
 The eval stream is read whole, as each evaluation reads it.
 """
 
@@ -61,22 +65,30 @@ class Reader:
 
 
 def prepared_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
-                  reader: Reader, limit: int | None = None) -> Iterator[PreparedRow]:
-    """The rows `trainer._prepare_dataset(stream, ...)` yields, lazily, as lengths; `limit`: how many the caller
-    reads at most (so no source row past them is read). `trainer` is the bare `SFTTrainer` (None with
-    skip_prepare_dataset)."""
+                  reader: Reader, epoch: int, limit: int | None = None) -> Iterator[PreparedRow]:
+    """The rows `trainer._prepare_dataset(stream, ...)` yields in pass `epoch`, lazily, as lengths; `limit`: how
+    many the caller reads at most (so no source row past them is read). `trainer` is the bare `SFTTrainer` (None
+    with skip_prepare_dataset)."""
     if trainer is not None and not config.shuffle_dataset:
         first = list(itertools.islice(iter(stream), 1))
         probe = _chunk(first, stream)
         if first and lengths.fast_path_refusal(probe, tokenizer, config) is None:
             # Packing reads no row past the pack batch (TRL's batched map) holding the last row the run uses.
             chunk_rows = _pack_batch_rows() if packing else lengths.CHUNK_ROWS
-            fast = _fast_lengths(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader,
-                                 limit=None if packing else limit, chunk_rows=chunk_rows)
+            # With no shuffle the pass only orders the files: the source stream read in that pass's order.
+            fast = _fast_lengths(in_pass(stream, epoch), tokenizer, config, trainer, packing=packing, name=name,
+                                 reader=reader, limit=None if packing else limit, chunk_rows=chunk_rows)
             if not packing:
                 return ((length, None) for length in fast)
             return _packed(fast, config)
-    return _trl_rows(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader)
+    return _trl_rows(stream, tokenizer, config, trainer, packing=packing, name=name, reader=reader, epoch=epoch)
+
+
+def in_pass(stream: Any, epoch: int) -> Any:
+    """`stream` as the Trainer's pass `epoch` reads it (its `set_epoch`), leaving `stream` itself as it was."""
+    passed = copy.copy(stream)
+    passed._epoch = epoch  # set_epoch updates a value it may share with `stream` in place
+    return passed
 
 
 def _chunk(rows: list[dict[str, Any]], stream: Any) -> Any:
@@ -138,12 +150,12 @@ def _packed(row_lengths: Iterator[int], config: Any) -> Iterator[PreparedRow]:
 
 
 def _trl_rows(stream: Any, tokenizer: Any, config: Any, trainer: Any, *, packing: bool, name: str,
-              reader: Reader) -> Iterator[PreparedRow]:
-    """TRL's own `_prepare_dataset` on the stream, for what the fast path does not follow (shuffle_dataset's
-    buffered shuffle, assistant-only masks, tokenized data...)."""
+              reader: Reader, epoch: int) -> Iterator[PreparedRow]:
+    """TRL's own `_prepare_dataset` on the stream in pass `epoch`, for what the fast path does not follow
+    (shuffle_dataset's buffered shuffle, assistant-only masks, tokenized data...)."""
     source = counted(stream, reader)
     prepared = source if trainer is None else trainer._prepare_dataset(source, tokenizer, config, packing, None, name)
-    for row in prepared:
+    for row in in_pass(prepared, epoch):
         if "input_ids" not in row:
             raise DatasetError(f"the {name} dataset has no 'input_ids' column after preparation; with "
                                "skip_prepare_dataset the dataset must be tokenized already")
@@ -172,9 +184,10 @@ def sft_rows(prepared: Sequence[PreparedRow]) -> Rows:
                 documents=documents if prepared and len(documents) == len(prepared) else None)
 
 
-# (a rank's stream, how many prepared rows are wanted or None for all, the reader counting source rows) -> the stream's
-# prepared rows, as the planner's items (SFT's PreparedRow, a preference trainer's column lengths), lazily
-Read = Callable[[Any, int | None, Reader], Iterator[T]]
+# (a rank's stream, how many prepared rows are wanted or None for all, the reader counting source rows, the pass
+# (`in_pass`)) -> the stream's prepared rows in that pass, as the planner's items (SFT's PreparedRow, a preference
+# trainer's column lengths), lazily
+Read = Callable[[Any, int | None, Reader, int], Iterator[T]]
 
 
 @dataclass(frozen=True)
@@ -188,15 +201,15 @@ class Streamed(Generic[T]):
 
 
 def read(dataset: Any, read_rows: Read[T], *, sharding: Sharding, batch_size: int, option: str,
-         per_rank: int | None, reader: Reader, check: Callable[[int], None]) -> Streamed[T]:
-    """The first `per_rank` prepared rows each rank reads (all of them when None) and their batches of the
-    dataloader's `batch_size` (set by `option`; a rank's share of it under split_batches); `check` gets the
-    prepared rows of each part read (to refuse a part whose every row was dropped)."""
+         per_rank: int | None, reader: Reader, check: Callable[[int], None], epoch: int = 0) -> Streamed[T]:
+    """The first `per_rank` prepared rows each rank reads in pass `epoch` (all of them when None) and their
+    batches of the dataloader's `batch_size` (set by `option`; a rank's share of it under split_batches); `check`
+    gets the prepared rows of each part read (to refuse a part whose every row was dropped)."""
     streams = rank_streams(dataset, sharding)
     wanted = None if per_rank is None else per_rank * (1 if len(streams) > 1 else sharding.num_processes)
     parts = []
     for part in streams:
-        parts.append(list(itertools.islice(read_rows(part, wanted, reader), wanted)))
+        parts.append(list(itertools.islice(read_rows(part, wanted, reader, epoch), wanted)))
         check(len(parts[-1]))
     return Streamed(rows=list(itertools.chain.from_iterable(parts)),
                     batches=rank_batches([len(p) for p in parts], batch_size=batch_size, option=option,
@@ -236,29 +249,65 @@ def check_run(args: TrainingArgs) -> None:
     # The trainer forces dispatch_batches=False for a stream, and no batch sampler (even_batches) shards it.
 
 
+@dataclass(frozen=True)
+class Passes(Generic[T]):
+    """The train rows a streaming run reads: every pass's prepared rows, pass after pass (one pass unless the
+    stream is shorter than max_steps needs and its passes differ), and each pass's batches of indices into them."""
+
+    rows: list[T]
+    passes: list[RankBatches]
+    rows_per_pass: int  # the first pass's prepared rows
+
+    def epoch_batches(self, epoch: int) -> RankBatches:
+        """Pass `epoch`'s batches (a stream read once repeats its one pass)."""
+        return self.passes[min(epoch, len(self.passes) - 1)]
+
+
 def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None], *,
-               shuffled: bool = False) -> tuple[Streamed[T], TrainLoop, str]:
+               shuffled: bool = False) -> tuple[Passes[T], TrainLoop, str]:
     """The train rows and batches a streaming run reads, its loop (max_steps x GA micro-batches per rank, or passes
-    over a stream shorter than that), and the plan's warning saying what was read. `shuffled`: each pass reshuffles
-    the stream (SFT's shuffle_dataset)."""
+    over a stream shorter than that), and the plan's warning saying what was read. `shuffled`: the trainer's
+    preparation shuffles the stream (SFT's shuffle_dataset), so each pass has its own order."""
     config = args.training
     ga = config.gradient_accumulation_steps
     micro = config.max_steps * ga
     reader = Reader()
     shards = sharding(args)
     batch_size, option = config.per_device_train_batch_size, "per_device_train_batch_size"
-    streamed = read(dataset, read_rows, sharding=shards, batch_size=batch_size, option=option,
-                    per_rank=micro * shards.rank_batch_size(batch_size, option), reader=reader, check=check)
+
+    def read_pass(epoch: int) -> Streamed[T]:
+        return read(dataset, read_rows, sharding=shards, batch_size=batch_size, option=option,
+                    per_rank=micro * shards.rank_batch_size(batch_size, option), reader=reader, check=check,
+                    epoch=epoch)
+
+    passes = [read_pass(0)]
     # The Trainer's epoch over a stream is max_steps x GA micro-batches (`set_initial_training_values`).
     loop = TrainLoop(steps_in_epoch=micro, gradient_accumulation_steps=ga, num_train_epochs=config.num_train_epochs,
                      max_steps=config.max_steps)
-    if streamed.whole:  # the stream ends before max_steps
-        loop = replace(loop, batches_per_pass=pass_length(streamed.batches, gradient_accumulation_steps=ga,
-                                                           shuffled=shuffled))
-    passes = "" if not loop.batches_per_pass else ", the whole stream, again from its start until max_steps"
-    warning = (f"streaming: the run reads the first {len(streamed.rows)} prepared train rows{passes} "
+    again = ""
+    if passes[0].whole:  # the stream ends before max_steps: the Trainer reads it again, pass after pass
+        lengths = [pass_length(passes[0].batches, gradient_accumulation_steps=ga)]
+        if shuffled or any(part.n_shards > 1 for part in rank_streams(dataset, shards)):
+            # Each pass steps once per GA of its micro-batches (the leftover ones join the next pass's first step).
+            while sum(length // ga for length in lengths) < config.max_steps:
+                passes.append(read_pass(len(passes)))
+                lengths.append(pass_length(passes[-1].batches, gradient_accumulation_steps=ga))
+            again = f", the whole stream {len(passes)} times, each pass in its own order"
+        else:
+            again = ", the whole stream, again from its start until max_steps"
+        loop = replace(loop, batches_per_pass=tuple(lengths))
+    warning = (f"streaming: the run reads the first {len(passes[0].rows)} prepared train rows{again} "
                f"({reader.rows_read} source rows read to plan them)")
-    return streamed, loop, warning
+    return _joined(passes), loop, warning
+
+
+def _joined(passes: list[Streamed[T]]) -> Passes[T]:
+    """The passes' rows one after the other, each pass's batches shifted to its own rows."""
+    offsets = itertools.accumulate((len(p.rows) for p in passes), initial=0)
+    return Passes(rows=[row for p in passes for row in p.rows],
+                  passes=[[[[i + offset for i in batch] for batch in rank] for rank in p.batches]
+                          for p, offset in zip(passes, offsets, strict=False)],
+                  rows_per_pass=len(passes[0].rows))
 
 
 def read_eval(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Callable[[int], None]) -> Streamed[T]:
@@ -267,7 +316,7 @@ def read_eval(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Calla
                 option="per_device_eval_batch_size", per_rank=None, reader=Reader(), check=check)
 
 
-def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuffled: bool) -> int:
+def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int) -> int:
     """The micro-batches per rank of one pass over a stream shorter than max_steps needs, which the Trainer reads
     again from its start (a new epoch) until max_steps: what every rank's pass must have in common."""
     lengths = {len(rank) for rank in batches}
@@ -280,8 +329,4 @@ def pass_length(batches: RankBatches, *, gradient_accumulation_steps: int, shuff
         raise UsageError(f"the stream holds {length} batches per rank, fewer than gradient_accumulation_steps="
                          f"{gradient_accumulation_steps}: the Trainer never completes an optimizer step and reads it "
                          "again without end; stream more data or lower --gradient_accumulation_steps")
-    if shuffled:
-        # Each pass reshuffles (set_epoch), so passes differ; only the first is read here.
-        raise UsageError("the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, "
-                         "which is not planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
     return length

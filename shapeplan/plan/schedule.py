@@ -21,8 +21,9 @@ class TrainLoop:
     num_train_epochs: float
     max_steps: int  # <= 0: derive from num_train_epochs
     # A stream's dataloader has no length: the Trainer takes an epoch as max_steps x GA micro-batches
-    # (`steps_in_epoch`), but a stream shorter than that ends its pass after `batches_per_pass`. 0: no such end.
-    batches_per_pass: int = 0
+    # (`steps_in_epoch`), but a stream shorter than that ends each pass after its micro-batches here (the last
+    # length repeats for later passes). Empty: no such end.
+    batches_per_pass: tuple[int, ...] = ()
 
     @property
     def updates_per_epoch(self) -> int:
@@ -77,11 +78,11 @@ def _stream_passes(loop: TrainLoop) -> Iterator[MicroBatch]:
     every GA micro-batches of a pass, never at its end (a pass is shorter than steps_in_epoch): the pass's last
     batches_per_pass % GA micro-batches run no step of their own, their gradients join the next pass's first step."""
     ga = loop.gradient_accumulation_steps
-    if loop.batches_per_pass < ga:
+    if min(loop.batches_per_pass) < ga:
         raise ValueError("a pass shorter than gradient_accumulation_steps never steps")
     step = 0  # optimizer steps run
     for epoch in itertools.count():
-        for index in range(loop.batches_per_pass):
+        for index in range(loop.batches_per_pass[min(epoch, len(loop.batches_per_pass) - 1)]):
             steps = (index + 1) % ga == 0
             yield MicroBatch(epoch=epoch, index=index, step=step + 1, steps=steps)
             if steps:

@@ -40,9 +40,9 @@ def test_fast_path_on_a_stream_equals_trl_preparation(name: str, tmp_path: Path)
     trainer = sft._preparer(rows, tokenizer, config, packing=config.packing)
     fast_reader, trl_reader = stream.Reader(), stream.Reader()
     fast = list(stream.prepared_rows(rows, tokenizer, config, trainer, packing=config.packing, name="train",
-                                     reader=fast_reader))
+                                     reader=fast_reader, epoch=1))
     trl = list(stream._trl_rows(rows, tokenizer, config, trainer, packing=config.packing, name="train",
-                                reader=trl_reader))
+                                reader=trl_reader, epoch=1))
     assert fast == trl
     assert fast_reader.rows_read == sum(1 for _ in rows)
     if name == "prompt-completion-drops":
@@ -85,7 +85,7 @@ def test_preference_stream_rows_equal_the_map_style_preparation(method: str) -> 
     expected, dropped = prep.map_style(load_dataset_source(str(data))["train"], tokenizer, config, "train")
     rows = load_dataset_source(str(data), streaming=True)["train"]
     reader = stream.Reader()
-    streamed = prep.streamed(list(prep.stream_reader(rows, tokenizer, config, "train")(rows, None, reader)))
+    streamed = prep.streamed(list(prep.stream_reader(rows, tokenizer, config, "train")(rows, None, reader, 0)))
     assert streamed == expected
     assert dropped > 0 or method == "kto"  # the configs drop rows (KTO's prompts all fit), and the stream the same
     assert reader.rows_read >= 40  # the whole stream was read

@@ -76,10 +76,15 @@ def test_analyze_streaming(tmp_path: Path) -> None:
     assert "warning: streaming: the run reads the first 16 prepared train rows (16 source rows read" in out
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming"), 2,
             "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N")
+    # 96 rows in batches of 8: 12 micro-batches per pass, each pass reshuffled
+    out = ok(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "20",
+                       "--shuffle_dataset"))
+    assert "the whole stream 2 times, each pass in its own order" in out
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", "--max_steps", "20",
-                      "--shuffle_dataset"), 2,
-            "the stream is shorter than max_steps needs and shuffle_dataset reshuffles each new pass, which is not "
-            "planned; lower --max_steps to what one pass holds, or drop --shuffle_dataset")
+                      "--shuffle_dataset", "--gradient_accumulation_steps", "16"), 2,
+            "the stream holds 12 batches per rank, fewer than gradient_accumulation_steps=16: the Trainer never "
+            "completes an optimizer step and reads it again without end; stream more data or lower "
+            "--gradient_accumulation_steps")
     preference = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
     refused(shapeplan("analyze", "--method", "dpo", preference, "--model", TINY_MODEL, "--dataset_streaming",
                       "--max_steps", "2", "--precompute_ref_log_probs"), 2,

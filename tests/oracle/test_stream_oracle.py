@@ -41,6 +41,18 @@ CONFIGS: dict[str, tuple[Path | None, list[str], Path | None]] = {
                                        "--max_steps", "8", "--max_length", "256", "--pad_to_multiple_of", "64",
                                        "--eval_strategy", "epoch", "--per_device_eval_batch_size", "32"],
                             CAPYBARA),
+    # a short stream with shuffle_dataset: the Trainer's set_epoch reshuffles each pass (the buffer holds all 96
+    # rows), so every pass batches the rows anew; 19 batches of 5 per pass (the last short), GA 2 (a leftover
+    # micro-batch per pass), eval at each pass end
+    "short-stream-reshuffled": (CAPYBARA, ["--shuffle_dataset", "--seed", "3", "--per_device_train_batch_size", "5",
+                                           "--gradient_accumulation_steps", "2", "--max_steps", "24", "--max_length",
+                                           "512", "--pad_to_multiple_of", "32", "--eval_strategy", "epoch",
+                                           "--per_device_eval_batch_size", "32"], CAPYBARA),
+    # the same with bfd packing, shuffled before and after packing: each pass packs its own order, so its packed
+    # rows (and how many there are) differ from pass to pass
+    "short-stream-reshuffled-packing": (TEXT, ["--shuffle_dataset", "--seed", "1", "--packing", "--max_length", "64",
+                                               "--per_device_train_batch_size", "2", "--gradient_accumulation_steps",
+                                               "2", "--max_steps", "30", "--pad_to_multiple_of", "32"], None),
     # shuffle_dataset is a buffered shuffle of the stream (TRL's own preparation path)
     "shuffled-truncated": (CAPYBARA, ["--shuffle_dataset", "--seed", "5", "--max_length", "128",
                                       "--per_device_train_batch_size", "3", "--max_steps", "6",
@@ -83,6 +95,22 @@ def test_two_process_stream_plan_equals_real_trainer(packing: bool, tmp_path: Pa
     assert planned(plan, varlen=True) == observed(seen, varlen=True)
 
 
+def test_short_stream_of_several_files_equals_real_trainer(tmp_path: Path) -> None:
+    """A stream of 4 files, shorter than max_steps needs, no shuffle: before each new pass the Trainer's `set_epoch`
+    makes datasets deal the files in a new order, so each pass batches the rows in its own order. The files hold
+    rows of different lengths, so that order decides the batches' shapes."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = sorted(CAPYBARA.read_text().splitlines(keepends=True), key=len)
+    for index in range(4):
+        (folder / f"{index}.jsonl").write_text("".join(lines[index * 24:(index + 1) * 24]))
+    argv = ["--per_device_train_batch_size", "5", "--max_steps", "60", "--max_length", "1024",
+            "--pad_to_multiple_of", "32"]
+    plan = _plan(folder, argv, None)
+    assert any("the whole stream 3 times, each pass in its own order" in w for w in plan.warnings), plan.warnings
+    assert planned(plan) == observed(run_sft(folder, argv, streaming=True))
+
+
 def test_two_process_stream_sharded_by_files_equals_real_trainer(tmp_path: Path) -> None:
     """A stream of 2 files on 2 ranks: accelerate gives each rank its own file (`IterableDataset.shard`), so each
     rank reads its own stream in order. The long rows are in one file and the short ones in the other, so rank 1
@@ -99,12 +127,15 @@ def test_two_process_stream_sharded_by_files_equals_real_trainer(tmp_path: Path)
     assert planned(plan) == observed(seen)
 
 
-def test_two_process_short_stream_equals_real_trainer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "reshuffled"])
+def test_two_process_short_stream_equals_real_trainer(shuffled: bool, tmp_path: Path) -> None:
     """2 ranks on a stream shorter than max_steps needs: 30 rows make 4 batches of 4 per rank and pass (the last
-    chunk completed with the first rows), read again until max_steps, one leftover micro-batch per pass."""
+    chunk completed with the first rows), read again until max_steps, one leftover micro-batch per pass; with
+    shuffle_dataset each pass is shuffled anew (IterableDatasetShard's set_epoch reaches the stream) before the
+    ranks take their chunks."""
     argv = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3", "--max_steps", "5",
             "--max_length", "128", "--pad_to_multiple_of", "32", "--eval_strategy", "steps", "--eval_steps", "2",
-            "--per_device_eval_batch_size", "16"]
+            "--per_device_eval_batch_size", "16", *(["--shuffle_dataset", "--seed", "2"] if shuffled else [])]
     plan = _plan(TEXT, [*argv, "--num-processes", "2"], TEXT)
     seen = run_distributed(TEXT, argv, eval_path=TEXT, num_processes=2, tmp_dir=tmp_path, streaming=True)
     assert planned(plan) == observed(seen)

@@ -92,3 +92,14 @@ def test_no_batches_means_no_micro_batches() -> None:
     loop = TrainLoop(steps_in_epoch=0, gradient_accumulation_steps=2, num_train_epochs=3, max_steps=-1)
     assert list(micro_batches(loop)) == []
     assert evaluation_steps(loop, eval_strategy="steps", eval_steps=1, eval_delay=0, eval_on_start=True) == [0]
+
+
+def test_stream_passes_of_different_lengths_step_within_each_pass() -> None:
+    """A stream read again pass after pass: each pass steps after every GA of its own micro-batches; a pass's
+    leftover micro-batches run no step and join the next pass's first; the last pass length repeats."""
+    loop = TrainLoop(steps_in_epoch=10, gradient_accumulation_steps=2, num_train_epochs=1, max_steps=5,
+                     batches_per_pass=(5, 3))
+    run = [(mb.epoch, mb.index, mb.step, mb.steps) for mb in micro_batches(loop)]
+    assert run == [(0, 0, 1, False), (0, 1, 1, True), (0, 2, 2, False), (0, 3, 2, True), (0, 4, 3, False),
+                   (1, 0, 3, False), (1, 1, 3, True), (1, 2, 4, False),
+                   (2, 0, 4, False), (2, 1, 4, True), (2, 2, 5, False), (3, 0, 5, False), (3, 1, 5, True)]
