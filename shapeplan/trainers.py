@@ -53,8 +53,7 @@ class TrainerSpec:
     guide runs, planned when the user gives no dataset / no training option; `guide_reward_funcs`: the guide
     example's reward functions (Python functions of its script, not TRL registry names: the warm-up keeps only
     their number, which sizes the rewards tensor). `phases`: every phase its plans can
-    hold. `lockstep`: its warmer can run under `accelerate launch`, every rank stepping with the others.
-    `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
+    hold. `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
     completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
     neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
     `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart. `collated`: what its
@@ -73,7 +72,6 @@ class TrainerSpec:
     phases: tuple[Phase, ...]
     guide_options: tuple[str, ...] = ()
     guide_reward_funcs: tuple[str, ...] = ()
-    lockstep: bool = False
     generates: bool = False
     lengths: LengthKind | None = None
     old_logprobs_always: bool = False
@@ -183,11 +181,11 @@ _GENERATION_RULES = PhaseRules(generates=True, logits_helper="_get_per_token_log
 _SPECS = (
     TrainerSpec(name="sft", script="trl.scripts.sft", trainer_class="SFTTrainer", config_class="SFTConfig",
                 default_dataset="trl-lib/Capybara", plan_function=_sft_plan, warmer_class=_sft_warmer,
-                phases=("train", "eval"), lengths="rows", lockstep=True,
+                phases=("train", "eval"), lengths="rows",
                 phase_rules=PhaseRules(varlen=True, unpadded=True)),
     TrainerSpec(name="grpo", script="trl.scripts.grpo", trainer_class="GRPOTrainer", config_class="GRPOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
-                phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
+                phases=_GENERATION_PHASES, generates=True, lengths="prompts",
                 guide_options=("--per_device_train_batch_size", "4", "--num_generations", "4",
                                "--max_completion_length", "128", "--cache_implementation", "static", "--bf16",
                                "true"),
@@ -195,12 +193,11 @@ _SPECS = (
                 guide_reward_funcs=("reward_len",), phase_rules=_GENERATION_RULES, collated="examples"),
     TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
-                phases=_GENERATION_PHASES, lockstep=True, generates=True, lengths="prompts",
+                phases=_GENERATION_PHASES, generates=True, lengths="prompts",
                 old_logprobs_always=True, phase_rules=_GENERATION_RULES, collated="examples"),
     TrainerSpec(name="dpo", script="trl.scripts.dpo", trainer_class="DPOTrainer", config_class="DPOConfig",
                 default_dataset="trl-lib/ultrafeedback_binarized", plan_function=_dpo_plan,
                 warmer_class=_dpo_warmer, phases=("train", "eval", "ref", "eval_ref", "ref_precompute"),
-                lockstep=True,
                 phase_rules=PhaseRules(no_grad_phase="kl", ref_eval_twins=True, precompute=True, unpadded=True,
                                        loss_masks="halves"),
                 collated="halves"),
@@ -208,17 +205,16 @@ _SPECS = (
                 default_dataset="trl-lib/kto-mix-14k", plan_function=_kto_plan, warmer_class=_kto_warmer,
                 phases=("train", "eval", "ref", "eval_ref", "kl", "eval_kl", "ref_kl", "eval_ref_kl",
                         "ref_precompute"),
-                lockstep=True,
                 phase_rules=PhaseRules(no_grad_phase="kl", kl_helper="_compute_kl_logps", ref_eval_twins=True,
                                        precompute=True, unpadded=True, loss_masks="labels")),
     TrainerSpec(name="reward", script="trl.scripts.reward", trainer_class="RewardTrainer",
                 config_class="RewardConfig", default_dataset="trl-lib/ultrafeedback_binarized",
                 plan_function=_reward_plan, warmer_class=_reward_warmer, phases=("train", "eval"),
-                lockstep=True, phase_rules=PhaseRules(unpadded=True), collated="halves"),
+                phase_rules=PhaseRules(unpadded=True), collated="halves"),
     TrainerSpec(name="distillation", script="trl.scripts.distillation", trainer_class="DistillationTrainer",
                 config_class="DistillationConfig", default_dataset="trl-lib/ultrafeedback-prompt",
                 plan_function=_distillation_plan, warmer_class=_distillation_warmer,
-                phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"), lockstep=True,
+                phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"),
                 generates=True, lengths="prompts",
                 phase_rules=PhaseRules(generates=True, logits_helper="_get_last_hidden_state", backbone=True),
                 collated="examples"),

@@ -32,8 +32,6 @@ def check_columns(dataset: Any, trainer: str, name: str, accepted: Sequence[Sequ
     from trl.data_utils import get_dataset_column_names
 
     columns = set(get_dataset_column_names(dataset))  # a stream may not know its columns before its first row
-    if "image" in columns or "images" in columns:
-        raise UsageError(f"the {name} dataset has images; vision-language {trainer} is not planned yet")
     if any(set(needed) <= columns for needed in accepted):
         return
     wanted = " or ".join("/".join(f"'{c}'" for c in needed) for needed in accepted)

@@ -121,10 +121,6 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
     if part is not None:  # one of several workers or ranks: warm this one's share
         shares = split(todo, part.count)
         if part.ranks:
-            if not TRAINERS[plan.method].lockstep:
-                lockstep_methods = ", ".join(name for name, spec in TRAINERS.items() if spec.lockstep)
-                raise UsageError(f"warming under `accelerate launch` is supported for {lockstep_methods} runs; "
-                                 "run `shapeplan warm` in one process (use --workers to use several cores)")
             if part.count != world:
                 raise UsageError(f"the plan is for {world} process(es) and `accelerate launch` started {part.count}; "
                                  f"launch with --num_processes {world}, the run's world size")

@@ -99,6 +99,26 @@ def test_analyze_streaming(tmp_path: Path) -> None:
             "a streamed dataset has no length, so the Trainer refuses it without max_steps; pass --max_steps N")
 
 
+def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
+    """An image column makes TRL feed the rows through a processor (image tokens, pixel batches), which no planner
+    counts: every method refuses it, map-style or streamed, train or eval set, instead of planning the text."""
+    rows = {"sft": {"messages": [{"role": "user", "content": "what is shown"},
+                                 {"role": "assistant", "content": "a cat"}]},
+            "dpo": {"prompt": "what is shown", "chosen": "a cat", "rejected": "a dog"},
+            "grpo": {"prompt": "what is shown"}}
+    for method, row in rows.items():
+        data = tmp_path / f"{method}.jsonl"
+        data.write_text(json.dumps({**row, "images": ["cat.png"]}) + "\n")
+        message = (f"dataset {data} has an 'images' column: vision-language {method} runs are not planned yet (their "
+                   "image tokens and pixel batches are not counted); shapeplan plans text-only datasets")
+        refused(shapeplan("analyze", "--method", method, data, "--model", TINY_MODEL, "--no-cache"), 2, message)
+        if method == "sft":
+            refused(shapeplan("analyze", data, "--model", TINY_MODEL, "--no-cache", "--dataset_streaming",
+                              "--max_steps", "1"), 2, message)
+            refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--no-cache", "--eval-dataset", data,
+                              "--eval_strategy", "steps"), 2, message)
+
+
 # -- warm ------------------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from shapeplan.errors import UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.report import result_row
 from shapeplan.testing import FakeBackend, FakeWarmer
-from shapeplan.trainers import DEFAULT_METHOD, METHODS, TRAINERS
+from shapeplan.trainers import METHODS
 from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmResult, WarmTask
 from shapeplan.warm.runner import warm
@@ -140,16 +140,6 @@ def test_ranks_refuse_a_plan_of_another_world_size(tmp_path: Path, monkeypatch: 
                                              rf"started 2; launch with --num_processes {processes}, the run's world "
                                              "size$"):
             warm(_plan(128, processes=processes), FakeWarmer(backend.meet), backend, tmp_path)
-
-
-def test_a_method_without_lockstep_is_refused_under_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setitem(TRAINERS, DEFAULT_METHOD, dataclasses.replace(TRAINERS[DEFAULT_METHOD], lockstep=False))
-    with pytest.raises(UsageError, match="under `accelerate launch`"):
-        warm(_plan(128, processes=2), FakeWarmer(_backend(tmp_path).meet), _backend(tmp_path), tmp_path)
 
 
 def test_one_process_warns_that_a_data_parallel_plans_collectives_are_not_warmed(tmp_path: Path,
