@@ -11,6 +11,7 @@ from ..errors import DatasetError, UsageError, first_line
 from ..host import installed_only
 from .data import (
     check_rows,
+    check_text_only,
     load_dataset_source,
     load_tokenizer,
     select_split,
@@ -110,6 +111,7 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
         data = load_dataset_source(source, name=script.dataset_config, streaming=streaming)
     train = select_split(data, script.dataset_train_split, source)
     check_rows(train, source)
+    check_text_only(train, source, args.method)
 
     eval_data = None
     if getattr(args.training, "eval_strategy", "no") != "no":
@@ -123,6 +125,7 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
                                f"(it has {', '.join(data)}); pass --eval-dataset DATASET or choose a split with "
                                "--dataset_test_split")
         check_rows(eval_data, eval_source or source)
+        check_text_only(eval_data, eval_source or source, args.method)
     elif eval_source is not None:
         raise UsageError("--eval-dataset is given but eval_strategy is 'no'; add --eval_strategy steps "
                          "(and --eval_steps N) to plan the eval loop")

@@ -85,6 +85,18 @@ def check_rows(dataset: Any, source: str) -> None:
         raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
 
 
+def check_text_only(dataset: Any, source: str, method: str) -> None:
+    """Refuse vision-language data: TRL feeds it through a processor, whose image tokens and pixel batches no
+    planner counts (planned as text, the plan would miss every shape)."""
+    from trl.data_utils import get_dataset_column_names
+
+    images = sorted({"image", "images"} & set(get_dataset_column_names(dataset)))
+    if images:
+        raise UsageError(f"dataset {source} has an {images[0]!r} column: vision-language {method} runs are not "
+                         "planned yet (their image tokens and pixel batches are not counted); shapeplan plans "
+                         "text-only datasets")
+
+
 def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
