@@ -187,3 +187,14 @@ def test_no_cache_reads_a_file_rewritten_with_the_same_size_and_mtime(tmp_path: 
     assert after < before
     code, out, _ = _run(["analyze", str(data), *MODEL, "--max_length", "1024", "--json"], capsys)
     assert json.loads(out)["stats"]["tokens"] == after  # the cached path sees the new rows too
+
+
+def test_a_command_leaves_the_process_group_it_ran_in() -> None:
+    """Under `accelerate launch` a rank's process group, left to the interpreter's teardown, now and then aborts the
+    finished rank (gloo, exit -6): `main` tears it down before returning, whatever the command's outcome."""
+    import torch.distributed as dist
+
+    for argv in (["--version"], ["warm", "--plan", "/nonexistent/plan.json"]):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        main(argv)
+        assert not dist.is_initialized()
