@@ -94,6 +94,23 @@ def test_two_process_stream_plan_equals_real_trainer(method: str, tmp_path: Path
     assert planned(plan, unpadded=True) == observed(seen, unpadded=True)
 
 
+def test_short_dpo_stream_of_several_files_equals_real_trainer(tmp_path: Path) -> None:
+    """A DPO stream of 4 files, shorter than max_steps needs: before each new pass the Trainer's `set_epoch` makes
+    datasets deal the files in a new order, so each pass batches the rows in its own order (the files hold rows of
+    different lengths)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = sorted(EXPLICIT.read_text().splitlines(keepends=True), key=len)
+    for index in range(4):
+        (folder / f"{index}.jsonl").write_text("".join(lines[index * 10:(index + 1) * 10]))
+    argv = ["--per_device_train_batch_size", "3", "--max_steps", "30", "--max_length", "1024",
+            "--pad_to_multiple_of", "32"]
+    plan = _plan("dpo", folder, argv, None)
+    assert any("the whole stream 3 times, each pass in its own order" in w for w in plan.warnings), plan.warnings
+    run = run_preference("dpo", folder, argv, streaming=True)
+    assert planned(plan, unpadded=True) == observed(run.seen, unpadded=True)
+
+
 def test_two_process_kto_stream_sharded_by_files_equals_real_trainer(tmp_path: Path) -> None:
     """A KTO stream of 2 files on 2 ranks: each rank reads its own file, and TRL's KL rotation groups the rows of
     that file (the preparation runs on each rank's shard). The long rows are in one file and the short ones in the
