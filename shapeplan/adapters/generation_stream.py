@@ -167,8 +167,8 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
         for epoch in range(1, max(mb.epoch for mb in micro_batches(loop)) + 1):
             passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, option=option, sharding=shards))
             if {len(rank) for rank in passes[-1]} != {length}:
-                raise UsageError("the shards' shards of the stream change length between passes (the files are "
-                                 "dealt anew each pass), so the shards would fall out of step; lower --max_steps to "
+                raise UsageError("the ranks' shards of the stream change length between passes (the files are "
+                                 "dealt anew each pass), so the ranks would fall out of step; lower --max_steps to "
                                  "what one pass holds")
     order = _compact(measure, passes)
     again = ("" if len(passes) == 1 else
