@@ -15,23 +15,15 @@ remainder) and its ranks meet different shapes in the same step.
 
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shapeplan.plan.io import write_plan
-from shapeplan.plan.model import Plan
 from shapeplan.warm.model import WarmTask
 from tests.conftest import ROOT
 from tests.warm.harness import plan_for, run_argv
-from tests.warm.test_parallel import _reports
+from tests.warm.ranks_harness import assert_covered, warm_then_run_plan
 
 TEXT = ROOT / "tests" / "fixtures" / "text.jsonl"
 PREFERENCE = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
@@ -76,27 +68,6 @@ COLLECTIVES = {"c10d.allreduce_.default", "c10d.allgather_.default", "c10d.broad
                "c10d.barrier.default"}
 
 
-def _env() -> dict[str, str]:
-    # Inductor compiles in-process: a compile worker pool only competes for the two ranks' cores
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-
-
-def _launch(spec: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(port), "-m", "tests.warm.dp_rank", json.dumps(spec)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def _ranks(prefix: Path) -> list[dict[str, Any]]:
-    return [pickle.loads(Path(f"{prefix}.{rank}.pickle").read_bytes()) for rank in range(2)]
-
-
 def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops: bool
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Plan the 2-rank run, warm it under `accelerate launch`, run it for real the same way: (each rank's warm
@@ -115,48 +86,10 @@ def _warm_then_run(config: str, steps: list[str], tmp_path: Path, *, device_ops:
                               phases=("train", "eval", "ref_precompute"))
 
 
-def warm_then_run_plan(plan: Plan, method: str, data: Path, argv: list[str], tmp_path: Path, *, device_ops: bool,
-                       phases: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                         list[dict[str, Any]]]:
-    """Warm the 2-rank `plan` under `accelerate launch`, checking that the ranks warmed its shapes of `phases`
-    between them, each its own, none failed; then run `trl <method> ARGV` on `data` for real the same way, on the
-    warmed cache and a new datasets cache (so that a precompute pass runs instead of reading an earlier run's
-    result). Returns each rank's warm report, warm-up record and real-run record."""
-    write_plan(plan, tmp_path / "plan.json")
-    env = _env()
-    warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
-                      "plan": str(tmp_path / "plan.json"), "cache": str(tmp_path / "cache")}, env)
-    reports = _reports(warmed.stdout)
-    assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
-    shares = [sorted(r["key"] for r in report["results"]) for report in reports]
-    assert all(shares) and not set(shares[0]) & set(shares[1])  # each rank warmed its own shapes
-    assert len(shares[0]) + len(shares[1]) == len({(s.phase, s.batch, s.seq) for s in plan.shapes
-                                                   if s.phase in phases})
-    assert not [r for report in reports for r in report["results"] if r["status"] == "failed"], reports
-    _launch({"mode": "real", "out": str(tmp_path / "real"), "device_ops": device_ops, "method": method,
-             "data": str(data), "argv": argv, "output_dir": str(tmp_path / "run"),
-             "script_lines": reports[0]["script_lines"]},
-            {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
-             "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
-    return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_rank_warm_up_dispatches_every_device_op_of_the_two_rank_run(config: str, tmp_path: Path) -> None:
     assert_covered(*_warm_then_run(config, COVERAGE_STEPS, tmp_path, device_ops=True), COLLECTIVES)
-
-
-def assert_covered(reports: list[dict[str, Any]], warm: list[dict[str, Any]], real: list[dict[str, Any]],
-                   collectives: set[str]) -> None:
-    """Every device-op signature some rank of the real run dispatched, some warm rank dispatched, `collectives`
-    among them (the recorder sees them); an eager warm-up compiles nothing."""
-    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}
-    warmed = warm[0]["signatures"] | warm[1]["signatures"]
-    ran = real[0]["signatures"] | real[1]["signatures"]
-    assert {s[0] for s in ran if s[0].startswith("c10d.")} >= collectives
-    missing = ran - warmed
-    assert missing == set(), sorted(map(str, missing))[:20]
 
 
 @pytest.mark.slow

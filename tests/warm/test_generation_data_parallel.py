@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import plan_for
-from tests.warm.test_data_parallel import assert_covered, warm_then_run_plan
+from tests.warm.ranks_harness import assert_covered, warm_then_run_plan
 
 pytestmark = pytest.mark.slow
 

@@ -29,6 +29,7 @@ from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep, task_roun
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
 from tests.warm.harness import run_argv as sft_argv
+from tests.warm.ranks_harness import json_reports
 
 
 def _generate(seq: int, completions: tuple[int, ...] = ()) -> GenerateTask:
@@ -138,16 +139,6 @@ def _manifest_shapes(cache: Path) -> dict[str, str]:
     return {key: entry["status"] for key, entry in section["shapes"].items()}
 
 
-def _reports(stdout: str) -> list[dict]:
-    decoder, reports, at = json.JSONDecoder(), [], 0
-    while at < len(stdout.rstrip()):
-        report, at = decoder.raw_decode(stdout, at)
-        reports.append(report)
-        while at < len(stdout) and stdout[at].isspace():
-            at += 1
-    return reports
-
-
 @pytest.mark.slow
 def test_workers_warm_each_shape_once(tmp_path: Path) -> None:
     plan, cache = tmp_path / "plan.json", tmp_path / "cache"
@@ -192,7 +183,7 @@ def test_two_ranks_under_accelerate_launch_split_the_plan(tmp_path: Path) -> Non
               "--json"]
     warmed = subprocess.run(launch, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert warmed.returncode == 0, warmed.stderr[-3000:]
-    reports = _reports(warmed.stdout)
+    reports = json_reports(warmed.stdout)
     assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
     shares = [sorted((r["batch"], r["seq"]) for r in report["results"]) for report in reports]
     assert all(shares) and sorted(shares[0] + shares[1]) == sizes  # disjoint, every size once
