@@ -104,11 +104,14 @@ def shared_datasets(rows: Sequence[list[dict[str, Any]]]) -> list[Any]:
 
     TRL's precompute pass caches its result next to the dataset's files, under a fingerprint from rank 0 that every
     rank then reads back, so the ranks need one dataset on disk (as a real run's loaded dataset is), not one in
-    memory each (whose cache file is a new temp name per process). The folder lives under this host's temp dir,
-    removed when the main process exits (or by the next warm-up if it is killed first).
+    memory each (whose cache file is a new temp name per process). The folder lives in the datasets cache
+    (`HF_DATASETS_CACHE`), where the real run's precompute result lives too: on several nodes both work when that
+    cache is shared. It is removed when the main process exits (or by this host's next warm-up if it is killed
+    first; its name holds the host, so a warm-up never removes another host's folder).
     """
     import atexit
     import shutil
+    import socket
 
     import datasets
     from accelerate import PartialState
@@ -119,8 +122,11 @@ def shared_datasets(rows: Sequence[list[dict[str, Any]]]) -> list[Any]:
     state = PartialState()
     folder = [""]
     if state.is_main_process:
-        remove_stale(Path(tempfile.gettempdir()), "shapeplan-precompute-")
-        folder[0] = tempfile.mkdtemp(prefix=f"shapeplan-precompute-{os.getpid()}-")
+        root = Path(datasets.config.HF_DATASETS_CACHE)
+        root.mkdir(parents=True, exist_ok=True)
+        prefix = f"shapeplan-precompute-{socket.gethostname()}-"
+        remove_stale(root, prefix)
+        folder[0] = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
         atexit.register(shutil.rmtree, folder[0], True)
         for i, part in enumerate(rows):
             datasets.Dataset.from_list(part).save_to_disk(os.path.join(folder[0], str(i)))
