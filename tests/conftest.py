@@ -34,6 +34,17 @@ if "RANK" not in os.environ or "SHAPEPLAN_TESTS_CACHE" not in os.environ:
     os.environ["HF_HOME"] = str(Path(_session_cache) / "hf")
 
 
+def write_files_by_length(source: Path, folder: Path, files: int) -> Path:
+    """`folder` holding `source`'s rows sorted by length in `files` JSONL files of equal row counts (the shortest
+    rows in 0.jsonl): a stream whose file order decides which rows are batched together."""
+    folder.mkdir()
+    lines = sorted(source.read_text().splitlines(keepends=True), key=len)
+    size = len(lines) // files
+    for index in range(files):
+        (folder / f"{index}.jsonl").write_text("".join(lines[index * size:(index + 1) * size]))
+    return folder
+
+
 def write_short_text_rows(path: Path, rows: int, *, column: str = "text", max_words: int = 24) -> Path:
     """`rows` short plain-text rows of 1 to `max_words` words in `column`, seeded: a stream long enough to cross
     TRL's 1000-row pack batches (or the shuffle buffer) with a few seconds of tokenization."""

@@ -11,7 +11,7 @@ import pytest
 
 from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, write_files_by_length
 from tests.oracle.harness import observed, planned, run_distributed
 from tests.oracle.preference_harness import run_preference
 from tests.oracle.test_preference_oracle import CONVERSATIONAL, EXPLICIT, UNPAIRED
@@ -98,11 +98,7 @@ def test_short_dpo_stream_of_several_files_equals_real_trainer(tmp_path: Path) -
     """A DPO stream of 4 files, shorter than max_steps needs: before each new pass the Trainer's `set_epoch` makes
     datasets deal the files in a new order, so each pass batches the rows in its own order (the files hold rows of
     different lengths)."""
-    folder = tmp_path / "data"
-    folder.mkdir()
-    lines = sorted(EXPLICIT.read_text().splitlines(keepends=True), key=len)
-    for index in range(4):
-        (folder / f"{index}.jsonl").write_text("".join(lines[index * 10:(index + 1) * 10]))
+    folder = write_files_by_length(EXPLICIT, tmp_path / "data", 4)
     argv = ["--per_device_train_batch_size", "3", "--max_steps", "30", "--max_length", "1024",
             "--pad_to_multiple_of", "32"]
     plan = _plan("dpo", folder, argv, None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.analyze import analyze
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_short_text_rows
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_files_by_length, write_short_text_rows
 from tests.oracle.harness import observed, planned, run_distributed, run_sft
 
 pytestmark = pytest.mark.slow
@@ -99,11 +99,7 @@ def test_short_stream_of_several_files_equals_real_trainer(tmp_path: Path) -> No
     """A stream of 4 files, shorter than max_steps needs, no shuffle: before each new pass the Trainer's `set_epoch`
     makes datasets deal the files in a new order, so each pass batches the rows in its own order. The files hold
     rows of different lengths, so that order decides the batches' shapes."""
-    folder = tmp_path / "data"
-    folder.mkdir()
-    lines = sorted(CAPYBARA.read_text().splitlines(keepends=True), key=len)
-    for index in range(4):
-        (folder / f"{index}.jsonl").write_text("".join(lines[index * 24:(index + 1) * 24]))
+    folder = write_files_by_length(CAPYBARA, tmp_path / "data", 4)
     argv = ["--per_device_train_batch_size", "5", "--max_steps", "60", "--max_length", "1024",
             "--pad_to_multiple_of", "32"]
     plan = _plan(folder, argv, None)
