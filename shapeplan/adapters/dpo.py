@@ -11,9 +11,8 @@ from ..plan.preference import PairedRows
 from .loop import sharding
 from .preference import (
     Preparation,
-    precompute_batches,
+    plan_inputs,
     prepare_run,
-    with_precompute_warning,
 )
 from .trl_args import TrainingArgs
 
@@ -51,18 +50,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                          "another rank's log-probs or none and the loss fails; drop dispatch_batches or "
                          "precompute_ref_log_probs")
     run = prepare_run(args, argv, eval_source, preparation)
-    train_precompute, eval_precompute = precompute_batches(args, run)
-    return plan_dpo(
-        train_rows=run.train_rows,
-        layout=DPOLayout(max_length=args.training.max_length,
-                         precompute_ref=args.training.precompute_ref_log_probs,
-                         truncation_mode=args.training.truncation_mode),
-        loop=run.loop,
-        epoch_batches=run.epoch_batches,
-        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
-        eval_rows=run.eval_rows,
-        eval_batches=run.eval_batches,
-        eval_steps=run.eval_steps,
-        precompute_batches=train_precompute,
-        eval_precompute_batches=eval_precompute,
-    )
+    return plan_dpo(layout=DPOLayout(max_length=args.training.max_length,
+                                     precompute_ref=args.training.precompute_ref_log_probs,
+                                     truncation_mode=args.training.truncation_mode),
+                    **plan_inputs(args, run))

@@ -9,9 +9,8 @@ from ..plan.kto import KTOLayout, UnpairedRows, plan_kto
 from ..plan.model import Plan
 from .preference import (
     Preparation,
-    precompute_batches,
+    plan_inputs,
     prepare_run,
-    with_precompute_warning,
 )
 from .trl_args import TrainingArgs
 
@@ -69,16 +68,5 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
             raise UsageError(f"loss_type={config.loss_type!r} estimates a KL term, which needs "
                              "--per_device_train_batch_size 2 or more")
     run = prepare_run(args, argv, eval_source, preparation)
-    train_precompute, eval_precompute = precompute_batches(args, run)
-    return plan_kto(
-        train_rows=run.train_rows,
-        layout=KTOLayout(max_length=config.max_length, precompute_ref=config.precompute_ref_log_probs),
-        loop=run.loop,
-        epoch_batches=run.epoch_batches,
-        info=with_precompute_warning(run.info) if args.training.precompute_ref_log_probs else run.info,
-        eval_rows=run.eval_rows,
-        eval_batches=run.eval_batches,
-        eval_steps=run.eval_steps,
-        precompute_batches=train_precompute,
-        eval_precompute_batches=eval_precompute,
-    )
+    return plan_kto(layout=KTOLayout(max_length=config.max_length, precompute_ref=config.precompute_ref_log_probs),
+                    **plan_inputs(args, run))

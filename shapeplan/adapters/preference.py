@@ -173,8 +173,15 @@ PRECOMPUTE_CACHED = ("ref_precompute shapes are met only when TRL finds no cache
                      "data and model (a rerun with both unchanged skips the pass)")
 
 
-def with_precompute_warning(info: RunInfo) -> RunInfo:
-    return replace(info, warnings=(*info.warnings, PRECOMPUTE_CACHED))
+def plan_inputs(args: TrainingArgs, run: PreparedRun[Any]) -> dict[str, Any]:
+    """What DPO's and KTO's plan functions take from the prepared run, besides their layout: its rows, train and
+    eval loops, info (warning of a reference precompute pass), and the precompute passes' batches."""
+    train_precompute, eval_precompute = precompute_batches(args, run)
+    precompute = args.training.precompute_ref_log_probs
+    return dict(train_rows=run.train_rows, loop=run.loop, epoch_batches=run.epoch_batches,
+                info=replace(run.info, warnings=(*run.info.warnings, PRECOMPUTE_CACHED)) if precompute else run.info,
+                eval_rows=run.eval_rows, eval_batches=run.eval_batches, eval_steps=run.eval_steps,
+                precompute_batches=train_precompute, eval_precompute_batches=eval_precompute)
 
 
 def precompute_batches(args: TrainingArgs, run: PreparedRun[Any]) -> tuple[RankBatches, RankBatches]:
