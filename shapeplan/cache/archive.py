@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
 from ..plan.io import remove_stale, temp_file, write_atomic
-from ..warm.manifest import MANIFEST, machine_environment
+from ..warm.manifest import MANIFEST, machine_environment, mismatches
 from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -316,17 +316,6 @@ def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
     """The archive's environment and file list (its first member), without extracting anything."""
     with _stream_errors(archive), _open(archive, _cap(limits)) as (tar, _):
         return _read_meta(tar, archive, limits)
-
-
-def mismatches(archived: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    """'name: archived (this machine: value)' for every version or setting that differs."""
-    out = []
-    for group in ("versions", "compiler"):
-        a, b = archived.get(group) or {}, here.get(group) or {}
-        for name in sorted(set(a) | set(b)):
-            if a.get(name) != b.get(name):
-                out.append(f"{name}={a.get(name, '<unset>')!s} (this machine: {b.get(name, '<unset>')!s})")
-    return out
 
 
 def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:

@@ -34,6 +34,9 @@ def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | N
     """
     from ..guard.wrapper import command_runner, guarding
     from ..plan.io import load_plan
+    from ..warm.backends.neuron import enable_metrics
+
+    enable_metrics()  # before the command's first device op: TorchNeuron reads the switch at its first counter use
 
     if plan_path is not None:
         load_plan(plan_path)  # a missing or malformed plan is refused before the run starts

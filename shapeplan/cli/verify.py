@@ -17,11 +17,14 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
 
     Runs each planned shape once, as `shapeplan warm` does, in this new process, ignoring the manifest, and reports
     per shape whether anything compiled (cache misses). The cache dir is only read (it may be read-only): the run
-    compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed.
+    compiles into a private scratch view of it, deleted afterwards. Exit code 1 if anything compiled or failed; 3
+    if the cache's manifest holds only shapes warmed in another environment (versions, compiler settings,
+    TorchNeuron's execution mode NEURON_LAUNCH_BLOCKING).
     """
     from ..cache.archive import refuse_incomplete_import
     from ..run import choose_backend, load_run
     from ..warm.cachedir import existing_cache_dir, scratch_view
+    from ..warm.manifest import refuse_other_environment
     from ..warm.runner import warm
 
     backend, path = choose_backend(device, cache_dir)
@@ -29,6 +32,7 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     refuse_incomplete_import(cache)
     with scratch_view(cache) as scratch:
         backend.prepare(scratch / "cache", scratch=scratch)
+        refuse_other_environment(cache, backend.device)
         quiet_libraries()
         plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
         report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar())

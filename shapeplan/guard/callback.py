@@ -6,6 +6,7 @@ what the run met.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -95,6 +96,12 @@ class ShapeGuard(TrainerCallback):
         self._steady: list[float] = []
         self._counters: dict[str, int] = {}
         self._clock = 0.0
+        self.uncounted: str | None = None  # why compiles cannot be counted, when they cannot
+        if importlib.util.find_spec("torch_neuronx") is not None:
+            from ..warm.backends.neuron import enable_metrics
+
+            # built before the Trainer moves the model: TorchNeuron counts nothing unless metrics are on
+            self.uncounted = enable_metrics()
 
     # -- attaching ------------------------------------------------------------------------------------------------
 
@@ -114,6 +121,11 @@ class ShapeGuard(TrainerCallback):
 
             device = self.trainer.args.device.type
             self.backend = make_backend(device if device in ("neuron", "cuda") else "cpu")
+            watch = getattr(self.backend, "watch", None)  # a run shapeplan did not prepare: count in its cache
+            if watch is not None:
+                self.uncounted = watch()
+        if self.uncounted:
+            _say(self.uncounted)
         if self.plan is not None:
             from ..warm.runner import graph_bound
 
@@ -284,6 +296,8 @@ class ShapeGuard(TrainerCallback):
         unplanned += sum(len(set(s.varlen_pairs) - set(self.planned[k].varlen_pairs)) for k, s in met.items()
                          if k in self.planned and self.planned[k].varlen_pairs)
         compiled = f"{len(compiles)} compile{'s' if len(compiles) != 1 else ''}"
+        if self.uncounted:
+            compiled = "compiles not counted"
         if self.plan is None:
             return f"{len(met)} shapes met, {compiled}"
         expected = {key: s for key, s in self.planned.items() if self._expected(s)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
 # A plain folder, not a package: put on sys.path (or PYTHONPATH) it makes `import torch_neuronx` find the fake.
 SITE = Path(__file__).resolve().parent / "fake_site"
 VERSION = "2.13.3.0"
+# What the fake's import (its defaults, as upstream's __init__ sets them) and the backend set in os.environ.
+ENV_SET = ("JAX_LOGGING_LEVEL", "NEURON_LAUNCH_BLOCKING", "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS",
+           "TORCH_NEURONX_MLIR_ATEN_OPS", "TORCH_NEURONX_RETAIN_DEVICE_MODE", "NEURON_RT_ALLOW_LEGACY_NEFF",
+           "NEURON_RT_DBG_ZEROCOPY", "TORCH_NEURONX_ENABLE_ASYNC_NRT", "TORCH_NEURONX_ENABLE_STACK_TRACE",
+           "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED")
 
 
 def fake_env(*modes: str, site: Path = SITE, **extra: str) -> dict[str, str]:
@@ -51,8 +57,12 @@ class FakeNeuron:
         import torch  # here, not at import: the other fakes of shapeplan.testing need no torch
 
         monkeypatch.syspath_prepend(str(SITE))
+        # child processes (the default device's probe) find it too, and `import torch` there autoloads it
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")])))
         monkeypatch.setenv("FAKE_NEURON", ",".join(self.modes))
-        for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED"):  # the backend sets them
+        # the fake's stand-in for /tmp (its default cache and lock dirs): not the host's
+        monkeypatch.setenv("FAKE_NEURON_TMP", tempfile.mkdtemp(prefix="fake-neuron-tmp-"))
+        for name in ENV_SET:
             monkeypatch.setenv(name, "")  # undone last: restores them as they were before the test
             monkeypatch.delenv(name)
         for name in ("torch_neuronx", "torch_neuronx.metrics"):

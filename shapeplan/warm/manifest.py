@@ -127,6 +127,32 @@ def machine_environment(device: str) -> dict[str, Any]:
     return {"versions": versions, "compiler": compiler}
 
 
+def mismatches(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """'name=recorded (this machine: value)' for every version or compiler setting that differs."""
+    out = []
+    for group in ("versions", "compiler"):
+        a, b = recorded.get(group) or {}, here.get(group) or {}
+        for name in sorted(set(a) | set(b)):
+            if a.get(name) != b.get(name):
+                out.append(f"{name}={a.get(name, '<unset>')!s} (this machine: {b.get(name, '<unset>')!s})")
+    return out
+
+
+def refuse_other_environment(cache_dir: Path, device: str) -> None:
+    """Refuse a cache dir whose manifests hold shapes warmed only in other environments (versions, compiler
+    settings, TorchNeuron's execution mode) than this machine's: running its shapes here proves nothing about it."""
+    recorded = [section["environment"] for section in read_merged(cache_dir).environments.values()]
+    if not recorded:
+        return
+    here = machine_environment(device)
+    differences = [mismatches(environment, here) for environment in recorded]
+    if all(differences):
+        closest = min(differences, key=len)
+        raise CacheMismatchError(f"{cache_dir} was warmed in another environment: {'; '.join(closest)}; run with "
+                                 "the warm-up's settings, or warm this cache dir here with `shapeplan warm`",
+                                 differences=closest)
+
+
 def _shard_of(path: Path) -> str | None:
     """"I/N" for a shard's manifest file, None for the plain one."""
     match = _SHARD_MANIFEST.fullmatch(path.name)

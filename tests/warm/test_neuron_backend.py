@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from shapeplan.cli import main
 from shapeplan.errors import CacheError, UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeNeuron, FakeWarmer, fake_env, xla_site
-from shapeplan.warm.backends import default_device, make_backend
+from shapeplan.warm.backends import default_device, make_backend, neuron
 from shapeplan.warm.backends.base import counter_delta
 from shapeplan.warm.backends.neuron import NeuronBackend
 from shapeplan.warm.manifest import MANIFEST, environment_key
@@ -28,25 +29,26 @@ def test_missing_torch_neuronx_names_the_fix(monkeypatch: pytest.MonkeyPatch, ca
     assert main(["warm", "--plan", str(tmp_path / "p.json"), "--device", "neuron"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["Error: --device neuron needs torch-neuronx, which is not installed; run `pip install "
-                   "shapeplan[neuron]` on a Trainium (Trn2/Trn3) host with the Neuron SDK, or pass --device cpu"]
+                   "shapeplan[neuron] --extra-index-url https://pip.repos.neuron.amazonaws.com` on a Trainium "
+                   "(Trn2/Trn3) host with the Neuron SDK, or pass --device cpu"]
 
 
-def test_neuron_is_the_default_device_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_neuron_is_the_default_device_where_it_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As transformers and accelerate decide: `torch.neuron.is_available()`, asked without loading it here."""
     FakeNeuron().install(monkeypatch)
     assert default_device() == "neuron"
-    assert "torch_neuronx" not in sys.modules  # found, not imported
+    assert "torch_neuronx" not in sys.modules  # asked in a child process, not imported here
+    monkeypatch.setenv("FAKE_NEURON", "no_device")  # installed, but the runtime sees no NeuronCore
+    assert default_device() == "cpu"
 
 
-def test_environment_is_set_before_import_and_counters_are_read(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
+def test_counters_need_metrics_and_a_miss_is_not_a_compile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = FakeNeuron().install(monkeypatch)
     monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer")
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
     before = backend.counters()
-    assert {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path),
-                                         "TORCH_NEURONX_METRICS_ENABLED": "1"} == fake.module.ENV_AT_IMPORT
     fake.kernel("matmul 2x128")
     fake.kernel("add 2x128")
     fake.kernel("matmul 2x128")  # the in-process tier
@@ -63,9 +65,46 @@ def test_environment_is_set_before_import_and_counters_are_read(monkeypatch: pyt
     delta = counter_delta(before, backend.counters())
     assert delta == {"in_memory_misses": 1, "persistent_hits": 1, "CompilationCache.PersistentHits": 1}
     assert backend.hit(delta) and not backend.compiled(delta)
-    assert backend.script_lines(tmp_path, torch_compile=False, graphs=3) == (
-        f"export TORCH_NEURONX_NEFF_CACHE_DIR={tmp_path}", "export NEURON_CC_FLAGS=--model-type=transformer",
-        "export NEURON_LOGICAL_NC_CONFIG=2")
+    # what another process wrote while this one waited for the lock: a miss, then a hit, and no compile
+    raced = {"in_memory_misses": 1, "persistent_misses": 1, "persistent_hits": 1,
+             "CompilationCache.PersistentMisses": 1, "CompilationCache.PersistentHits": 1}
+    assert backend.hit(raced) and not backend.compiled(raced)
+    assert backend.script_lines(tmp_path, torch_compile=False, graphs=3)[:4] == (
+        f"export TORCH_NEURONX_NEFF_CACHE_DIR={tmp_path}", "export NEURON_LAUNCH_BLOCKING=0",
+        "export NEURON_CC_FLAGS=--model-type=transformer", "export NEURON_LOGICAL_NC_CONFIG=2")
+
+
+def test_metrics_off_count_nothing_in_either_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Upstream, the stats call and torch_neuronx.metrics read one arena, gated by the metrics switch."""
+    fake = FakeNeuron().install(monkeypatch)
+    backend = make_backend("neuron")
+    backend.cache_dir = tmp_path  # not prepared: the metrics variable is never set
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    before = backend.counters()
+    fake.kernel("mul 4x256")
+    assert counter_delta(before, backend.counters()) == {"neff_files": 1}  # only the file tells
+    assert fake.module._C._get_compilation_cache_stats()["total_compilations"] == 0
+
+
+def test_the_guard_switches_metrics_on_in_a_process_that_read_them_off(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    fake = FakeNeuron().install(monkeypatch)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    fake.kernel("mul 4x384")  # a device op before the guard: metrics are now read, and off
+    assert not fake.module.metrics_enabled()
+    backend = make_backend("neuron")
+    assert backend.watch() is None
+    assert backend.cache_dir == tmp_path
+    before = backend.counters()
+    fake.kernel("mul 4x512")
+    assert counter_delta(before, backend.counters())["total_compilations"] == 1
+
+
+def test_the_guard_says_when_it_cannot_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNeuron("metrics_off").install(monkeypatch)
+    fake.kernel("mul 4x640")
+    reason = make_backend("neuron").watch()
+    assert reason is not None and "TORCH_NEURONX_METRICS_ENABLED=1" in reason
 
 
 def test_counters_are_read_after_the_compile_thread_finishes(monkeypatch: pytest.MonkeyPatch,
@@ -94,6 +133,24 @@ def test_a_persistent_cache_that_failed_to_start_still_shows_the_compile(monkeyp
     assert backend.compiled(delta)
 
 
+def test_sync_mode_compiles_show_only_as_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """NEURON_LAUNCH_BLOCKING=1: eager ops take the Python compile path, <sha>/<sha>.neff and no counter."""
+    fake = FakeNeuron("release_build").install(monkeypatch)
+    backend = make_backend("neuron")
+    backend.prepare(tmp_path)
+    before = backend.counters()
+    assert backend.settings()["NEURON_LAUNCH_BLOCKING"] == "1 (sync)"  # the release build's import default
+    fake.kernel("matmul 2x768")
+    delta = counter_delta(before, backend.counters())
+    assert delta == {"neff_files": 1} and backend.compiled(delta)
+    (neff,) = tmp_path.rglob("*.neff")
+    assert neff.parent.name == neff.stem and len(neff.stem) == 64
+    fake.restart()
+    before = backend.counters()
+    fake.kernel("matmul 2x768")
+    assert counter_delta(before, backend.counters()) == {}  # loaded: nothing tells a hit in this mode
+
+
 @pytest.mark.parametrize(("mode", "present"), [("no_metrics", "total_compilations"),
                                                ("no_stats", "CompilationCache.TotalCompilations")])
 def test_either_counter_source_is_enough(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str,
@@ -106,18 +163,6 @@ def test_either_counter_source_is_enough(monkeypatch: pytest.MonkeyPatch, tmp_pa
     fake.kernel("mul 4x128")
     delta = counter_delta(before, backend.counters())
     assert delta[present] == 1 and backend.compiled(delta)
-
-
-def test_new_neff_files_alone_mean_compiled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Metrics that never got enabled and no stats call: the counters stay still, the cache dir does not."""
-    fake = FakeNeuron("no_stats").install(monkeypatch)
-    backend = make_backend("neuron")
-    backend.prepare(tmp_path)
-    monkeypatch.delenv("TORCH_NEURONX_METRICS_ENABLED")  # e.g. a release that reads another name
-    before = backend.counters()
-    fake.kernel("mul 4x256")
-    assert counter_delta(before, backend.counters()) == {"neff_files": 1}
-    assert backend.compiled({"neff_files": 1})
 
 
 def test_no_counter_source_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -138,9 +183,18 @@ def test_an_xla_era_package_or_a_trn1_host_is_refused_before_loading(monkeypatch
         assert "torch_neuronx" not in sys.modules
     with monkeypatch.context() as patched:
         FakeNeuron().install(patched)
-        patched.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+        instance = tmp_path / "product_name"
+        instance.write_text("trn1.32xlarge\n")
+        patched.setattr(neuron, "INSTANCE_TYPE_FILE", instance)
         with pytest.raises(UsageError, match=r"^this is a Trn1/Inf2 host"):
             make_backend("neuron")
+        assert "torch_neuronx" not in sys.modules
+    with monkeypatch.context() as patched:  # the runtime's own target, once loaded
+        FakeNeuron().install(patched)
+        patched.setenv("FAKE_NEURON_TARGET", "trn1")
+        backend = make_backend("neuron")
+        with pytest.raises(UsageError, match=r"^this is a Trn1/Inf2 host"):
+            backend.settings()
     FakeNeuron("xla").install(monkeypatch)  # metadata that does not tell: the missing torch.neuron does
     backend = make_backend("neuron")
     backend.prepare(tmp_path)
@@ -158,28 +212,53 @@ def test_xla_era_refusal_through_the_console_script(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         ("Error: torch-neuronx 2.9.0 is the PyTorch/XLA stack, which shapeplan does not warm; use TorchNeuron: "
-         "torch-neuronx >= 2.13 on a Trn2/Trn3 host, Python >= 3.12, installed from the Neuron pip index; or pass "
-         "--device cpu")]
+         "torch-neuronx >= 2.13 on a Trn2/Trn3 host, installed from the Neuron pip index; or pass --device cpu")]
 
 
-def test_settings_hold_the_target_and_code_changing_settings_normalized(monkeypatch: pytest.MonkeyPatch) -> None:
-    FakeNeuron().install(monkeypatch)
+def test_settings_are_read_after_the_import_defaults_and_normalized(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNeuron().install(monkeypatch)
     for name in ("NEURON_LOGICAL_NC_CONFIG", "NEURON_COMPILER_OPT_LEVEL", "NEURON_CC_FLAGS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     backend = make_backend("neuron")
-    unset = backend.settings()
+    assert "TORCH_NEURONX_MLIR_ATEN_OPS" not in os.environ  # not loaded yet
+    unset = backend.settings()  # loads it: its import defaults are part of what it compiles with
+    assert unset["TORCH_NEURONX_MLIR_ATEN_OPS"] == "1" and unset["TORCH_NEURONX_ENABLE_ASYNC_NRT"] == "1"
+    assert "TORCH_NEURONX_ENABLE_STACK_TRACE" not in unset  # set at import too, but changes no code
     assert unset["target"] == "trn2" and unset["torch-neuronx"] == FakeNeuron.version
     assert unset["NEURON_LOGICAL_NC_CONFIG"] == "2" and unset["NEURON_COMPILER_OPT_LEVEL"] == "default"
+    assert unset["NEURON_LAUNCH_BLOCKING"] == "async" and unset["NEURON_CC_FLAGS"] == "<unset>"
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")  # the platform default, spelled out: the same key
-    monkeypatch.setenv("TORCH_NEURONX_LOG_LEVEL", "3")  # changes no code
+    for name in ("TORCH_NEURONX_LOG_LEVEL", "TORCH_NEURONX_METRICS_DIR", "TORCH_NEURONX_ENABLED_METRIC_TABLES"):
+        monkeypatch.setenv(name, "3")  # change no code
     assert backend.settings() == unset
-    monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "")  # set, if empty: upstream appends " " to the key
+    assert backend.settings()["NEURON_CC_FLAGS"] == ""
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "")  # read whenever set
+    assert backend.settings()["NEURON_LOGICAL_NC_CONFIG"] == ""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "1")
+    assert backend.settings() == {**unset, "NEURON_LAUNCH_BLOCKING": "1 (sync)"}
+    monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "0")
     monkeypatch.setenv("TORCH_NEURONX_ENABLE_STABLEHLO", "0")
-    assert backend.settings() == {**unset, "TORCH_NEURONX_ENABLE_STABLEHLO": "0",
-                                  "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "1"}
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert backend.settings() == {**unset, "TORCH_NEURONX_ENABLE_STABLEHLO": "0"}
+    monkeypatch.setenv("FAKE_NEURON_TARGET", "trn3")
     assert backend.settings()["target"] == "trn3"
+    assert fake.module.__name__ == "torch_neuronx"
+
+
+def test_visible_cores_follow_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "3")
+    assert neuron.visible_cores() == [0, 1, 2]
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-5")  # wins over NUM_CORES
+    assert neuron.visible_cores() == [4, 5]
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
+    monkeypatch.delenv("NEURON_RT_NUM_CORES")
+    FakeNeuron().install(monkeypatch)
+    monkeypatch.setenv("FAKE_NEURON_CORES", "6")
+    make_backend("neuron").settings()  # loaded: the runtime's own count
+    assert neuron.visible_cores() == list(range(6))
 
 
 def _plan(*seqs: int) -> Plan:
@@ -195,7 +274,7 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     backend.prepare(tmp_path)
     first = warm(_plan(128, 256, -1), FakeWarmer(fake.kernel, fail={"train 2x-1"}), backend, tmp_path)
     assert [(r.task.seq, r.status) for r in first.results] == [(128, "compiled"), (256, "compiled"), (-1, "failed")]
-    assert first.results[0].counters["persistent_misses"] == 1
+    assert first.results[0].counters["total_compilations"] == 1
 
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     (env_key, section), = manifest["environments"].items()

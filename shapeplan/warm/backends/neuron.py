@@ -1,10 +1,19 @@
 """TorchNeuron (torch-neuronx >= 2.13, Trn2/Trn3): NEFFs for eager ops and `torch.compile(backend="neuron")`
-graphs go to TORCH_NEURONX_NEFF_CACHE_DIR; compile counters need TORCH_NEURONX_METRICS_ENABLED=1.
+graphs go to TORCH_NEURONX_NEFF_CACHE_DIR.
 
-torch-neuronx is imported lazily, and only after `prepare`: PyTorch autoloads the backend at `import torch`, and
-the backend reads its environment variables then. Compiles run on the backend's own thread, so every counter read
-synchronizes first; and because a persistent cache that failed to start counts no miss and writes nothing, a shape
-counts as compiled when any compile counter moves or new NEFF files appear (research/neuron.md section 8).
+What this module relies on, read from TorchNeuron's source (an April 2026 tree; research/neuron-audit.md):
+- `import torch` autoloads torch_neuronx, whose import sets defaults for nine variables (NEURON_LAUNCH_BLOCKING and
+  five TORCH_NEURONX_* among them). So the compiler environment is always described after that import
+  (`settings`), in every command: a cache warmed here compares equal here.
+- Every compile counter (`_C._get_compilation_cache_stats()` and `torch_neuronx.metrics` alike) reads one metrics
+  arena that counts only while metrics are enabled: TORCH_NEURONX_METRICS_ENABLED is read at the first counter use,
+  `torch_neuronx.metrics.set_enabled` switches it later. `prepare` and `enable_metrics` turn it on.
+- Compiles run on the backend's own thread, so every counter read synchronizes first.
+- A persistent miss is not a compile: after the miss the compile takes a file lock and reads the disk again, and a
+  NEFF another process wrote meanwhile counts as a hit. `total_compilations` counts real compiles; new NEFF files
+  count too (they are all sync mode's eager compiles show: that path moves no counter).
+- NEURON_LAUNCH_BLOCKING=1 (sync mode) sends eager ops through another compile path with its own key and layout,
+  so a warm-up in one mode serves no run in the other: the mode is part of `settings`.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import tempfile
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,44 +29,61 @@ from typing import Any
 from ...errors import CacheError, UsageError
 from ...host import installed_versions
 
-# The `torch_neuronx.metrics` counters read (totals of this process); with the private
-# `_C._get_compilation_cache_stats()` dict's keys, the names that mean a compile or a persistent-cache hit.
+# The `torch_neuronx.metrics` counters read (totals of this process); with the `_C._get_compilation_cache_stats()`
+# dict's keys, the names that mean a compile or a persistent-cache hit.
 METRIC_COUNTERS = (
     "CompilationCache.PersistentHits",
     "CompilationCache.PersistentMisses",
     "CompilationCache.TotalCompilations",
 )
-COMPILES = ("persistent_misses", "total_compilations", "CompilationCache.PersistentMisses",
-            "CompilationCache.TotalCompilations", "neff_files")
+# The stats call's counters (its other keys are sizes, times and ratios).
+STATS_COUNTERS = ("in_memory_hits", "in_memory_misses", "persistent_hits", "persistent_misses", "total_compilations")
+COMPILES = ("total_compilations", "CompilationCache.TotalCompilations", "neff_files")
 HITS = ("persistent_hits", "CompilationCache.PersistentHits")
 # Settings in the NEFF cache key besides the platform target (KernelExecution.cpp): equal in warm-up and training.
 KEY_ENV = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "NEURON_COMPILER_OPT_LEVEL")
-# TORCH_NEURONX_* variables that only say where things go or how much is logged; every other one may change
-# the compiled code (e.g. TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS, TORCH_NEURONX_ENABLE_*).
-NOT_CODE = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED",
+SYNC_ENV = "NEURON_LAUNCH_BLOCKING"  # "1": sync mode (PlatformUtils.cpp IsSyncModeEnabled compares with "1")
+METRICS_ENV = "TORCH_NEURONX_METRICS_ENABLED"
+# TORCH_NEURONX_* variables that only say where things go, what is logged or measured; every other one may change
+# the compiled code (e.g. TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS, TORCH_NEURONX_MLIR_ATEN_OPS).
+NOT_CODE = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", METRICS_ENV,
+            "TORCH_NEURONX_METRICS_DIR", "TORCH_NEURONX_ENABLED_METRIC_TABLES", "TORCH_NEURONX_ENABLE_STACK_TRACE",
             "TORCH_NEURONX_LOG_LEVEL", "TORCH_NEURONX_LOG_FILE", "TORCH_NEURONX_DEBUG_DIR",
             "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
+UNSET = "<unset>"  # a key variable that is not set: upstream reads an empty value as set (PlatformUtils.cpp)
 # The logical-core config each platform defaults to when NEURON_LOGICAL_NC_CONFIG is unset (PlatformUtils.cpp).
 DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
 # Physical NeuronCores per Neuron device (/dev/neuronN).
 CORES_PER_DEVICE = {"trn2": 8, "trn3": 8}
-# Where EC2 (Nitro) exposes the instance type.
-# Where TorchNeuron writes NEFFs when it finds no cache dir setting of its own (/tmp/neff_cache unless TMPDIR is set).
-DEFAULT_CACHE_DIR = Path(tempfile.gettempdir()) / "neff_cache"
+# Where TorchNeuron writes NEFFs and takes its locks without a setting of its own: fixed paths, whatever TMPDIR says
+# (PersistentCacheBackend.cpp, kernels/cache_utils.py, CompilationCache.cpp).
+DEFAULT_CACHE_DIR = Path("/tmp/neff_cache")
+DEFAULT_LOCK_DIR = Path("/tmp/local_cache")
+# Where EC2 (Nitro) exposes the instance type: what tells a Trn1 host before torch-neuronx loads.
 INSTANCE_TYPE_FILE = Path("/sys/devices/virtual/dmi/id/product_name")
 DEVICE_DIR = Path("/dev")
-TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 FIRST_NATIVE = (2, 13)
-MISSING = ("--device neuron needs torch-neuronx, which is not installed; run `pip install shapeplan[neuron]` on a "
-           "Trainium (Trn2/Trn3) host with the Neuron SDK, or pass --device cpu")
-NATIVE = ("TorchNeuron: torch-neuronx >= 2.13 on a Trn2/Trn3 host, Python >= 3.12, installed from the Neuron pip "
-          "index; or pass --device cpu")
+INSTALL = "pip install shapeplan[neuron] --extra-index-url https://pip.repos.neuron.amazonaws.com"
+MISSING = (f"--device neuron needs torch-neuronx, which is not installed; run `{INSTALL}` on a Trainium (Trn2/Trn3) "
+           "host with the Neuron SDK, or pass --device cpu")
+NATIVE = ("TorchNeuron: torch-neuronx >= 2.13 on a Trn2/Trn3 host, installed from the Neuron pip index; or pass "
+          "--device cpu")
+
+
+def _loaded() -> Any:
+    """torch_neuronx when this process has imported it (then its runtime answers), else None."""
+    return sys.modules.get("torch_neuronx")
 
 
 def platform_target() -> str:
-    """trn2 / trn3 / trn1 from $NEURON_PLATFORM_TARGET_OVERRIDE or the instance type; "unknown" off EC2."""
-    if os.environ.get(TARGET_ENV):
-        return os.environ[TARGET_ENV]
+    """trn2 / trn3 / trn1 as the runtime reports it (`_C._get_platform_target()`) once torch-neuronx is loaded;
+    before that from the EC2 instance type; "unknown" where neither tells."""
+    runtime = getattr(getattr(_loaded(), "_C", None), "_get_platform_target", None)
+    if runtime is not None:
+        try:
+            return str(runtime())
+        except RuntimeError:  # "Failed to get Neuron instance information": no Neuron instance
+            return "unknown"
     try:
         instance = INSTANCE_TYPE_FILE.read_text(encoding="ascii").strip()
     except OSError:
@@ -69,31 +95,45 @@ def platform_target() -> str:
 
 
 def logical_nc_config(target: str) -> str:
-    """NEURON_LOGICAL_NC_CONFIG as the compiler sees it: unset means the platform default."""
-    return os.environ.get("NEURON_LOGICAL_NC_CONFIG") or DEFAULT_LNC.get(target, "default")
+    """NEURON_LOGICAL_NC_CONFIG as the compiler sees it: the variable whenever it is set (even empty), else the
+    platform's default."""
+    if "NEURON_LOGICAL_NC_CONFIG" in os.environ:
+        return os.environ["NEURON_LOGICAL_NC_CONFIG"]
+    return DEFAULT_LNC.get(target, "default")
 
 
 def parse_cores(text: str) -> list[int]:
-    """NEURON_RT_VISIBLE_CORES ("3", "4-7", "0,1,2,3") as a sorted list of core ids."""
+    """NEURON_RT_VISIBLE_CORES as a sorted list of core ids: one index ("3") or an inclusive range ("4-7"), the
+    forms the runtime guide documents (comma lists of those are read too)."""
     cores: set[int] = set()
     try:
         for item in text.replace(" ", "").split(","):
             first, _, last = item.partition("-")
             cores.update(range(int(first), int(last or first) + 1))
     except ValueError:
-        raise UsageError(f"NEURON_RT_VISIBLE_CORES={text!r} is not a core list; use e.g. 0-3 or 0,1,2,3") from None
+        raise UsageError(f"NEURON_RT_VISIBLE_CORES={text!r} is not a core index or range; use e.g. 0-3") from None
     return sorted(cores)
 
 
 def visible_cores() -> list[int] | None:
-    """The logical NeuronCores this process may use: $NEURON_RT_VISIBLE_CORES, else every core of the host's
-    Neuron devices at its logical-core config; None where that cannot be told (no /dev/neuron*, unknown platform)."""
+    """The logical NeuronCores this process may use: $NEURON_RT_VISIBLE_CORES, else the first $NEURON_RT_NUM_CORES,
+    else the runtime's count where torch-neuronx is loaded, else every core of the host's Neuron devices at its
+    logical-core config; None where that cannot be told (no /dev/neuron*, unknown platform)."""
     if os.environ.get("NEURON_RT_VISIBLE_CORES"):
         return parse_cores(os.environ["NEURON_RT_VISIBLE_CORES"])
+    if os.environ.get("NEURON_RT_NUM_CORES"):
+        text = os.environ["NEURON_RT_NUM_CORES"]
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"NEURON_RT_NUM_CORES={text!r} is not a number of cores; use e.g. 4")
+        return list(range(int(text)))
+    if _loaded() is not None:
+        import torch
+
+        return list(range(int(torch.neuron.device_count())))  # type: ignore[attr-defined]  # registered by torch-neuronx
     target = platform_target()
     lnc = logical_nc_config(target)
     devices = [p for p in DEVICE_DIR.glob("neuron*") if p.name[6:].isdigit()]
-    if not devices or target not in CORES_PER_DEVICE or not lnc.isdigit():
+    if not devices or target not in CORES_PER_DEVICE or not lnc.isdigit() or int(lnc) < 1:
         return None
     return list(range(len(devices) * CORES_PER_DEVICE[target] // int(lnc)))
 
@@ -120,6 +160,10 @@ def require_torch_neuronx() -> None:
     if version is not None and _release(version)[:2] < FIRST_NATIVE:
         raise UsageError(f"torch-neuronx {version} is the PyTorch/XLA stack, which shapeplan does not warm; "
                          f"use {NATIVE}")
+    _refuse_trn1()
+
+
+def _refuse_trn1() -> None:
     if platform_target() == "trn1":
         raise UsageError(f"this is a Trn1/Inf2 host, which TorchNeuron does not support; use {NATIVE}")
 
@@ -127,6 +171,30 @@ def require_torch_neuronx() -> None:
 def count_neffs(cache_dir: Path) -> int:
     """NEFF files in the cache (both layouts: ab/cd/<key>.neff and <sha>/<sha>.neff); temporaries end otherwise."""
     return sum(1 for _ in cache_dir.rglob("*.neff"))
+
+
+def sync_mode() -> bool:
+    """Whether eager ops take sync mode's compile path (read after torch-neuronx's import set its default)."""
+    return os.environ.get(SYNC_ENV) == "1"
+
+
+def enable_metrics() -> str | None:
+    """Turn on the compile counters of this process: the variable for a torch-neuronx not yet loaded (read at its
+    first counter use), `torch_neuronx.metrics.set_enabled(True)` for one already loaded. Returns why compiles
+    cannot be counted, or None."""
+    os.environ[METRICS_ENV] = "1"
+    if _loaded() is None:
+        return None
+    try:
+        metrics = importlib.import_module("torch_neuronx.metrics")
+    except ImportError:
+        return None  # the stats call, if any, reads the same arena: `counters` says when there is neither
+    if hasattr(metrics, "set_enabled"):
+        metrics.set_enabled(True)
+    if hasattr(metrics, "is_enabled") and not metrics.is_enabled():
+        return (f"torch-neuronx's metrics are off ({METRICS_ENV} was read before it was set) and cannot be switched "
+                f"on, so compiles are not counted; start the run with {METRICS_ENV}=1")
+    return None
 
 
 class NeuronBackend:
@@ -142,7 +210,13 @@ class NeuronBackend:
         os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
         if scratch is not None:  # compile locks go to a local dir that must be writable (neuron.md 2.1)
             os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = str(scratch / "locks")
-        os.environ["TORCH_NEURONX_METRICS_ENABLED"] = "1"
+        enable_metrics()
+
+    def watch(self) -> str | None:
+        """Count compiles in a run that shapeplan did not prepare (the guard): metrics on, and the NEFF files of the
+        cache dir the run uses. Returns why compiles cannot be counted, or None."""
+        self.cache_dir = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_CACHE_DIR)
+        return enable_metrics()
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None:
         if torch_compile:
@@ -151,12 +225,14 @@ class NeuronBackend:
             apply_dynamo_settings(graphs)
 
     def _module(self) -> Any:
-        module = importlib.import_module("torch_neuronx")
+        """torch_neuronx, imported (`import torch` autoloads it; its import applies its environment defaults)."""
         import torch
 
+        module = importlib.import_module("torch_neuronx")
         if getattr(torch, "neuron", None) is None:  # the XLA-era package registers no `neuron` device
             raise UsageError(f"torch-neuronx {getattr(module, '__version__', '')} has no torch.neuron device (the "
                              f"PyTorch/XLA stack); use {NATIVE}")
+        _refuse_trn1()  # now from the runtime's own platform target
         return module
 
     def sources(self) -> dict[str, bool]:
@@ -179,9 +255,8 @@ class NeuronBackend:
         module = self._module()
         out: dict[str, int] = {}
         if sources["_C._get_compilation_cache_stats"]:
-            for name, value in module._C._get_compilation_cache_stats().items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    out[str(name)] = int(value)
+            stats = module._C._get_compilation_cache_stats()
+            out.update((name, int(stats[name])) for name in STATS_COUNTERS if name in stats)
         if sources["torch_neuronx.metrics"]:
             metrics = importlib.import_module("torch_neuronx.metrics")
             for name in METRIC_COUNTERS:
@@ -201,21 +276,25 @@ class NeuronBackend:
         return any(delta.get(name, 0) > 0 for name in HITS)
 
     def settings(self) -> dict[str, str]:
-        """Versions, platform target and every code-changing setting, normalized so that settings the compiler
-        sees as equal (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
+        """Versions, platform target, execution mode and every code-changing setting, read after torch-neuronx's
+        import has set its defaults (so every command describes one host the same way), normalized so that settings
+        the compiler sees as equal (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
+        self._module()
         target = platform_target()
         out = {"backend": "neuron", "device": "neuron", "target": target}
         out.update((name, version or "none")
                    for name, version in installed_versions(("torch", "torch-neuronx", "neuronx-cc")).items())
-        out["NEURON_CC_FLAGS"] = os.environ.get("NEURON_CC_FLAGS", "")
+        out["NEURON_CC_FLAGS"] = os.environ.get("NEURON_CC_FLAGS", UNSET)
         out["NEURON_LOGICAL_NC_CONFIG"] = logical_nc_config(target)
         out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL") or "default"
+        out[SYNC_ENV] = "1 (sync)" if sync_mode() else "async"
         out.update((name, os.environ[name]) for name in code_settings())
         return out
 
     def script_lines(self, cache_dir: Path, *, torch_compile: bool, graphs: int) -> tuple[str, ...]:
-        lines = [f"export TORCH_NEURONX_NEFF_CACHE_DIR={cache_dir}"]
-        lines += [f"export {name}={os.environ[name]}" for name in (*KEY_ENV, *code_settings()) if os.environ.get(name)]
+        lines = [f"export TORCH_NEURONX_NEFF_CACHE_DIR={cache_dir}", f"export {SYNC_ENV}={1 if sync_mode() else 0}"]
+        lines += [f"export {name}={os.environ[name]}" for name in KEY_ENV if name in os.environ]
+        lines += [f"export {name}={os.environ[name]}" for name in code_settings()]
         if torch_compile:
             from .inductor import dynamo_settings
 
@@ -225,4 +304,4 @@ class NeuronBackend:
 
 def code_settings() -> list[str]:
     """The set TORCH_NEURONX_* variables that may change compiled code, sorted."""
-    return sorted(k for k in os.environ if k.startswith("TORCH_NEURONX_") and k not in NOT_CODE and os.environ[k])
+    return sorted(k for k in os.environ if k.startswith("TORCH_NEURONX_") and k not in NOT_CODE)

@@ -1,11 +1,14 @@
-"""A fake torch_neuronx (TorchNeuron, the native backend) for tests: the parts shapeplan reads, modelled on the
-April 2026 source (research/neuron.md sections 2.1 and 8). Put shapeplan/testing/fake_site on sys.path
-(in-process: shapeplan.testing.FakeNeuron; subprocesses: shapeplan.testing.fake_env) and choose its behaviour
-with FAKE_NEURON, a comma list:
+"""A fake torch_neuronx (TorchNeuron, the native backend) for tests, as strict as the April 2026 source
+(parmoham-aws/test-repo-parmoham @98154b8; research/neuron-audit.md). Put shapeplan/testing/fake_site on sys.path
+(in-process: shapeplan.testing.FakeNeuron; subprocesses: shapeplan.testing.fake_env, where `import torch` autoloads
+it through the `torch.backends` entry point, as the real package is loaded) and choose its variants with
+FAKE_NEURON, a comma list:
 
     device              torch calls on device "neuron" run on the CPU, each op (name + input shapes/dtypes) a
                         kernel of the compile cache; `torch.compile(backend="neuron")` graphs are kernels too
     async               compiles run on a background "thread": counters and files settle at synchronize()
+    release_build       the wheel's build config is RELEASE: `import torch` defaults NEURON_LAUNCH_BLOCKING to 1
+                        (sync mode) and TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS to 0 (_build_config.py)
     cache_failed        the persistent cache failed to start ("continuing without persistent caching"): nothing is
                         looked up or written and no persistent miss is counted; compiles still happen
     no_metrics          there is no torch_neuronx.metrics module
@@ -13,59 +16,168 @@ with FAKE_NEURON, a comma list:
     metrics_off         the metrics stay off although TORCH_NEURONX_METRICS_ENABLED=1 (a release reading another name)
     xla                 an XLA-era package: no torch.neuron and no stats call
     renamed_cache_var   the cache dir is read from TORCH_NEURONX_NEFF_CACHE_PATH, not TORCH_NEURONX_NEFF_CACHE_DIR
+    no_device           the runtime sees no NeuronCore (torch.neuron.is_available() is False)
 
-A kernel the process has not met compiles unless the persistent cache holds it (a NEFF file `ab/cd/<32 hex>.neff`
-in the cache dir, written through a `.tmp.XXXXXX` temporary and a rename).
+What the source does, and so the fake:
+- `import torch_neuronx` sets defaults for nine variables (`__init__.py:44-65`), NEURON_LAUNCH_BLOCKING among them.
+- Every counter, the `torch_neuronx.metrics` ones and `_C._get_compilation_cache_stats()` alike, reads one arena
+  that counts only while metrics are enabled: TORCH_NEURONX_METRICS_ENABLED (1/true/TRUE/yes/YES) is read once, at
+  the first counter use; `torch_neuronx.metrics.set_enabled` switches it later (NeuronMetrics.h/.cpp).
+- The cache dir (TORCH_NEURONX_NEFF_CACHE_DIR, default /tmp/neff_cache whatever TMPDIR says) and the lock dir
+  (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache) are read when the compile cache is first used. A
+  lock dir that cannot be created fails that first use; a lock file that cannot be opened fails the compile.
+- Async mode (NEURON_LAUNCH_BLOCKING != "1"), and every `torch.compile` graph: the C++ cache. A kernel the process
+  has not met is a persistent miss unless `ab/cd/<32 hex>.neff` exists; after a miss the compile takes the file lock
+  `<lock dir>/locks/<key>.lock` and reads the disk again: a NEFF another process wrote meanwhile is a persistent
+  hit, not a compile. Only `total_compilations` counts compiles (CompilationCache.cpp). Files are written through a
+  `<name>.tmp.XXXXXX` temporary and a rename.
+- Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), keyed
+  with the neuronx-cc version, `<sha256>/<sha256>.neff` written through `tmp*.tmp`, locks in
+  `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
+- The built-in NKI flash attention (SDPA with no mask, no dropout, both sequence lengths multiples of 512, head_dim
+  <= 128) keys its cache with Python's `hash()` of the shapes and dtypes (nki_op_impl.py:19-25), which differs in
+  every process: it never hits across processes.
+- The runtime's NeuronCores: NEURON_RT_VISIBLE_CORES (one index or an inclusive range), else NEURON_RT_NUM_CORES,
+  else the host's (FAKE_NEURON_CORES, default 4); the platform target from the runtime (FAKE_NEURON_TARGET, default
+  trn2). FAKE_NEURON_TMP stands in for /tmp, FAKE_NEURON_COMPILE_S makes a compile take that long (holding the lock).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import random
+import string
 import sys
 import tempfile
+import time
 import types
 from importlib import metadata
 from pathlib import Path
 
-import torch
+
+def _autoload() -> None:
+    """The `torch.backends` entry point: `import torch` imports the package (pyproject.toml:14-15). Defined before
+    this module imports torch, which loads the entry point again, as upstream's is."""
+
+
+import torch  # noqa: E402  # after _autoload, which importing torch first looks up here
 
 MODES = frozenset(m for m in os.environ.get("FAKE_NEURON", "").split(",") if m)
 __version__ = metadata.version("torch-neuronx")
-ENV_AT_IMPORT = {name: os.environ.get(name) for name in ("TORCH_NEURONX_NEFF_CACHE_DIR",
-                                                         "TORCH_NEURONX_METRICS_ENABLED")}
-METRICS_ENABLED = os.environ.get("TORCH_NEURONX_METRICS_ENABLED") == "1" and "metrics_off" not in MODES
-CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_PATH" if "renamed_cache_var" in MODES else "TORCH_NEURONX_NEFF_CACHE_DIR"
-CACHE_DIR = Path(os.environ.get(CACHE_VAR) or Path(tempfile.gettempdir()) / "neff_cache")
-PERSISTENT = "cache_failed" not in MODES
-# stats key -> metrics counter
-METRICS = {"in_memory_hits": "CompilationCache.InMemoryHits", "in_memory_misses": "CompilationCache.InMemoryMisses",
-           "persistent_hits": "CompilationCache.PersistentHits",
-           "persistent_misses": "CompilationCache.PersistentMisses",
-           "total_compilations": "CompilationCache.TotalCompilations"}
+NEURONXCC_VERSION = "2.21.0.0"  # in the sync path's key
 
-stats = dict.fromkeys(METRICS, 0)
-counters: dict[str, int] = {}  # what torch_neuronx.metrics reports (only with TORCH_NEURONX_METRICS_ENABLED=1)
+# _build_config.py and __init__.py:44-65: applied at import, with setdefault
+RELEASE = "release_build" in MODES
+IMPORT_DEFAULTS = {
+    "JAX_LOGGING_LEVEL": "WARNING",
+    "NEURON_LAUNCH_BLOCKING": "1" if RELEASE else "0",
+    "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "0" if RELEASE else "1",
+    "TORCH_NEURONX_MLIR_ATEN_OPS": "1",
+    "TORCH_NEURONX_RETAIN_DEVICE_MODE": "0",
+    "NEURON_RT_ALLOW_LEGACY_NEFF": "1",
+    "NEURON_RT_DBG_ZEROCOPY": "1",
+    "TORCH_NEURONX_ENABLE_ASYNC_NRT": "1",
+    "TORCH_NEURONX_ENABLE_STACK_TRACE": "0",
+}
+for _name, _value in IMPORT_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
+
+TMP = Path(os.environ.get("FAKE_NEURON_TMP") or "/tmp")
+CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_PATH" if "renamed_cache_var" in MODES else "TORCH_NEURONX_NEFF_CACHE_DIR"
+COUNTERS = {"in_memory_hits": "CompilationCache.InMemoryHits", "in_memory_misses": "CompilationCache.InMemoryMisses",
+            "persistent_hits": "CompilationCache.PersistentHits",
+            "persistent_misses": "CompilationCache.PersistentMisses",
+            "total_compilations": "CompilationCache.TotalCompilations"}
+
+counters: dict[str, int] = {}  # the metrics arena: counter name -> value, only bumped while metrics are enabled
 memory: set[str] = set()
 pending: list[str] = []
+_state: dict[str, object] = {}  # what is read once: "metrics", "sync", "cache" (dir or None), "locks"
 
-if not PERSISTENT:
-    print("WARNING: failed to initialize persistent cache, continuing without persistent caching", file=sys.stderr)
+
+def metrics_enabled() -> bool:
+    if "metrics" not in _state:
+        value = os.environ.get("TORCH_NEURONX_METRICS_ENABLED", "")
+        _state["metrics"] = value in ("1", "true", "TRUE", "yes", "YES") and "metrics_off" not in MODES
+    return bool(_state["metrics"])
+
+
+def set_metrics_enabled(enabled: bool) -> None:
+    metrics_enabled()
+    _state["metrics"] = bool(enabled) and "metrics_off" not in MODES
 
 
 def _count(name: str) -> None:
-    stats[name] += 1
-    if METRICS_ENABLED:
-        counters[METRICS[name]] = counters.get(METRICS[name], 0) + 1
+    if metrics_enabled():
+        counters[COUNTERS[name]] = counters.get(COUNTERS[name], 0) + 1
+
+
+def _sync_mode() -> bool:
+    if "sync" not in _state:
+        _state["sync"] = os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
+    return bool(_state["sync"])
+
+
+def _cache() -> tuple[Path | None, Path]:
+    """The persistent cache dir (None: it failed to start) and the lock dir, set up at the cache's first use."""
+    if "locks" not in _state:
+        cache = Path(os.environ.get(CACHE_VAR) or TMP / "neff_cache")
+        try:
+            if "cache_failed" in MODES:
+                raise OSError("cannot create")
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            print(f"WARNING: failed to create persistent cache directory {cache}, continuing without persistent "
+                  "caching", file=sys.stderr)
+            cache = None  # type: ignore[assignment]  # the cache that failed to start
+        locks = Path(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR") or TMP / "local_cache")
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RuntimeError(f"Failed to create local cache directory {locks}: {exc.strerror}") from None
+        _state["cache"], _state["locks"] = cache, locks
+    return _state["cache"], _state["locks"]  # type: ignore[return-value]  # set together above
+
+
+def _locked(path: Path) -> int:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as exc:
+        raise RuntimeError(f"Failed to open lock file {path}: {exc.strerror}") from None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _write(path: Path, data: bytes, *, prefix: str, suffix: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix:  # the Python path's tempfile.NamedTemporaryFile(suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(suffix=suffix, dir=path.parent)
+    else:  # the C++ path's mkstemp("<name>.tmp.XXXXXX")
+        tmp = str(path.parent / f"{prefix}.tmp.{''.join(random.choices(string.ascii_letters, k=6))}")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def _compile_delay() -> None:
+    time.sleep(float(os.environ.get("FAKE_NEURON_COMPILE_S") or 0))
 
 
 def neff_path(key: str) -> Path:
+    cache, _ = _cache()
     digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
-    return CACHE_DIR / digest[:2] / digest[2:4] / f"{digest}.neff"
+    return (cache or TMP / "neff_cache") / digest[:2] / digest[2:4] / f"{digest}.neff"
 
 
-def kernel(key: str) -> None:
-    """An op or graph meets the compile cache: the in-process tier, then (on the compile thread) the persistent one."""
+def kernel(key: str, *, graph: bool = False) -> None:
+    """An op (or a `torch.compile` graph) meets the compile cache."""
+    if _sync_mode() and not graph:
+        _python_path(key)
+        return
     if key in memory:
         _count("in_memory_hits")
         return
@@ -78,18 +190,48 @@ def kernel(key: str) -> None:
 
 
 def _compile(key: str) -> None:
+    """The C++ CompilationCache: a persistent miss, then the lock and a second look before compiling."""
+    cache, locks = _cache()
     path = neff_path(key)
-    if PERSISTENT and path.is_file():
-        _count("persistent_hits")
-        return
-    _count("total_compilations")
-    if PERSISTENT:
+    if cache is not None:
+        if path.is_file():
+            _count("persistent_hits")
+            return
         _count("persistent_misses")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.tmp.", dir=path.parent)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(key.encode())
-        os.replace(tmp, path)
+        fd = _locked(locks / "locks" / f"{path.stem}.lock")
+        try:
+            if path.is_file():  # another process wrote it while this one waited
+                _count("persistent_hits")
+                return
+            _compile_delay()
+            _count("total_compilations")
+            _write(path, key.encode(), prefix=path.name)
+        finally:
+            os.close(fd)
+        return
+    _compile_delay()
+    _count("total_compilations")
+
+
+def _python_path(key: str) -> None:
+    """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters."""
+    cache, locks = _cache()
+    if key in memory:
+        return
+    memory.add(key)
+    digest = hashlib.sha256(f"{key}|neuronxcc={NEURONXCC_VERSION}".encode()).hexdigest()
+    path = (cache or TMP / "neff_cache") / digest / f"{digest}.neff"
+    if cache is not None and path.is_file():
+        return
+    fd = _locked(locks / digest / "locks" / "compile.lock")
+    try:
+        if cache is not None and path.is_file():
+            return
+        _compile_delay()
+        if cache is not None:
+            _write(path, key.encode(), prefix=path.name, suffix=".tmp")
+    finally:
+        os.close(fd)
 
 
 def synchronize(device: object = None) -> None:
@@ -99,21 +241,50 @@ def synchronize(device: object = None) -> None:
 
 
 def restart() -> None:
-    """A fresh process: the in-process tier and the counters start empty (the persistent cache stays)."""
+    """A fresh process: the in-process tier, the counters and what is read once start empty (the disk stays)."""
     synchronize()
     memory.clear()
     counters.clear()
-    stats.update(dict.fromkeys(stats, 0))
+    _state.clear()
+
+
+def visible_cores() -> int:
+    if "no_device" in MODES:
+        return 0
+    text = os.environ.get("NEURON_RT_VISIBLE_CORES", "")
+    if text:
+        first, _, last = text.partition("-")
+        return int(last or first) - int(first) + 1
+    return int(os.environ.get("NEURON_RT_NUM_CORES") or os.environ.get("FAKE_NEURON_CORES") or 4)
+
+
+def _stats() -> dict[str, float | int]:
+    values = {key: counters.get(name, 0) for key, name in COUNTERS.items()}
+    hits = values["in_memory_hits"] + values["persistent_hits"]
+    misses = values["in_memory_misses"] + values["persistent_misses"]
+    return {"total_entries": len(memory), **values, "cache_hits": hits, "cache_misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else 0.0, "memory_usage_bytes": 0,
+            "total_compilation_time_ms": 0.0, "evictions_performed": 0, "max_cache_size_bytes": 1 << 30,
+            "max_cache_entries": 10000, "memory_utilization_ratio": 0.0}
 
 
 _C = types.ModuleType("torch_neuronx._C")
+if "xla" not in MODES:
+    _C._neuron_metrics_enabled = metrics_enabled  # type: ignore[attr-defined]  # the fake fills a bare module
+    _C._neuron_set_metrics_enabled = set_metrics_enabled  # type: ignore[attr-defined]  # as above
+    _C._neuron_counter_value = counters.get  # type: ignore[attr-defined]  # as above
+    _C._neuron_counter_names = lambda: sorted(counters)  # type: ignore[attr-defined]  # as above
+    _C._get_platform_target = lambda: os.environ.get("FAKE_NEURON_TARGET") or "trn2"  # type: ignore[attr-defined]  # as above
+    _C._get_logical_neuron_cores = lambda: os.environ.get(  # type: ignore[attr-defined]  # as above
+        "NEURON_LOGICAL_NC_CONFIG", "1" if _C._get_platform_target() == "trn1" else "2")  # type: ignore[attr-defined]  # set above
 if not MODES & {"no_stats", "xla"}:
-    _C._get_compilation_cache_stats = lambda: dict(stats)  # type: ignore[attr-defined]  # the fake fills a bare module
+    _C._get_compilation_cache_stats = _stats  # type: ignore[attr-defined]  # the fake fills a bare module
 
 if "xla" not in MODES:
     neuron = types.ModuleType("torch.neuron")
     neuron.synchronize = synchronize  # type: ignore[attr-defined]  # the fake fills a bare module
-    neuron.is_available = lambda: True  # type: ignore[attr-defined]  # the fake fills a bare module
+    neuron.device_count = visible_cores  # type: ignore[attr-defined]  # the fake fills a bare module
+    neuron.is_available = lambda: visible_cores() > 0  # type: ignore[attr-defined]  # as above
     torch.neuron = neuron  # type: ignore[attr-defined]  # what the real backend registers
 
 
@@ -123,6 +294,17 @@ def _signature(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_signature(v) for v in value) + "]"
     return type(value).__name__
+
+
+def nki_flash_attention(args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+    """Whether an SDPA call takes the NKI flash-attention kernel (scaled_dot_product_fused_attention.py:19-57)."""
+    query, key = (*args[:2], None, None)[:2]
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and query.dim() == 4):
+        return False
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    return (mask is None and not dropout and query.shape[-2] % 512 == 0 and key.shape[-2] % 512 == 0
+            and query.shape[-1] <= 128)
 
 
 if "device" in MODES:
@@ -142,11 +324,15 @@ if "device" in MODES:
             result = func(*args, **kwargs)
             if (isinstance(result, torch.Tensor) and not _in_graph[0] and not torch.compiler.is_compiling()
                     and not getattr(func, "__name__", "").startswith("__")):
-                kernel(f"{getattr(func, '__name__', func)}{_signature(args)}")
+                if func is torch.nn.functional.scaled_dot_product_attention and nki_flash_attention(args, kwargs):
+                    tensor_info = tuple((t.shape, t.dtype) for t in args[:3] if isinstance(t, torch.Tensor))
+                    kernel(f"nki_0_0_{hash(tensor_info)}")  # hash(torch.dtype) differs in every process
+                else:
+                    kernel(f"{getattr(func, '__name__', func)}{_signature(args)}")
             return result
 
     def _backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
-        kernel("graph:" + gm.code + _signature(example_inputs))
+        kernel("graph:" + gm.code + _signature(example_inputs), graph=True)
 
         def run(*args: torch.Tensor):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
             _in_graph[0] = True
