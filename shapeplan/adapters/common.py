@@ -51,8 +51,30 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
         # the dtype the model loads in (`trl <method>` passes ModelConfig.dtype unless model_init_kwargs sets it)
         "dtype": (getattr(args.training, "model_init_kwargs", None) or {}).get("dtype", getattr(args.model, "dtype",
                                                                                                None)),
+        "attention": attention_facts(args),
         **recorded_options(args.training),
     }
+
+
+def attention_facts(args: TrainingArgs) -> dict[str, Any]:
+    """What decides whether TorchNeuron runs the model's attention through its NKI flash-attention kernel: the
+    attention implementation the run loads (None: transformers' default, SDPA), the head dim and the attention
+    dropout (None where the model's config is not readable here)."""
+    from transformers import AutoConfig
+
+    kwargs = getattr(args.training, "model_init_kwargs", None) or {}
+    implementation = kwargs.get("attn_implementation", getattr(args.model, "attn_implementation", None))
+    try:
+        config = AutoConfig.from_pretrained(args.model.model_name_or_path or "", revision=args.model.model_revision,
+                                            trust_remote_code=bool(getattr(args.model, "trust_remote_code", False)))
+    except (OSError, ValueError):  # planning needs only the tokenizer; the caveat then says it assumed
+        return {"implementation": implementation, "head_dim": None, "dropout": None}
+    text = getattr(config, "get_text_config", lambda: config)()
+    head_dim = getattr(text, "head_dim", None)
+    if not isinstance(head_dim, int) and getattr(text, "num_attention_heads", None):
+        head_dim = text.hidden_size // text.num_attention_heads
+    return {"implementation": implementation, "head_dim": head_dim,
+            "dropout": float(getattr(text, "attention_dropout", 0.0) or 0.0)}
 
 
 def recorded_options(training: Any) -> dict[str, Any]:

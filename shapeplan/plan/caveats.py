@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from .model import Plan
 
 _TRAIN_SIDE = ("train", "eval")
+_NKI_SEQ, _NKI_HEAD_DIM = 512, 128
 
 
 def caveats(plan: Plan, environ: Mapping[str, str]) -> list[str]:
@@ -24,6 +25,7 @@ def caveats(plan: Plan, environ: Mapping[str, str]) -> list[str]:
                    "shapes dynamo compiles a dynamic graph, which Neuron cannot run (TRL #7660); fix: export "
                    "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0 (or torch._dynamo.config.automatic_dynamic_shapes = "
                    "False in the training script)")
+    out += _nki_attention(plan)
     visible = environ.get("NEURON_RT_VISIBLE_CORES")
     if visible:
         cores = _cores(visible)
@@ -37,6 +39,28 @@ def caveats(plan: Plan, environ: Mapping[str, str]) -> list[str]:
                        f"together (only groups of 2^k cores starting at a multiple of 2^k: 0,1 / 2,3 / 0-3, never "
                        f"1,2); fix: export NEURON_RT_VISIBLE_CORES={group}")
     return out
+
+
+def _nki_attention(plan: Plan) -> list[str]:
+    """Shapes TorchNeuron runs through its NKI flash-attention kernel: SDPA with no mask (a batch without padding),
+    no dropout, sequence lengths multiples of 512, head_dim <= 128 (scaled_dot_product_fused_attention.py). That
+    kernel keys its compile cache with Python's hash() of the dtypes, which differs in every process
+    (nki_op_impl.py), so no cache serves them across processes."""
+    attention = plan.config.get("attention") or {}
+    head_dim = attention.get("head_dim")
+    if attention.get("implementation") not in (None, "sdpa") or attention.get("dropout") or \
+            (isinstance(head_dim, int) and head_dim > _NKI_HEAD_DIM):
+        return []
+    hit = [s for s in plan.shapes if s.unpadded and s.seq % _NKI_SEQ == 0 and not s.phase.endswith("generate")]
+    if not hit:
+        return []
+    seqs = ", ".join(str(seq) for seq in sorted({s.seq for s in hit}))
+    assumed = "" if isinstance(head_dim, int) else " (head_dim assumed <= 128: the model config is not readable)"
+    return [f"{sum(s.unpadded for s in hit)} planned batches at seq {seqs} hold no padding{assumed}: TorchNeuron runs "
+            "their attention through its NKI flash-attention kernel, whose compile-cache key differs in every process "
+            "(torch-neuronx source, April 2026), so they compile again in every run, warmed or not, and `verify` "
+            "reports them; `shapeplan doctor --device neuron` tells whether your release does this; fix: "
+            "--attn_implementation eager (attention without SDPA never reaches that kernel)"]
 
 
 def _cores(value: str) -> list[int] | None:
