@@ -29,6 +29,7 @@ FILE_COUNTERS = ("neff_files",)  # counters that count files rather than compile
 # Where a stack writes when it ignores the cache dir it was given: seen there, the variable was not read.
 DEFAULT_DIRS = {"neuron": DEFAULT_CACHE_DIR}
 SHAPE = (3, 37)  # the self-test's shape: new to a fresh cache dir
+ATTENTION = (1, 2, 512, 64)  # an SDPA TorchNeuron runs with its NKI flash-attention kernel (seq % 512, head_dim <= 128)
 CHILD_TIMEOUT_S = 1800  # one small op and one tiny graph; a first Neuron compile takes minutes
 
 # What to do when a check fails, per compiler stack: (counters show no compile, no files, no hit, compiled again).
@@ -37,14 +38,20 @@ FIXES = {
         "counters": "torch-neuronx counted no compile: it did not read TORCH_NEURONX_METRICS_ENABLED=1 or reports "
                     "other counter names than the ones above; grep the installed torch_neuronx package for "
                     "METRICS_ENABLED and get_compilation_cache_stats",
-        "files": "nothing was written into the cache dir: the persistent cache did not start (run with "
-                 "TORCH_NEURONX_LOG_LEVEL=3 and look for 'continuing without persistent caching'; "
-                 "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, the lock dir, must be writable) or this torch-neuronx reads "
-                 "another variable than TORCH_NEURONX_NEFF_CACHE_DIR (grep its package for NEFF_CACHE)",
+        "files": "nothing was written into the cache dir: TorchNeuron could not create it (it printed 'continuing "
+                 "without persistent caching' on stderr) or this torch-neuronx reads another variable than "
+                 "TORCH_NEURONX_NEFF_CACHE_DIR (grep its package for NEFF_CACHE)",
         "hit": "the second process loaded nothing from the cache: the cache key differs between processes or the "
                "persistent cache is not read; check that NEURON_CC_FLAGS, NEURON_LOGICAL_NC_CONFIG and "
                "TORCH_NEURONX_* are the same in every process",
         "again": "the second process compiled again: the first one's NEFFs were not found; see the two lines above",
+        "attention": "SDPA at seq 512 compiled again in a fresh process: TorchNeuron's NKI flash-attention kernel "
+                     "keys its cache with Python's hash() of the dtypes, which differs per process (torch-neuronx "
+                     "nki_op_impl.py); every unpadded batch at a multiple of 512 tokens compiles again in every run, "
+                     "warmed or not: `shapeplan analyze` lists those shapes; --attn_implementation eager avoids the "
+                     "kernel",
+        "locks": "TorchNeuron's lock dir (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache) cannot be "
+                 "created or written, so every compile fails: point it at a writable local folder",
     },
     "inductor": {
         "counters": "dynamo counted no FX-graph or AOTAutograd cache miss: the compile did not go through "
@@ -100,7 +107,8 @@ def cores(device: str) -> dict[str, Any]:
         from .warm.backends.neuron import visible_cores
 
         visible = visible_cores()
-        source = "NEURON_RT_VISIBLE_CORES" if os.environ.get("NEURON_RT_VISIBLE_CORES") else "/dev/neuron*"
+        source = next((name for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES") if os.environ.get(name)),
+                      "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
         return {"visible": visible, "count": len(visible) if visible is not None else None, "from": source}
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"visible": None, "count": count, "from": "CPU affinity"}
@@ -135,7 +143,7 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
         return Diagnosis(versions(), device, cores(device), str(cache), free_gib(cache), writable, {}, "unknown",
                          tuple(checks))
     checks.insert(0, Check("compiler stack", True, f"{backend.name} on device {device}"))
-    settings = backend.settings()
+    settings = backend.settings()  # loads the stack: the core count below is then the runtime's own
     tested, pad = self_test(backend)
     return Diagnosis(versions(), device, cores(device), str(cache), free_gib(cache), writable, settings, pad,
                      (*checks, *tested))
@@ -150,8 +158,9 @@ def self_test(backend: Backend) -> tuple[list[Check], str]:
         cache = Path(folder)
         first = _child(backend.device, cache, resolve_padding=True)
         if "error" in first:
-            return [Check("first run", False, first["error"], "fix the error above; `warm` would fail the same way")], \
-                "unknown"
+            fix = fixes["locks"] if "lock" in first["error"] and "locks" in fixes else \
+                "fix the error above; `warm` would fail the same way"
+            return [Check("first run", False, first["error"], fix)], "unknown"
         new_files = len(_files(cache))
         second = _child(backend.device, cache, resolve_padding=False)
         new_files2 = len(_files(cache)) - new_files
@@ -163,6 +172,12 @@ def self_test(backend: Backend) -> tuple[list[Check], str]:
         return [*checks, Check("second run", False, second["error"], "fix the error above")], \
             first["pad_to_multiple_of"]
     delta = second["delta"]
+    if second.get("attention") is not None:  # stacks whose eager ops compile: the attention kernel's own key
+        recompiled = backend.compiled(second["attention"])
+        new_files2 -= second["attention"].get("neff_files", 0)
+        checks.append(Check("second run loads SDPA at seq 512", not recompiled,
+                            _shown(second["attention"], "counters moved: "), fixes["attention"] if recompiled else ""))
+        delta = counter_delta(second["attention"], delta)  # the checks below judge the rest of the work
     again = backend.compiled(delta) or new_files2 > 0
     checks += [
         Check("second run hits the cache", backend.hit(delta), _shown(delta, "counters moved: "),
@@ -221,14 +236,19 @@ def child(device: str, cache: Path, *, resolve_padding: bool) -> dict[str, Any]:
     import torch
 
     backend.configure(torch_compile=True, graphs=1)
-    before = backend.counters()
+    start = backend.counters()
+    attention = None
+    if device == "neuron":  # eager ops compile there: an SDPA that takes the NKI flash-attention kernel, alone
+        q = torch.ones(ATTENTION, dtype=torch.float32, device=device)
+        float(torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().cpu())
+        attention = counter_delta(start, backend.counters())
     x = torch.arange(SHAPE[0] * SHAPE[1], dtype=torch.float32, device=device).reshape(SHAPE)
     product = x @ x.T
     graph = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend=backend.name, dynamic=False)
     float((product.sum() + graph(x).sum()).cpu())  # waits for the device
-    delta = counter_delta(before, backend.counters())
+    delta = counter_delta(start, backend.counters())
     sources = getattr(backend, "sources", None)  # the neuron backend's: which counter APIs exist
-    return {"delta": delta, "sources": sources() if sources else None,
+    return {"delta": delta, "attention": attention, "sources": sources() if sources else None,
             "pad_to_multiple_of": _trl_auto_padding(device) if resolve_padding else None}
 
 

@@ -44,15 +44,35 @@ def render(diagnosis: Any) -> str:
 @click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="The cache dir `warm` will use (default: as `warm`).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
-def doctor_command(device: str | None, cache_dir: str | None, as_json: bool) -> None:
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --device neuron: instead of the checks, probe what TorchNeuron's source does not settle "
+                   "(execution mode, counters with metrics off, cache layouts, the NKI attention key) in fresh "
+                   "processes and write it all to FILE as JSON, for a bug report. Under 15 minutes on a Trn2.")
+def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, report_path: str | None) -> None:
     """Check this host before warming: versions, device, cores, cache dir, compile-key settings, then a self-test.
 
     The self-test compiles one op and one tiny torch.compile graph in a fresh process into a temporary cache dir,
     then runs the same in a second process, which must load it from the cache and compile nothing. One line per
     check, PASS or FAIL with the fix. Exit code 0 only if every check passes, 1 otherwise.
-    """
-    from ..doctor import diagnose
 
+    \b
+    On a Trn2, please run once and attach the report to an issue:
+      shapeplan doctor --device neuron --report neuron-report.json
+    """
+    from ..doctor import diagnose, versions
+
+    if report_path is not None:
+        from ..errors import UsageError
+        from ..warm.backends.neuron import require_torch_neuronx
+        from ..warm.backends.neuron_probe import write_report
+
+        if device != "neuron":
+            raise UsageError("--report probes TorchNeuron: pass --device neuron on a Trainium host")
+        require_torch_neuronx()
+        report = write_report(Path(report_path), versions())
+        click.echo(json.dumps(report["answers"], indent=2, sort_keys=True))
+        click.echo(f"doctor: report written to {report_path}; attach it to your bug report")
+        return
     diagnosis = diagnose(device, Path(cache_dir) if cache_dir else None)
     click.echo(json.dumps(diagnosis.to_dict(), indent=2) if as_json else render(diagnosis))
     if not diagnosis.passed:

@@ -1,0 +1,111 @@
+"""TorchNeuron as its source behaves, through the console script against the strict fake
+(shapeplan/testing/fake_site): in every child process `import torch` autoloads it and applies its defaults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shapeplan.testing import fake_env
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
+
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+# A warm-up on this "host" in a process of its own: the fake's kernels as the warmer, the real runner and manifest.
+WARM = """
+import sys
+from pathlib import Path
+import torch_neuronx
+from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.testing import FakeWarmer
+from shapeplan.warm.backends.neuron import NeuronBackend
+from shapeplan.warm.manifest import MACHINE_PACKAGES
+from shapeplan.warm.runner import warm
+from shapeplan.host import installed_versions
+
+cache = Path(sys.argv[1])
+backend = NeuronBackend()
+backend.prepare(cache)
+plan = Plan(method="sft", exact=True, pad_to_multiple_of=128,
+            shapes=(Shape(phase="train", batch=2, seq=128, count=1, first_step=1),),
+            stats=PlanStats(rows=2, dropped_rows=0, micro_batches=1, optimizer_steps=1, tokens=1, padded_tokens=1))
+versions = installed_versions(MACHINE_PACKAGES)  # what a real warmer's environment records
+warmer = FakeWarmer(torch_neuronx.kernel, environment={"method": "sft", "versions": versions})
+print(" ".join(r.status for r in warm(plan, warmer, backend, cache).results))
+"""
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _warm(cache: Path, env: dict[str, str]) -> str:
+    done = _run([sys.executable, "-c", WARM, str(cache)], env, cache.parent)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_cache_imports_on_the_host_that_warmed_it_and_not_in_the_other_mode(tmp_path: Path) -> None:
+    env = fake_env()
+    assert _warm(tmp_path / "cache", env) == "compiled"
+    assert _run([SHAPEPLAN, "cache", "export", "--cache-dir", "cache", "-o", "a.tar.gz"], env, tmp_path).returncode == 0
+    # the same host: torch-neuronx's import-time defaults are part of both descriptions
+    done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "same"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    sync = {**env, "NEURON_LAUNCH_BLOCKING": "1"}  # eager ops take another compile path with other keys
+    done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "sync"], sync, tmp_path)
+    assert done.returncode == 3, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "NEURON_LAUNCH_BLOCKING=async (this machine: 1 (sync))" in line
+    done = _run([SHAPEPLAN, "verify", "--plan", "plan.json", "--device", "neuron", "--cache-dir", "cache"], sync,
+                tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "was warmed in another environment: NEURON_LAUNCH_BLOCKING=async (this machine: 1 (sync))" in done.stderr
+    # and a warm-up in the other mode does not take the first one's shapes as its own
+    assert _warm(tmp_path / "cache", sync) == "compiled"
+    assert _warm(tmp_path / "cache", env) == "skipped"
+
+
+def test_the_guard_turns_the_counters_on_before_the_command_runs(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch, torch_neuronx\ntorch_neuronx.kernel('matmul 2x128')\n"
+                      "print(torch_neuronx.metrics_enabled(), "
+                      "torch_neuronx._C._get_compilation_cache_stats()['total_compilations'])\n")
+    env = fake_env(TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "cache"), FAKE_NEURON_TMP=str(tmp_path))
+    done = _run([SHAPEPLAN, "guard", "--", "python", str(script)], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "True 1"
+
+
+def test_analyze_warns_about_shapes_the_nki_attention_kernel_recompiles(tmp_path: Path) -> None:
+    args = [SHAPEPLAN, "analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--max_length", "512", "--packing",
+            "true", "--packing_strategy", "wrapped", "--per_device_train_batch_size", "2", "--num_train_epochs", "1"]
+    env = {**fake_env(), "PYTHONPATH": str(ROOT)}
+    done = _run(args, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "NKI flash-attention" in line]
+    assert "at seq 512 hold no padding" in warning and "--attn_implementation eager" in warning
+    done = _run([*args, "--attn_implementation", "eager"], env, tmp_path)
+    assert done.returncode == 0 and "NKI" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
+    done = _run([SHAPEPLAN, "doctor", "--device", "neuron", "--report", "report.json"],
+                fake_env("device", FAKE_NEURON_TMP=str(tmp_path)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    answers = report["answers"]
+    assert answers["default_execution_mode"] == "async"  # the April tree's DEV build
+    assert "TORCH_NEURONX_MLIR_ATEN_OPS" in answers["variables_set_by_import_torch"]
+    assert answers["counters_move_with_metrics_off"] is False
+    assert answers["async_first_run_compiles"] and answers["async_second_run_compiles_matmul"] is False
+    assert answers["sdpa_512_compiles_again_in_a_fresh_process"] is True
+    assert answers["compiled_graph_hits_across_processes"] is True
+    assert answers["sync_mode_moves_counters"] is False and answers["sync_second_run_compiles_matmul"] is False
+    assert answers["layouts"]["sync"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] > 0
+    assert answers["layouts"]["async"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] == 0
+    assert report["package"]["found"]["TORCH_NEURONX_NEFF_CACHE_DIR"]
