@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,43 @@ def test_counters_need_metrics_and_a_miss_is_not_a_compile(monkeypatch: pytest.M
     assert backend.script_lines(tmp_path, torch_compile=False, graphs=3)[:4] == (
         f"export TORCH_NEURONX_NEFF_CACHE_DIR={tmp_path}", "export NEURON_LAUNCH_BLOCKING=0",
         "export NEURON_CC_FLAGS=--model-type=transformer", "export NEURON_LOGICAL_NC_CONFIG=2")
+
+
+RACE = """
+import sys, torch, torch_neuronx
+torch_neuronx.kernel("matmul 8x1024")
+stats = torch_neuronx._C._get_compilation_cache_stats()
+print(stats["persistent_misses"], stats["persistent_hits"], stats["total_compilations"])
+"""
+
+
+def _wait(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 240
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_miss_that_waited_for_another_process_compile_is_a_hit(tmp_path: Path) -> None:
+    """Two processes meet one new kernel: the second misses, waits on the first's lock, then finds its NEFF."""
+    release = tmp_path / "release"
+    env = fake_env(TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "cache"), TORCH_NEURONX_METRICS_ENABLED="1",
+                   FAKE_NEURON_TMP=str(tmp_path), FAKE_NEURON_COMPILE_UNTIL=str(release))
+    first = subprocess.Popen([sys.executable, "-c", RACE], env=env, stdout=subprocess.PIPE, text=True)
+    locks = tmp_path / "local_cache" / "locks"
+    _wait(lambda: bool(list(locks.glob("*.lock"))) or first.poll() is not None)  # it compiles, holding the lock
+    (lock,) = locks.glob("*.lock")
+    second = subprocess.Popen([sys.executable, "-c", RACE], env=env, stdout=subprocess.PIPE, text=True)
+    inode = f":{lock.stat().st_ino} "
+    # the second one missed and waits for the lock (a blocked flock shows as "->" in /proc/locks)
+    _wait(lambda: any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+          or second.poll() is not None)
+    release.touch()
+    second_out = second.communicate(timeout=300)[0]
+    assert first.communicate(timeout=300)[0].split() == ["1", "0", "1"]
+    assert second_out.split() == ["1", "1", "0"]  # a miss, then a hit: nothing compiled
+    delta = {"persistent_misses": 1, "persistent_hits": 1}
+    assert not NeuronBackend.compiled(NeuronBackend.__new__(NeuronBackend), delta)
 
 
 def test_metrics_off_count_nothing_in_either_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

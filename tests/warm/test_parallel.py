@@ -86,7 +86,8 @@ def test_workers_are_capped_by_the_visible_logical_cores(monkeypatch: pytest.Mon
     for i in range(2):  # a trn2 host with two Neuron devices: 16 physical cores, 8 logical at the default LNC=2
         (tmp_path / f"neuron{i}").touch()
     monkeypatch.setattr(neuron, "DEVICE_DIR", tmp_path)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    (tmp_path / "product_name").write_text("trn2.48xlarge\n")
+    monkeypatch.setattr(neuron, "INSTANCE_TYPE_FILE", tmp_path / "product_name")
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
     assert worker_count(64, "neuron", None) == 8
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")

@@ -39,7 +39,8 @@ What the source does, and so the fake:
   every process: it never hits across processes.
 - The runtime's NeuronCores: NEURON_RT_VISIBLE_CORES (one index or an inclusive range), else NEURON_RT_NUM_CORES,
   else the host's (FAKE_NEURON_CORES, default 4); the platform target from the runtime (FAKE_NEURON_TARGET, default
-  trn2). FAKE_NEURON_TMP stands in for /tmp, FAKE_NEURON_COMPILE_S makes a compile take that long (holding the lock).
+  trn2). FAKE_NEURON_TMP stands in for /tmp; FAKE_NEURON_COMPILE_S makes a compile take that long, and
+FAKE_NEURON_COMPILE_UNTIL until that file exists (holding the lock).
 """
 
 from __future__ import annotations
@@ -164,7 +165,11 @@ def _write(path: Path, data: bytes, *, prefix: str, suffix: str = "") -> None:
 
 
 def _compile_delay() -> None:
+    """A compile's duration: FAKE_NEURON_COMPILE_S seconds, or until the file FAKE_NEURON_COMPILE_UNTIL exists."""
     time.sleep(float(os.environ.get("FAKE_NEURON_COMPILE_S") or 0))
+    until, deadline = os.environ.get("FAKE_NEURON_COMPILE_UNTIL"), time.monotonic() + 300
+    while until and not Path(until).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def neff_path(key: str) -> Path:
