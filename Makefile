@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench clean
+.PHONY: install browser test test-fast lint docs demo bench clean
 
 install: $(STAMP)
 
@@ -13,20 +13,31 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,docs]"
 	touch $(STAMP)
 
-test: install
+# Debian's chromium, in which tests/cli/test_advise_page.py renders the advise page (skipped without it): installed
+# only where it is missing and apt-get can install it (root on Debian, as CI runs); elsewhere a no-op.
+browser:
+	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: install browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q
 
 # Everything but the tests that run a real trainer or compile (marked slow).
-test-fast: install
+test-fast: install browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
 
-# Settings in pyproject.toml: [tool.ruff], [tool.mypy] (strict on the planning core).
+# Settings: pyproject.toml ([tool.ruff], [tool.mypy], strict on the planning core), mkdocs.yml (broken links fail).
 lint: install
 	$(VENV)/bin/ruff check shapeplan tests benchmarks scripts
 	$(VENV)/bin/mypy shapeplan
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The docs site (mkdocs.yml; strict: a broken link or anchor fails), into site/.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan analyze examples/capybara-sample.jsonl \
@@ -40,4 +51,4 @@ bench: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info

@@ -1,9 +1,8 @@
-"""Advice and token-length histograms rendered for people (terminal text, one self-contained HTML page) and for
-machines (a JSON-ready dict). Returns strings; the CLI decides where they go."""
+"""Advice and token-length histograms rendered for people (terminal text; the HTML page is `advice_page.py`) and
+for machines (a JSON-ready dict). Returns strings; the CLI decides where they go."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -66,27 +65,29 @@ def _cap(advice: Advice) -> int | None:
     return length_cap(advice.baseline.plan)
 
 
-def _what(advice: Advice) -> str:
+def lengths_kind(advice: Advice) -> str:
+    """What the advice's token lengths count: rows or prompts."""
     return str(trainer_spec(advice.method).lengths)
 
 
-def _minutes(seconds: float) -> str:
+def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
 
-def _rows(advice: Advice) -> list[list[str]]:
+WHAT_IF_HEADERS = ["option", "shapes", "compile", "train", "total", "vs baseline", "data lost", "TRL flags"]
+
+
+def what_if_rows(advice: Advice) -> list[list[str]]:
+    """One row of WHAT_IF_HEADERS cells per option: the baseline first, then the alternatives, fastest first."""
     base = advice.baseline.cost.total_s
     out = []
     for option in [advice.baseline, *advice.options]:
         c = option.cost
         flags = option.candidate.command_line() if option.candidate is not None else "(as given)"
         change = "" if option.candidate is None else f"{(c.total_s - base) / 60:+.1f} min"
-        out.append([option.label, str(sum(c.shapes_per_phase.values())), _minutes(c.compile_s), _minutes(c.train_s),
-                    _minutes(c.total_s), change, option.loss.describe(), flags])
+        out.append([option.label, str(sum(c.shapes_per_phase.values())), minutes(c.compile_s), minutes(c.train_s),
+                    minutes(c.total_s), change, option.loss.describe(), flags])
     return out
-
-
-_HEADERS = ["option", "shapes", "compile", "train", "total", "vs baseline", "data lost", "TRL flags"]
 
 
 def render_advice(advice: Advice) -> str:
@@ -96,14 +97,14 @@ def render_advice(advice: Advice) -> str:
     lines = [
         f"{advice.method.upper()} advice for {plan.config.get('model_name_or_path', '?')}",
         "",
-        histogram(advice.lengths, plan.pad_to_multiple_of, _cap(advice), what=_what(advice)),
+        histogram(advice.lengths, plan.pad_to_multiple_of, _cap(advice), what=lengths_kind(advice)),
         "",
-        f"baseline: {per_phase} distinct shapes; compile {_minutes(cost.compile_s)} min + training "
-        f"{_minutes(cost.train_s)} min = {_minutes(cost.total_s)} min",
+        f"baseline: {per_phase} distinct shapes; compile {minutes(cost.compile_s)} min + training "
+        f"{minutes(cost.train_s)} min = {minutes(cost.total_s)} min",
         f"cost model: {advice.model.source}",
         "",
         "what-if (minutes, fastest first):",
-        table(_HEADERS, _rows(advice), text_columns=(0, 6, 7)),
+        table(WHAT_IF_HEADERS, what_if_rows(advice), text_columns=(0, 6, 7)),
         "",
         *(f"not planned: {label}: {why}" for label, why in advice.skipped),
         advice.recommendation,
@@ -144,51 +145,3 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
                                                          _cap(advice))],
         "warnings": list(advice.warnings),
     }
-
-
-def _svg_histogram(advice: Advice) -> str:
-    bins = length_bins(advice.lengths, advice.baseline.plan.pad_to_multiple_of, _cap(advice))
-    width, height, pad = 720, 240, 30
-    bar = (width - 2 * pad) / max(len(bins), 1)
-    most = max((c for _, _, c in bins), default=0) or 1
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 40}" '
-             f'role="img" aria-label="token length histogram">']
-    for i, (low, high, count) in enumerate(bins):
-        h = (height - pad) * count / most
-        x = pad + i * bar
-        parts.append(f'<rect x="{x:.1f}" y="{height - h:.1f}" width="{bar - 2:.1f}" height="{h:.1f}" fill="#4a78b0">'
-                     f'<title>{low + 1}-{high}: {count} {_what(advice)}</title></rect>')
-        parts.append(f'<text x="{x + bar / 2:.1f}" y="{height + 14}" font-size="9" text-anchor="middle">{high}</text>')
-        parts.append(f'<text x="{x + bar / 2:.1f}" y="{height - h - 3:.1f}" font-size="9" '
-                     f'text-anchor="middle">{count}</text>')
-    parts.append(f'<text x="{pad}" y="{height + 34}" font-size="11">bucket upper edge (tokens)</text></svg>')
-    return "".join(parts)
-
-
-def _html_table(headers: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def render_html(advice: Advice) -> str:
-    """One self-contained page: inline SVG histogram, the what-if table, the baseline's shape table. No external
-    assets and no scripts, so it opens offline; it is well-formed XML as well as HTML."""
-    plan = advice.baseline.plan
-    title = f"shapeplan advise: {advice.method.upper()} {plan.config.get('model_name_or_path', '')}"
-    shape_rows = [[s.phase, str(s.batch), str(s.seq), str(s.count), str(s.first_step)] for s in plan.shapes]
-    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in advice.warnings)
-    return (
-        '<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
-        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-        "td:first-child,th:first-child{text-align:left}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>"
-        f"<h2>Token lengths ({_what(advice)})</h2>{_svg_histogram(advice)}"
-        f"<h2>What-if (minutes, fastest first)</h2>{_html_table(_HEADERS, _rows(advice))}"
-        f"<p><strong>{html.escape(advice.recommendation)}</strong></p>"
-        f"<p>Cost model: {html.escape(advice.model.source)}</p>"
-        + (f"<h2>Warnings</h2><ul>{warnings}</ul>" if warnings else "")
-        + f"<h2>Baseline plan shapes</h2>{_html_table(['phase', 'batch', 'seq', 'count', 'first step'], shape_rows)}"
-        "</body></html>\n"
-    )

@@ -39,6 +39,7 @@ ADVISED = tuple(name for name, spec in TRAINERS.items() if spec.lengths is not N
 class Advice:
     method: str
     argv: tuple[str, ...]  # the baseline's TRL options
+    eval_source: str | None  # the eval dataset given apart from TRL's options (`--eval-dataset`)
     lengths: tuple[int, ...]  # untruncated train rows (SFT) or prompts, in tokens
     baseline: Option
     options: tuple[Option, ...]  # the alternatives, fastest first
@@ -83,7 +84,7 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
                          baseline_max_length=base_plan.config.get("max_length"))
         options.append(Option(candidate=candidate, plan=plan, cost=plan_cost(plan, model), loss=loss))
     recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
-    return Advice(method=method, argv=tuple(argv), lengths=lengths, baseline=baseline,
+    return Advice(method=method, argv=tuple(argv), eval_source=eval_source, lengths=lengths, baseline=baseline,
                   options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
                   recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)))
 

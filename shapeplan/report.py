@@ -27,6 +27,13 @@ def _extra(shape: Shape) -> str:
         parts.append(f"new {shape.max_new_tokens}")
     if shape.logits_to_keep is not None:
         parts.append(f"keep {shape.logits_to_keep}")
+    notes = shape_notes(shape)
+    return ", ".join([*parts, notes] if notes else parts)
+
+
+def shape_notes(shape: Shape) -> str:
+    """What a shape carries beyond its graph key (the padding-free values, DPO/KTO's counts, a possible bucket)."""
+    parts = []
     if shape.cu_seq_lens:
         parts.append(f"cu_seq_lens {_span(shape.cu_seq_lens)}")
     if shape.max_length_q:

@@ -45,7 +45,8 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
       shapeplan advise --method grpo trl-lib/tldr --html advice.html
       shapeplan advise data.jsonl --calibrate /var/cache/shapeplan --json
     """
-    from ..advice_report import advice_to_dict, render_advice, render_html
+    from ..advice_page import render_html
+    from ..advice_report import advice_to_dict, render_advice
     from ..advise import advise
     from ..analyze import dataset_progress_bars
     from ..plan.io import write_atomic

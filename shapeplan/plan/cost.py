@@ -1,4 +1,4 @@
-"""Compile-time estimates on one NeuronCore (measured on trn2 with Qwen3-0.6B; see the README)."""
+"""Compile-time estimates on one NeuronCore (measured on trn2 with Qwen3-0.6B; see docs/advise.md)."""
 
 from __future__ import annotations
 

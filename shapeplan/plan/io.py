@@ -1,4 +1,4 @@
-"""The plan file: a JSON contract other tools read (documented in the README). The schema lives here only."""
+"""The plan file: a JSON contract other tools read (documented in docs/plan-schema.md). The schema lives here only."""
 
 from __future__ import annotations
 

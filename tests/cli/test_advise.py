@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from shapeplan.adapters import lengths as lengths_module
+from shapeplan.advice_page import render_html
 from shapeplan.advice_report import (
     WIDTH,
     advice_to_dict,
     histogram,
     render_advice,
-    render_html,
 )
 from shapeplan.advise import Advice, advise
 from shapeplan.analyze import analyze
@@ -196,10 +196,10 @@ def test_html_page_is_one_self_contained_document() -> None:
     root = ET.fromstring(page.split("\n", 1)[1])  # well-formed XML after the doctype
     ns = {"h": "http://www.w3.org/1999/xhtml", "s": "http://www.w3.org/2000/svg"}
     assert root.findall(".//s:svg/s:rect", ns)
-    tables = root.findall(".//h:table", ns)
-    assert len(tables) == 2
-    assert len(tables[0].findall(".//h:tbody/h:tr", ns)) == 1 + len(advice.options)
-    assert len(tables[1].findall(".//h:tbody/h:tr", ns)) == len(advice.baseline.plan.shapes)
+    what_if, shapes = (root.find(f".//h:table[@class='{name}']", ns) for name in ("what-if", "shapes"))
+    assert what_if is not None and shapes is not None
+    assert len(what_if.findall(".//h:tbody/h:tr", ns)) == 1 + len(advice.options)
+    assert len(shapes.findall(".//h:tbody/h:tr", ns)) == len(advice.baseline.plan.shapes)
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/1999/xhtml"', "") \
         .replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
     text = render_advice(advice)
