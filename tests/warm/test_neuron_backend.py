@@ -328,3 +328,28 @@ def test_warm_records_the_manifest_and_skips_what_it_holds(monkeypatch: pytest.M
     fake.restart()  # verify runs in a fresh process
     verified = warm(_plan(128, 256, 384), FakeWarmer(fake.kernel), backend, tmp_path, verify=True)
     assert [r.status for r in verified.results] == ["cached", "cached", "cached"]
+
+
+def test_a_guarded_run_counts_compiles_on_neuron_and_none_on_a_warmed_cache(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """ShapeGuard's step boundaries against the strict fake: the run's device op came first (metrics read off),
+    the guard is built before the Trainer and watches the run's own cache dir."""
+    from types import SimpleNamespace
+
+    from shapeplan.guard.callback import ShapeGuard
+
+    fake = FakeNeuron().install(monkeypatch)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    fake.kernel("embedding 4x128")  # warmed: this process compiles it now, and writes its NEFF
+    guard = ShapeGuard()
+    guard.backend = make_backend("neuron")
+    assert guard.backend.watch() is None
+    fake.restart()  # training: a fresh process on the warmed cache
+    guard._counters = guard._read_counters()
+    fake.kernel("embedding 4x128")
+    guard._boundary(SimpleNamespace(global_step=1))
+    assert guard.compiles == []  # loaded from the cache
+    fake.kernel("embedding 4x256")  # not warmed
+    guard._boundary(SimpleNamespace(global_step=2))
+    (event,) = guard.compiles
+    assert event.step == 2 and event.delta["total_compilations"] == 1
