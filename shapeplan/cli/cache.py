@@ -1,4 +1,6 @@
-"""`shapeplan cache export|import|inspect`: move a warmed compile cache between machines (e.g. into an AMI)."""
+"""`shapeplan cache export|import|merge|inspect`: move a warmed compile cache between machines (e.g. into an AMI) as
+an archive; `cache push|pull`: through a shared store (S3 or any fsspec URL); `cache ls|prune`: what a cache dir or
+a store holds."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ def cache_group() -> None:
     shapeplan cache export --cache-dir /var/cache/shapeplan -o cache.tar.gz
     shapeplan cache import cache.tar.gz --cache-dir /var/cache/shapeplan
     shapeplan cache merge shard-0.tar.gz shard-1.tar.gz -o cache.tar.gz
+    shapeplan cache push --cache-dir /var/cache/shapeplan s3://bucket/shapeplan
+    shapeplan cache pull s3://bucket/shapeplan --cache-dir /var/cache/shapeplan
+    shapeplan cache ls [s3://bucket/shapeplan]
 
-    Exit codes: 0 done, 1 unusable (missing, damaged or tampered archive, non-empty target), 2 usage error,
-    3 the archive was compiled for another environment (package versions, compiler flags, logical NeuronCore
-    config): warm this machine's own cache instead.
+    Exit codes: 0 done, 1 unusable (missing, damaged or tampered archive or store object, non-empty target,
+    missing bucket, no credentials), 2 usage error, 3 the archive or store was compiled for another environment
+    (package versions, compiler flags, logical NeuronCore config): warm this machine's own cache instead.
     """
 
 
@@ -113,3 +118,75 @@ def inspect_command(archive: str, as_json: bool) -> None:
     else:
         click.echo(f"{info.path}: {len(info.files)} file(s)")
         click.echo(json.dumps(info.environment, indent=2, sort_keys=True))
+
+
+def _cache_dir(device: str | None, cache_dir: str | None) -> Path:
+    """--cache-dir, else the one `warm` uses by default."""
+    from ..run import choose_backend
+
+    return choose_backend(device, cache_dir)[1]
+
+
+def _plan_tasks(plan_path: str | None, device: str | None) -> set[str] | None:
+    from ..run import plan_tasks
+    from ..warm.backends import default_device
+
+    return None if plan_path is None else {t.key for t in plan_tasks(plan_path, device or default_device())}
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+@cache_group.command("push")
+@click.argument("url")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The warmed cache dir (default: the one `warm` uses).")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help="The stack whose default cache dir to push.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pushed as JSON.")
+def push_command(url: str, cache_dir: str | None, device: str | None, as_json: bool) -> None:
+    """Upload a warmed cache dir to the store at URL (s3://BUCKET/PREFIX, a folder, any fsspec URL).
+
+    Uploads only the files the store lacks (it holds each once, under its sha256), then one new manifest naming
+    them: pushes from several hosts at once (fleet shards) are safe. Credentials are the filesystem's own (s3fs:
+    AWS_PROFILE, AWS_ENDPOINT_URL, the instance role).
+    """
+    from ..cache.store import push
+
+    result = push(_cache_dir(device, cache_dir), url)
+    _emit(result, f"pushed {result.shapes} warmed shape(s), {result.files} file(s) to {url}: {result.uploaded} "
+                  f"new object(s), {_size(result.uploaded_bytes)} uploaded (manifest {result.manifest})", as_json)
+
+
+@cache_group.command("pull")
+@click.argument("url")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The cache dir to fill (new, or a cache dir; default: the one `warm` uses).")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
+              help="Pull only the pushes that hold this plan's shapes.")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="The compiler stack to check against. Default: the store's.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON.")
+@limit_options
+def pull_command(url: str, cache_dir: str | None, plan_path: str | None, device: str | None, as_json: bool,
+                 max_gib: float, max_files: int, max_metadata_mib: float) -> None:
+    """Download from the store at URL what the cache dir lacks, checked, all or nothing.
+
+    Only files the cache dir lacks are downloaded (a second pull of an unchanged store reads only manifests).
+    Refused, nothing written: the store holds nothing compiled for this machine's package versions and compiler
+    settings (exit 3); an object does not match its sha256, a manifest is damaged or names a path outside the
+    cache dir, the limits below, a missing bucket, no credentials (1). A killed pull leaves the cache dir as it
+    was; run it again to complete it.
+    """
+    from ..cache.store import pull
+
+    result = pull(url, _cache_dir(device, cache_dir), device=device, tasks=_plan_tasks(plan_path, device),
+                  limits=_limits(max_gib, max_files, max_metadata_mib))
+    _emit(result, f"pulled {url} into {result.cache_dir}: {result.used} of {result.manifests} push(es) for this "
+                  f"environment, {result.downloaded} object(s) downloaded ({_size(result.downloaded_bytes)}), "
+                  f"{result.present} file(s) already present, {result.shapes} shape(s) added", as_json)

@@ -112,15 +112,14 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
             trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool) -> None:
     """`warm --status`: the plan's shapes against the cache dir's merged manifests; exit 1 unless complete."""
-    from ..run import choose_backend, load_run
+    from ..run import choose_backend, plan_tasks
     from ..warm.manifest import plan_status, read_merged
 
     if plan_path is None:
         raise UsageError("--status needs --plan PLAN: the plan whose shapes to look up")
     backend, cache = choose_backend(device, cache_dir)
-    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer.bind(plan)
-    report = plan_status(list(warmer.tasks(plan)), read_merged(cache))  # a missing cache dir holds nothing
+    tasks = plan_tasks(plan_path, backend.device, method, model, eval_dataset, split, trl_args)
+    report = plan_status(tasks, read_merged(cache))  # a missing cache dir holds nothing
     if as_json:
         click.echo(json.dumps({"cache_dir": str(cache), **report.to_dict()}, indent=2))
     else:
