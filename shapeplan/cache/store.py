@@ -39,8 +39,16 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError, UsageError
-from ..warm.manifest import MANIFEST, WARMED, Manifest, MergedManifest, environment_key, machine_environment, \
-    manifest_well_formed, read_merged
+from ..warm.manifest import (
+    MANIFEST,
+    WARMED,
+    Manifest,
+    MergedManifest,
+    environment_key,
+    machine_environment,
+    manifest_well_formed,
+    read_merged,
+)
 from .archive import (
     IMPORT_MARKER,
     PULL_JOURNAL,

@@ -5,6 +5,7 @@ a store holds."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: f
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the archive's environment and files as JSON.")
 def inspect_command(archive: str, as_json: bool) -> None:
-    """Show the environment an archive was compiled in, without extracting it."""
+    """Show the environment an archive was compiled in (package versions, compiler settings), without extracting
+    it."""
     from ..cache.archive import read_info
 
     info = read_info(Path(archive))
@@ -116,8 +118,8 @@ def inspect_command(archive: str, as_json: bool) -> None:
         click.echo(json.dumps({"archive": info.path, "environment": info.environment, "files": info.files},
                               indent=2))
     else:
-        click.echo(f"{info.path}: {len(info.files)} file(s)")
-        click.echo(json.dumps(info.environment, indent=2, sort_keys=True))
+        click.echo(f"{info.path}: {len(info.files)} file(s), {_size(info.expanded)} expanded")
+        click.echo(_environment_lines(info.environment))
 
 
 def _cache_dir(device: str | None, cache_dir: str | None) -> Path:
@@ -190,3 +192,127 @@ def pull_command(url: str, cache_dir: str | None, plan_path: str | None, device:
     _emit(result, f"pulled {url} into {result.cache_dir}: {result.used} of {result.manifests} push(es) for this "
                   f"environment, {result.downloaded} object(s) downloaded ({_size(result.downloaded_bytes)}), "
                   f"{result.present} file(s) already present, {result.shapes} shape(s) added", as_json)
+
+
+def _environment_lines(environment: dict[str, Any]) -> str:
+    def settings(group: str) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(environment.get(group, {}).items()) if v not in ("", None))
+
+    return "\n".join(f"  {group + ':':<10} {settings(group)}" for group in ("versions", "compiler"))
+
+
+def _when(stamp: float | None) -> str:
+    import time
+
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(stamp))
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
+
+
+@cache_group.command("ls")
+@click.argument("url", required=False)
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="A cache dir to list (repeatable). Default: the default cache dir of every stack that has one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> None:
+    """List the plans warmed into cache dirs, or, given URL, the pushes a store holds.
+
+    Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
+    (what `cache prune --plan` takes), environment key, shapes warmed and failed, and when it was last warmed
+    (UTC). Per store push: when and from which host, model, method, environment key, shapes, files and size.
+    """
+    if url is not None:
+        _ls_store(url, as_json)
+        return
+    from ..cache.listing import scan_cache_dir
+    from ..warm.backends import DEVICES
+    from ..warm.cachedir import default_cache_dir
+
+    paths = [Path(d) for d in cache_dirs] or [p for p in map(default_cache_dir, DEVICES) if p.is_dir()]
+    infos = [scan_cache_dir(path) for path in paths]
+    if as_json:
+        click.echo(json.dumps({"cache_dirs": [i.to_dict() for i in infos]}, indent=2))
+        return
+    if not infos:
+        click.echo("no cache dir yet: `shapeplan warm` creates one (pass --cache-dir to list another)")
+    for info in infos:
+        click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)})")
+        rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
+                 _when(p.last_warmed)) for p in info.plans]
+        click.echo(_table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows)
+                   if rows else "  no warmed plans")
+
+
+def _ls_store(url: str, as_json: bool) -> None:
+    from ..cache.store import read_manifests
+
+    pushes = read_manifests(url)
+    if as_json:
+        click.echo(json.dumps({"url": url, "pushes": [p.to_dict() for p in pushes]}, indent=2))
+        return
+    click.echo(f"{url}  ({len(pushes)} push(es), {_size(sum(p.bytes for p in pushes))} named)")
+    rows = []
+    for p in pushes:
+        sections = [s["environment"] for s in p.shapes.values()]
+        rows.append((_when(p.pushed_at), p.host, ", ".join(sorted({str(e.get("model", "-")) for e in sections})) or "-",
+                     ", ".join(sorted({str(e.get("method", "-")) for e in sections})) or "-",
+                     p.name.split("/", 1)[0], str(len(p.warmed())), str(len(p.files)), _size(p.bytes)))
+    click.echo(_table(("PUSHED", "HOST", "MODEL", "METHOD", "ENVIRONMENT", "SHAPES", "FILES", "SIZE"), rows)
+               if rows else "  no pushes")
+    for key, environment in {p.name.split("/", 1)[0]: p.environment for p in pushes}.items():
+        click.echo(f"environment {key}:\n{_environment_lines(environment)}")
+
+
+def _age(text: str) -> float:
+    """'30d', '12h', '90m' or a number of days, in seconds."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "d")
+    try:
+        value = float(number)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an age such as 30d, 12h or 90m") from None
+    if value < 0:
+        raise click.BadParameter(f"{text!r} is negative")
+    return value * units[unit]
+
+
+@cache_group.command("prune")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              metavar="DIR", help="The cache dir (default: the one `warm` uses).")
+@click.option("--plan", "plans", multiple=True, metavar="FINGERPRINT",
+              help="Remove this plan's shapes (its PLAN column in `cache ls`, or a unique prefix); repeatable.")
+@click.option("--older-than", "older_than", default=None, metavar="AGE",
+              help="Remove the shapes last warmed longer ago than AGE (30d, 12h, 90m; a bare number is days).")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print what is (or would be) removed as JSON.")
+def prune_command(cache_dir: str | None, plans: tuple[str, ...], older_than: str | None, dry_run: bool,
+                  as_json: bool) -> None:
+    """Remove a plan's shapes, or the shapes older than AGE, from a cache dir's manifests.
+
+    `warm` then warms them again. The compiled files go too once no warmed shape remains: the cache does not
+    record which shape compiled which file, and the shapes that stay may share them.
+    """
+    import time
+
+    from ..cache.listing import plan_pruning, prune
+    from ..errors import UsageError
+
+    if not plans and older_than is None:
+        raise UsageError("cache prune needs --plan FINGERPRINT or --older-than AGE (see `shapeplan cache ls`)")
+    before = None if older_than is None else time.time() - _age(older_than)
+    pruning = plan_pruning(_cache_dir(None, cache_dir), plans=frozenset(plans), before=before)
+    if not dry_run:
+        prune(pruning)
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, **pruning.to_dict()}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for name, key, task in pruning.entries:
+        click.echo(f"{verb}: {task}  (environment {key}, {name})")
+    click.echo(f"{verb} {len(pruning.entries)} shape(s) and {len(pruning.files)} file(s) "
+               f"({_size(pruning.freed)}) from {pruning.cache_dir}; {pruning.kept} warmed shape(s) kept"
+               + ("" if not pruning.entries or pruning.files else " with the compiled files they may share"))

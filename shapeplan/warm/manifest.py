@@ -135,6 +135,22 @@ class Manifest:
         return added
 
 
+    def remove(self, entries: set[tuple[str, str]]) -> None:
+        """Drop the (environment key, task key) `entries`, under the lock, in one write (`cache prune`)."""
+        from .parallel import locked
+
+        try:
+            with locked(self.path):
+                self.data = self._read()
+                for key, task in entries:
+                    self.data["environments"].get(key, {}).get("shapes", {}).pop(task, None)
+                self.data["environments"] = {k: s for k, s in self.data["environments"].items() if s["shapes"]}
+                write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
+                from exc
+
+
 # The packages whose versions a cache archive records and an import checks against this machine.
 MACHINE_PACKAGES = ("torch", "trl", "transformers", "accelerate")
 
