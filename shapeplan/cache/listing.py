@@ -3,6 +3,7 @@ warmed into it, per store its pushes. `shapeplan cache ls` only formats these; `
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ class CachedPlan:
     plan: str | None  # the plan's fingerprint (`plan_id`); None: warmed by a shapeplan that did not record it
     warmed: int
     failed: int
-    last_warmed: float | None  # Unix time; None: not recorded
+    last_warmed: float | None  # Unix time the last of its warmed shapes finished; None: not recorded
     shards: tuple[str, ...]  # "I/N" of the shard manifests holding its shapes ("-": the plain manifest)
     tasks: tuple[str, ...]  # the shapes' task keys
 
@@ -55,7 +56,8 @@ def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
     plans = []
     for (key, plan), entries in groups.items():
         environment = environments[key]["environment"]
-        times = [e["warmed_at"] for e in entries if isinstance(e.get("warmed_at"), (int, float))]
+        times = [e["warmed_at"] for e in entries
+                 if e["status"] in WARMED and isinstance(e.get("warmed_at"), (int, float))]
         plans.append(CachedPlan(
             environment=key, model=environment.get("model"), method=environment.get("method"), plan=plan,
             warmed=sum(e["status"] in WARMED for e in entries), failed=sum(e["status"] == "failed" for e in entries),
@@ -121,3 +123,7 @@ def prune(pruning: Pruning) -> None:
         Manifest(cache_dir / name).remove(drop)
     for relative in pruning.files:
         (cache_dir / relative).unlink(missing_ok=True)
+    for relative in sorted({Path(r).parent for r in pruning.files}, key=lambda p: -len(p.parts)):
+        for folder in [relative, *relative.parents][:-1]:  # up to, not including, the cache dir
+            with contextlib.suppress(OSError):  # not empty
+                (cache_dir / folder).rmdir()
