@@ -27,20 +27,11 @@ sys.path.insert(0, str(ROOT))
 from shapeplan.plan.io import write_plan  # noqa: E402
 from shapeplan.run import plan_tasks  # noqa: E402
 from tests.cache.s3_server import S3Server, s3_server  # noqa: E402
-from tests.cache.test_archive import _warmed_cache  # noqa: E402
+from tests.cache.test_store import _bigger_cache  # noqa: E402
 from tests.conftest import CAPYBARA  # noqa: E402
 from tests.warm.harness import plan_for  # noqa: E402
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
-
-
-def _cache(folder: Path, shapes: tuple[str, ...], files: int, size: int) -> Path:
-    _warmed_cache(folder, shapes=shapes)
-    for index in range(files):
-        path = folder / "fxgraph" / f"{index % 16:02x}" / f"{folder.name}-{index}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(size))
-    return folder
 
 
 def _shapeplan(*args: str | Path) -> tuple[dict, float]:
@@ -79,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                                 tmp / "out"), plan)
             keys = tuple(t.key for t in plan_tasks(str(plan), "cpu"))
             for name, shapes in (("mine", keys), ("other", ("train 64x4096",))):
-                _shapeplan("cache", "push", "--cache-dir", _cache(tmp / name, shapes, args.files, args.kib * 1024),
-                           url)
+                cache = _bigger_cache(tmp / name, files=args.files, size=args.kib * 1024, shapes=shapes)
+                _shapeplan("cache", "push", "--cache-dir", cache, url)
             print(f"store: 2 pushes of {args.files} files x {args.kib} KiB ({url} on {server.endpoint})")
             print(f"{'pull':<28} {'objects':>8} {'bytes':>12} {'manifests':>10} {'wall s':>9}")
             _pull(server, "first pull (whole store)", url, "--cache-dir", tmp / "fresh")

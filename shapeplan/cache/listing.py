@@ -123,7 +123,7 @@ def prune(pruning: Pruning) -> None:
         Manifest(cache_dir / name).remove(drop)
     for relative in pruning.files:
         (cache_dir / relative).unlink(missing_ok=True)
-    for relative in sorted({Path(r).parent for r in pruning.files}, key=lambda p: -len(p.parts)):
-        for folder in [relative, *relative.parents][:-1]:  # up to, not including, the cache dir
+    for parent in sorted({Path(r).parent for r in pruning.files}, key=lambda p: -len(p.parts)):
+        for folder in [parent, *parent.parents][:-1]:  # up to, not including, the cache dir
             with contextlib.suppress(OSError):  # not empty
                 (cache_dir / folder).rmdir()

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import CacheError, CacheMismatchError, UsageError
+from ..errors import CacheError, CacheMismatchError, UsageError, first_line
 from ..warm.manifest import (
     MANIFEST,
     WARMED,
@@ -174,8 +174,8 @@ def store_errors(url: str) -> Iterator[None]:
             raise CacheError(f"{url}: no credentials found ({exc}); set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
                              "AWS_SECRET_ACCESS_KEY, or run on an instance with a role") from None
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp"):
-            raise CacheError(f"{url}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}; "
-                             "check the URL, the endpoint (AWS_ENDPOINT_URL) and the network") from None
+            raise CacheError(f"{url}: {first_line(exc, named=True)}; check the URL, the endpoint (AWS_ENDPOINT_URL) "
+                             "and the network") from None
         raise
 
 

@@ -240,6 +240,9 @@ def test_local_folder_store_round_trip(tmp_path: Path) -> None:
 def test_pushed_torch_compile_cache_pulled_on_a_fresh_dir_compiles_nothing(url: str, tmp_path: Path) -> None:
     """A real warm-up (torch.compile, Inductor's FX-graph and AOTAutograd caches), pushed to S3 and pulled into an
     empty dir: `verify` there hits every graph and misses none."""
+    from shapeplan.plan.io import load_plan
+    from shapeplan.warm.runner import plan_id
+
     plan, warmed_dir, pulled_dir = tmp_path / "plan.json", tmp_path / "warmed", tmp_path / "pulled"
     argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]
     ok(console("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", plan))
@@ -247,10 +250,48 @@ def test_pushed_torch_compile_cache_pulled_on_a_fresh_dir_compiles_nothing(url: 
                                    "--push", url, "--json")))
     (result,) = warmed["results"]
     assert result["status"] == "compiled" and result["counters"]["fxgraph_cache_miss"] > 0
+    (listed,) = json.loads(ok(console("cache", "ls", "--cache-dir", warmed_dir, "--json")))["cache_dirs"][0]["plans"]
+    assert (listed["plan"], listed["warmed"], listed["method"]) == (plan_id(load_plan(plan)), 1, "sft")
     ok(console("cache", "pull", url, "--cache-dir", pulled_dir))
+    rewarmed = json.loads(ok(console("warm", "--plan", plan, "--device", "cpu", "--cache-dir", tmp_path / "again",
+                                     "--pull", url, "--json")))
+    assert [r["status"] for r in rewarmed["results"]] == ["skipped"]  # pulled first: nothing left to warm
     verified = json.loads(ok(console("verify", "--plan", plan, "--device", "cpu", "--cache-dir", pulled_dir,
                                      "--json")))
     (check,) = verified["results"]
     assert check["status"] == "cached"
     assert check["counters"]["fxgraph_cache_hit"] == result["counters"]["fxgraph_cache_miss"]
     assert "fxgraph_cache_miss" not in check["counters"] and "autograd_cache_miss" not in check["counters"]
+
+
+def test_pull_killed_while_moving_files_in_is_refused_by_warm_and_finished_by_the_next_pull(
+        url: str, tmp_path: Path) -> None:
+    """What a pull killed after its journal leaves (every object staged and checked, the journal written, some
+    files moved in): `export` (and `warm`, `verify`) refuse the dir; the next pull finishes the move."""
+    import hashlib
+
+    from shapeplan.cache.archive import PULL_JOURNAL
+
+    source = _bigger_cache(tmp_path / "source", files=5, size=100)
+    assert main(["cache", "push", "--cache-dir", str(source), url]) == 0
+    target = tmp_path / "target"
+    staging = target / f"{PULL_STAGING}999999-killed"
+    staging.mkdir(parents=True)
+    links = []
+    for name, data in _cache_files(source).items():
+        digest = hashlib.sha256(data).hexdigest()
+        (staging / digest).write_bytes(data)
+        links.append([digest, name, 0o644])
+    (target / links[0][1]).parent.mkdir(parents=True)
+    os.link(staging / links[0][0], target / links[0][1])  # the first file was moved in
+    sections = {k: {"environment": s["environment"], "shapes": s["shapes"]}
+                for k, s in read_merged(source).environments.items()}
+    (staging / PULL_JOURNAL).write_text(json.dumps({"links": links, "sections": sections}))
+
+    line = refused_with(console("cache", "export", "--cache-dir", target, "-o", tmp_path / "a.tar.gz"), 1)
+    assert "unfinished `shapeplan cache pull`" in line
+    assert main(["cache", "pull", url, "--cache-dir", str(target)]) == 0
+    assert _cache_files(target) == _cache_files(source)
+    assert not list(target.glob(f"{PULL_STAGING}*"))
+    (section,) = read_merged(target).environments.values()
+    assert sorted(section["shapes"]) == ["train 2x128"]
