@@ -253,7 +253,7 @@ def _upload(store: Store, pairs: list[tuple[Path, str]]) -> None:
         store.fs.put([str(source) for source, _ in pairs], [target for _, target in pairs])
         return
     for source, target in pairs:
-        _write_local(Path(target), source.read_bytes())
+        _write_local(Path(target), source)
 
 
 def _write_once(store: Store, target: str, data: bytes) -> None:
@@ -263,12 +263,17 @@ def _write_once(store: Store, target: str, data: bytes) -> None:
         store.fs.pipe_file(target, data)
 
 
-def _write_local(target: Path, data: bytes) -> None:
+def _write_local(target: Path, content: bytes | Path) -> None:
+    """`content` (bytes, or a file to copy) as `target`, renamed into place whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            if isinstance(content, Path):
+                with open(content, "rb") as source:
+                    shutil.copyfileobj(source, out)
+            else:
+                out.write(content)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
