@@ -323,6 +323,26 @@ def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
         return _read_meta(tar, archive, limits)
 
 
+def archived_plans(archive: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, dict[str, Any]]:
+    """The merged manifest sections of the archive's manifest files (read from the stream, nothing extracted but
+    them, into a temporary folder), for `cache inspect`."""
+    from ..warm.manifest import read_merged
+
+    with tempfile.TemporaryDirectory(prefix="shapeplan-inspect-") as folder, _stream_errors(archive), \
+            _open(archive, _cap(limits)) as (tar, _):
+        _read_meta(tar, archive, limits)
+        for member in tar:
+            relative = _member_path(member, archive)
+            if relative is not None and relative.startswith("shapeplan-manifest") and "/" not in relative:
+                if member.size > limits.max_metadata:
+                    raise CacheError(f"{archive} has a {member.size}-byte {relative}, over the limit; raise "
+                                     "--max-metadata-mib if it is genuine")
+                source = tar.extractfile(member)
+                assert source is not None
+                (Path(folder) / relative).write_bytes(source.read())
+        return read_merged(Path(folder)).environments
+
+
 def mismatches(archived: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """'name: archived (this machine: value)' for every version or setting that differs."""
     out = []

@@ -48,8 +48,14 @@ class CacheDirInfo:
 def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
     """The plans warmed into `cache_dir` (from all its manifest files), its files and their size."""
     cache_dir = cache_dir.resolve()
+    plans = warmed_plans(read_merged(cache_dir).environments if cache_dir.is_dir() else {})
+    files = list(cache_files(cache_dir)) if cache_dir.is_dir() else []
+    return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), plans)
+
+
+def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, ...]:
+    """The plans of merged manifest sections (`read_merged(...).environments`), the most recently warmed first."""
     groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
-    environments = read_merged(cache_dir).environments if cache_dir.is_dir() else {}
     for key, section in environments.items():
         for task, entry in section["shapes"].items():
             groups.setdefault((key, entry.get("plan")), []).append({**entry, "task": task})
@@ -65,8 +71,7 @@ def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
             shards=tuple(sorted({e.get("shard") or "-" for e in entries})),
             tasks=tuple(e["task"] for e in entries)))
     plans.sort(key=lambda p: (-(p.last_warmed or 0), p.model or "", p.plan or ""))
-    files = list(cache_files(cache_dir)) if cache_dir.is_dir() else []
-    return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), tuple(plans))
+    return tuple(plans)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,11 @@ def inspect_command(archive: str, as_json: bool) -> None:
         click.echo(json.dumps({"archive": info.path, "environment": info.environment, "files": info.files},
                               indent=2))
     else:
-        click.echo(f"{info.path}: {len(info.files)} file(s), {_size(info.expanded)} expanded")
+        from ..cache.archive import archived_plans
+        from ..cache.listing import warmed_plans
+
+        click.echo(f"{info.path}  ({len(info.files)} file(s), {_size(info.expanded)} expanded)")
+        click.echo(_plans_table(warmed_plans(archived_plans(Path(archive)))))
         click.echo(_environment_lines(info.environment))
 
 
@@ -241,10 +245,14 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
         click.echo("no cache dir yet: `shapeplan warm` creates one (pass --cache-dir to list another)")
     for info in infos:
         click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)})")
-        rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
-                 _when(p.last_warmed)) for p in info.plans]
-        click.echo(_table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows)
-                   if rows else "  no warmed plans")
+        click.echo(_plans_table(info.plans))
+
+
+def _plans_table(plans: Sequence[Any]) -> str:
+    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
+             _when(p.last_warmed)) for p in plans]
+    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows) \
+        if rows else "  no warmed plans"
 
 
 def _ls_store(url: str, as_json: bool) -> None:

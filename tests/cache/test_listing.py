@@ -78,3 +78,12 @@ def test_prune_older_than_everything_removes_the_compiled_files_too(tmp_path: Pa
     assert {n for n in _tree(cache) if not n.endswith(".lock")} == {MANIFEST}
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []  # their emptied folders too
     assert console("cache", "prune", "--cache-dir", cache).returncode == 2  # neither --plan nor --older-than
+
+
+def test_inspect_shows_an_archive_like_ls_shows_a_cache_dir(tmp_path: Path) -> None:
+    cache, archive = _cache(tmp_path / "cache"), tmp_path / "cache.tar.gz"
+    ok(console("cache", "export", "--cache-dir", cache, "-o", archive))
+    shown = ok(console("cache", "inspect", archive)).splitlines()
+    ls = ok(console("cache", "ls", "--cache-dir", cache)).splitlines()
+    assert shown[1:4] == ls[1:4]  # the header and the two plans' rows
+    assert shown[4].split()[0] == "versions:" and shown[5].split()[0] == "compiler:"
