@@ -96,6 +96,15 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     return plan, warmer
 
 
+def plan_tasks(plan_path: str, device: str, method: str | None = None, model: str | None = None,
+               eval_dataset: str | None = None, split: str | None = None,
+               trl_args: tuple[str, ...] = ()) -> list[Any]:
+    """The plan's warm-up tasks (their keys name its shapes in manifests), as `warm` would run them."""
+    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, device)
+    warmer.bind(plan)
+    return list(warmer.tasks(plan))
+
+
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from .warm.backends import default_device, make_backend

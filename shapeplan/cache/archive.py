@@ -41,6 +41,10 @@ _CHUNK = 1 << 20
 # writes last.
 STAGING_PREFIX = ".shapeplan-importing-"
 IMPORT_MARKER = ".shapeplan-import-complete"
+# A `cache pull` (cache/store.py) stages into `PULL_STAGING<pid>-*` and, once every file is checked, writes
+# `PULL_JOURNAL` there before moving them in: a staging folder with a journal is a pull that must be finished.
+PULL_STAGING = ".shapeplan-pulling-"
+PULL_JOURNAL = "journal.json"
 _HEADER_LIMIT = 1 << 20  # a pax or GNU long-name header holds a path, never more than this
 # In-flight writes: TorchNeuron's `<name>.tmp.XXXXXX` (renamed into place when done), `*.tmp` of its Python compile
 # path and of shapeplan's own atomic writes.
@@ -63,7 +67,7 @@ class ArchiveInfo:
                 "shapes": self.shapes}
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
@@ -71,10 +75,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _cache_files(cache_dir: Path) -> Iterator[Path]:
-    """The cache's files, sorted; lock files and in-progress temporaries are left out."""
+def cache_files(cache_dir: Path) -> Iterator[Path]:
+    """The cache's files, sorted; lock files, in-progress temporaries and imports' and pulls' staging are left
+    out."""
     for path in sorted(cache_dir.rglob("*")):
-        if path.name == IMPORT_MARKER or any(part.startswith(STAGING_PREFIX) for part in path.parts):
+        if path.name == IMPORT_MARKER or any(part.startswith((STAGING_PREFIX, PULL_STAGING)) for part in path.parts):
             continue
         if path.is_symlink():
             raise CacheError(f"{path} is a symbolic link; a cache to export must hold only files and folders")
@@ -107,8 +112,8 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     cache_dir = cache_dir.resolve()
     refuse_incomplete_import(cache_dir)
     environment, shapes = cache_environment(cache_dir)
-    paths = list(_cache_files(cache_dir))
-    files = {path.relative_to(cache_dir).as_posix(): _sha256(path) for path in paths}
+    paths = list(cache_files(cache_dir))
+    files = {path.relative_to(cache_dir).as_posix(): sha256_of(path) for path in paths}
     expanded = sum(path.stat().st_size for path in paths)
     _write_archive(cache_dir, environment, files, expanded, archive)
     return ArchiveInfo(str(archive), environment, files, shapes, expanded)
@@ -318,6 +323,26 @@ def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
         return _read_meta(tar, archive, limits)
 
 
+def archived_plans(archive: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, dict[str, Any]]:
+    """The merged manifest sections of the archive's manifest files (read from the stream, nothing extracted but
+    them, into a temporary folder), for `cache inspect`."""
+    from ..warm.manifest import read_merged
+
+    with tempfile.TemporaryDirectory(prefix="shapeplan-inspect-") as folder, _stream_errors(archive), \
+            _open(archive, _cap(limits)) as (tar, _):
+        _read_meta(tar, archive, limits)
+        for member in tar:
+            relative = _member_path(member, archive)
+            if relative is not None and relative.startswith("shapeplan-manifest") and "/" not in relative:
+                if member.size > limits.max_metadata:
+                    raise CacheError(f"{archive} has a {member.size}-byte {relative}, over the limit; raise "
+                                     "--max-metadata-mib if it is genuine")
+                source = tar.extractfile(member)
+                assert source is not None
+                (Path(folder) / relative).write_bytes(source.read())
+        return read_merged(Path(folder)).environments
+
+
 def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:
     """The cache-relative path of a file member; None for the metadata and folders; refuses anything that would
     land outside the cache (absolute paths, '..') and links or special files."""
@@ -336,11 +361,15 @@ def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:
 
 
 def refuse_incomplete_import(cache_dir: Path) -> None:
-    """Refuse a cache dir an import is filling, or was filling when it was killed."""
+    """Refuse a cache dir an import is filling, or was filling when it was killed, or a pull was moving files into
+    (a pull still downloading leaves the cache as it was: it is not refused)."""
     if cache_dir.is_dir() and not (cache_dir / IMPORT_MARKER).exists() \
             and any(cache_dir.glob(f"{STAGING_PREFIX}*")):
         raise CacheError(f"{cache_dir} holds an unfinished `shapeplan cache import` (running, or killed); wait for "
                          "it, or run the import again, which clears it")
+    if cache_dir.is_dir() and any(cache_dir.glob(f"{PULL_STAGING}*/{PULL_JOURNAL}")):
+        raise CacheError(f"{cache_dir} holds an unfinished `shapeplan cache pull` (moving files in, or killed "
+                         "doing so); wait for it, or run the pull again, which finishes it")
 
 
 def _clear_stale_import(target: Path) -> None:
@@ -385,7 +414,7 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
         raise CacheError(f"cannot create {target} ({exc.strerror}); import into a writable --cache-dir") from None
     try:
         try:
-            with _locked(target):
+            with locked_dir(target, "`shapeplan cache import`"):
                 shapes = _import_locked(archive, info, target, limits)
         except PermissionError as exc:
             raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") \
@@ -399,10 +428,10 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
 
 
 @contextlib.contextmanager
-def _locked(target: Path) -> Iterator[None]:
+def locked_dir(target: Path, holder: str) -> Iterator[None]:
     """An exclusive lock on the target folder itself (no lock file: a refused import leaves the folder as it was),
-    released by the kernel if the process dies."""
-    busy = CacheError(f"another `shapeplan cache import` is filling {target}; wait for it to finish")
+    released by the kernel if the process dies. `holder` names the command, for the refusal."""
+    busy = CacheError(f"another {holder} is filling {target}; wait for it to finish")
     fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:

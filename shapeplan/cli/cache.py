@@ -1,8 +1,11 @@
-"""`shapeplan cache export|import|inspect`: move a warmed compile cache between machines (e.g. into an AMI)."""
+"""`shapeplan cache export|import|merge|inspect`: move a warmed compile cache between machines (e.g. into an AMI) as
+an archive; `cache push|pull`: through a shared store (S3 or any fsspec URL); `cache ls|prune`: what a cache dir or
+a store holds."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,13 @@ def cache_group() -> None:
     shapeplan cache export --cache-dir /var/cache/shapeplan -o cache.tar.gz
     shapeplan cache import cache.tar.gz --cache-dir /var/cache/shapeplan
     shapeplan cache merge shard-0.tar.gz shard-1.tar.gz -o cache.tar.gz
+    shapeplan cache push --cache-dir /var/cache/shapeplan s3://bucket/shapeplan
+    shapeplan cache pull s3://bucket/shapeplan --cache-dir /var/cache/shapeplan
+    shapeplan cache ls [s3://bucket/shapeplan]
 
-    Exit codes: 0 done, 1 unusable (missing, damaged or tampered archive, non-empty target), 2 usage error,
-    3 the archive was compiled for another environment (package versions, compiler flags, logical NeuronCore
-    config): warm this machine's own cache instead.
+    Exit codes: 0 done, 1 unusable (missing, damaged or tampered archive or store object, non-empty target,
+    missing bucket, no credentials), 2 usage error, 3 the archive or store was compiled for another environment
+    (package versions, compiler flags, logical NeuronCore config): warm this machine's own cache instead.
     """
 
 
@@ -103,7 +109,8 @@ def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: f
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the archive's environment and files as JSON.")
 def inspect_command(archive: str, as_json: bool) -> None:
-    """Show the environment an archive was compiled in, without extracting it."""
+    """Show the environment an archive was compiled in (package versions, compiler settings), without extracting
+    it."""
     from ..cache.archive import read_info
 
     info = read_info(Path(archive))
@@ -111,5 +118,209 @@ def inspect_command(archive: str, as_json: bool) -> None:
         click.echo(json.dumps({"archive": info.path, "environment": info.environment, "files": info.files},
                               indent=2))
     else:
-        click.echo(f"{info.path}: {len(info.files)} file(s)")
-        click.echo(json.dumps(info.environment, indent=2, sort_keys=True))
+        from ..cache.archive import archived_plans
+        from ..cache.listing import warmed_plans
+
+        click.echo(f"{info.path}  ({len(info.files)} file(s), {_size(info.expanded)} expanded)")
+        click.echo(_plans_table(warmed_plans(archived_plans(Path(archive)))))
+        click.echo(_environment_lines(info.environment))
+
+
+def _cache_dir(device: str | None, cache_dir: str | None) -> Path:
+    """--cache-dir, else the one `warm` uses by default."""
+    from ..run import choose_backend
+
+    return choose_backend(device, cache_dir)[1]
+
+
+def _plan_tasks(plan_path: str | None, device: str | None) -> set[str] | None:
+    from ..run import plan_tasks
+    from ..warm.backends import default_device
+
+    return None if plan_path is None else {t.key for t in plan_tasks(plan_path, device or default_device())}
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+@cache_group.command("push")
+@click.argument("url")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The warmed cache dir (default: the one `warm` uses).")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help="The stack whose default cache dir to push.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pushed as JSON.")
+def push_command(url: str, cache_dir: str | None, device: str | None, as_json: bool) -> None:
+    """Upload a warmed cache dir to the store at URL (s3://BUCKET/PREFIX, a folder, any fsspec URL).
+
+    Uploads only the files the store lacks (it holds each once, under its sha256), then one new manifest naming
+    them: pushes from several hosts at once (fleet shards) are safe. Credentials are the filesystem's own (s3fs:
+    AWS_PROFILE, AWS_ENDPOINT_URL, the instance role).
+    """
+    from ..cache.store import push
+
+    result = push(_cache_dir(device, cache_dir), url)
+    _emit(result, f"pushed {result.shapes} warmed shape(s), {result.files} file(s) to {url}: {result.uploaded} "
+                  f"new object(s), {_size(result.uploaded_bytes)} uploaded (manifest {result.manifest})", as_json)
+
+
+@cache_group.command("pull")
+@click.argument("url")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The cache dir to fill (new, or a cache dir; default: the one `warm` uses).")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
+              help="Pull only the pushes that hold this plan's shapes.")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="The compiler stack to check against. Default: the store's.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON.")
+@limit_options
+def pull_command(url: str, cache_dir: str | None, plan_path: str | None, device: str | None, as_json: bool,
+                 max_gib: float, max_files: int, max_metadata_mib: float) -> None:
+    """Download from the store at URL what the cache dir lacks, checked, all or nothing.
+
+    Only files the cache dir lacks are downloaded (a second pull of an unchanged store reads only manifests).
+    Refused, nothing written: the store holds nothing compiled for this machine's package versions and compiler
+    settings (exit 3); an object does not match its sha256, a manifest is damaged or names a path outside the
+    cache dir, the limits below, a missing bucket, no credentials (1). A killed pull leaves the cache dir as it
+    was; run it again to complete it.
+    """
+    from ..cache.store import pull
+
+    result = pull(url, _cache_dir(device, cache_dir), device=device, tasks=_plan_tasks(plan_path, device),
+                  limits=_limits(max_gib, max_files, max_metadata_mib))
+    _emit(result, f"pulled {url} into {result.cache_dir}: {result.used} of {result.manifests} push(es) for this "
+                  f"environment, {result.downloaded} object(s) downloaded ({_size(result.downloaded_bytes)}), "
+                  f"{result.present} file(s) already present, {result.shapes} shape(s) added", as_json)
+
+
+def _environment_lines(environment: dict[str, Any]) -> str:
+    def settings(group: str) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(environment.get(group, {}).items()) if v not in ("", None))
+
+    return "\n".join(f"  {group + ':':<10} {settings(group)}" for group in ("versions", "compiler"))
+
+
+def _when(stamp: float | None) -> str:
+    import time
+
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(stamp))
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
+
+
+@cache_group.command("ls")
+@click.argument("url", required=False)
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="A cache dir to list (repeatable). Default: the default cache dir of every stack that has one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> None:
+    """List the plans warmed into cache dirs, or, given URL, the pushes a store holds.
+
+    Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
+    (what `cache prune --plan` takes), environment key, shapes warmed and failed, and when it was last warmed
+    (UTC). Per store push: when and from which host, model, method, environment key, shapes, files and size.
+    """
+    if url is not None:
+        _ls_store(url, as_json)
+        return
+    from ..cache.listing import scan_cache_dir
+    from ..warm.backends import DEVICES
+    from ..warm.cachedir import default_cache_dir
+
+    paths = [Path(d) for d in cache_dirs] or [p for p in map(default_cache_dir, DEVICES) if p.is_dir()]
+    infos = [scan_cache_dir(path) for path in paths]
+    if as_json:
+        click.echo(json.dumps({"cache_dirs": [i.to_dict() for i in infos]}, indent=2))
+        return
+    if not infos:
+        click.echo("no cache dir yet: `shapeplan warm` creates one (pass --cache-dir to list another)")
+    for info in infos:
+        click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)})")
+        click.echo(_plans_table(info.plans))
+
+
+def _plans_table(plans: Sequence[Any]) -> str:
+    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
+             _when(p.last_warmed)) for p in plans]
+    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows) \
+        if rows else "  no warmed plans"
+
+
+def _ls_store(url: str, as_json: bool) -> None:
+    from ..cache.store import read_manifests
+
+    pushes = read_manifests(url)
+    if as_json:
+        click.echo(json.dumps({"url": url, "pushes": [p.to_dict() for p in pushes]}, indent=2))
+        return
+    click.echo(f"{url}  ({len(pushes)} push(es), {_size(sum(p.bytes for p in pushes))} named)")
+    rows = []
+    for p in pushes:
+        sections = [s["environment"] for s in p.shapes.values()]
+        rows.append((_when(p.pushed_at), p.host, ", ".join(sorted({str(e.get("model", "-")) for e in sections})) or "-",
+                     ", ".join(sorted({str(e.get("method", "-")) for e in sections})) or "-",
+                     p.name.split("/", 1)[0], str(len(p.warmed())), str(len(p.files)), _size(p.bytes)))
+    click.echo(_table(("PUSHED", "HOST", "MODEL", "METHOD", "ENVIRONMENT", "SHAPES", "FILES", "SIZE"), rows)
+               if rows else "  no pushes")
+    for key, environment in {p.name.split("/", 1)[0]: p.environment for p in pushes}.items():
+        click.echo(f"environment {key}:\n{_environment_lines(environment)}")
+
+
+def _age(text: str) -> float:
+    """'30d', '12h', '90m' or a number of days, in seconds."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "d")
+    try:
+        value = float(number)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an age such as 30d, 12h or 90m") from None
+    if value < 0:
+        raise click.BadParameter(f"{text!r} is negative")
+    return value * units[unit]
+
+
+@cache_group.command("prune")
+@click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              metavar="DIR", help="The cache dir (default: the one `warm` uses).")
+@click.option("--plan", "plans", multiple=True, metavar="FINGERPRINT",
+              help="Remove this plan's shapes (its PLAN column in `cache ls`, or a unique prefix); repeatable.")
+@click.option("--older-than", "older_than", default=None, metavar="AGE",
+              help="Remove the shapes last warmed longer ago than AGE (30d, 12h, 90m; a bare number is days).")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print what is (or would be) removed as JSON.")
+def prune_command(cache_dir: str | None, plans: tuple[str, ...], older_than: str | None, dry_run: bool,
+                  as_json: bool) -> None:
+    """Remove a plan's shapes, or the shapes older than AGE, from a cache dir's manifests.
+
+    `warm` then warms them again. The compiled files go too once no warmed shape remains: the cache does not
+    record which shape compiled which file, and the shapes that stay may share them.
+    """
+    import time
+
+    from ..cache.listing import plan_pruning, prune
+    from ..errors import UsageError
+
+    if not plans and older_than is None:
+        raise UsageError("cache prune needs --plan FINGERPRINT or --older-than AGE (see `shapeplan cache ls`)")
+    before = None if older_than is None else time.time() - _age(older_than)
+    pruning = plan_pruning(_cache_dir(None, cache_dir), plans=frozenset(plans), before=before)
+    if not dry_run:
+        prune(pruning)
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, **pruning.to_dict()}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for name, key, task in pruning.entries:
+        click.echo(f"{verb}: {task}  (environment {key}, {name})")
+    click.echo(f"{verb} {len(pruning.entries)} shape(s) and {len(pruning.files)} file(s) "
+               f"({_size(pruning.freed)}) from {pruning.cache_dir}; {pruning.kept} warmed shape(s) kept"
+               + ("" if not pruning.entries or pruning.files else " with the compiled files they may share"))

@@ -60,13 +60,19 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
               "SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX or AWS_BATCH_JOB_ARRAY_INDEX. See docs/fleet.md.")
 @click.option("--shard-count", type=int, default=None, metavar="N",
               help="The shard count of a Kubernetes Indexed Job (JOB_COMPLETION_INDEX comes without one).")
-@click.option("--status", is_flag=True,
-              help="Warm nothing: show, from every manifest in the cache dir, which shapes are done (by which shard, "
-              "in which environment) and which are missing. Exit 0 only when the plan is complete.")
+@click.option("--status", "status", is_flag=False, flag_value="", default=None, metavar="[URL]",
+              help="Warm nothing: show, from every manifest in the cache dir (or in the store at URL), which shapes "
+              "are done (by which shard or push, in which environment) and which are missing. Exit 0 only when the "
+              "plan is complete.")
+@click.option("--pull", "pull_url", default=None, metavar="URL",
+              help="First pull from the store at URL what it holds of the plan's shapes for this environment "
+              "(`cache pull --plan`), then warm the rest.")
+@click.option("--push", "push_url", default=None, metavar="URL",
+              help="Then push the cache dir to the store at URL (`cache push`), failed shapes or not.")
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
                  as_json: bool, workers: int, worker_memory: float | None, shard_option: str | None,
-                 shard_count: int | None, status: bool) -> None:
+                 shard_count: int | None, status: str | None, pull_url: str | None, push_url: str | None) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -81,6 +87,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
       accelerate launch --num_processes 2 -m shapeplan warm --plan dp-grpo-plan.json
       shapeplan warm --plan plan.json --shard 3/8 --cache-dir /fsx/shapeplan
       shapeplan warm --plan plan.json --status --cache-dir /fsx/shapeplan
+      shapeplan warm --plan plan.json --pull s3://bucket/shapeplan --push s3://bucket/shapeplan
     """
     import os
 
@@ -90,8 +97,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     from ..warm.runner import warm
     from ..warm.shards import resolve_shard
 
-    if status:
-        _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json)
+    if status is not None:
+        _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json, status or None)
         return
     shard = resolve_shard(shard_option, shard_count, os.environ)
     backend, cache = prepare(device, cache_dir)
@@ -102,36 +109,62 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
             raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
                              "processes, whose ranks share the shapes; drop --workers")
     check_cache_dir(cache)
+    if pull_url is not None:
+        _pull_plan(pull_url, plan, warmer, backend.device, cache)
     if count > 1:
         report = _warm_in_workers(plan, count, backend.device, cache, shard)
     else:
         report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
+    if push_url is not None:
+        from ..cache.store import push
+
+        pushed = push(cache, push_url)
+        click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
     emit_warm(report, as_json=as_json, verify=False)
 
 
+def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> None:
+    """`warm --pull`: what the store holds of the plan's shapes, compiled for this machine (nothing if none)."""
+    from ..cache.store import pull
+
+    warmer.bind(plan)
+    pulled = pull(url, cache, device=device, tasks={t.key for t in warmer.tasks(plan)}, allow_empty=True)
+    click.echo(f"pulled {url}: {pulled.used} push(es) for this environment, {pulled.downloaded} object(s) "
+               f"downloaded, {pulled.shapes} shape(s) added", err=True)
+
+
 def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
-            trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool) -> None:
-    """`warm --status`: the plan's shapes against the cache dir's merged manifests; exit 1 unless complete."""
-    from ..run import choose_backend, load_run
+            trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool,
+            url: str | None) -> None:
+    """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests; exit 1
+    unless complete."""
+    from ..run import choose_backend, plan_tasks
     from ..warm.manifest import plan_status, read_merged
 
     if plan_path is None:
         raise UsageError("--status needs --plan PLAN: the plan whose shapes to look up")
     backend, cache = choose_backend(device, cache_dir)
-    plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
-    warmer.bind(plan)
-    report = plan_status(list(warmer.tasks(plan)), read_merged(cache))  # a missing cache dir holds nothing
+    tasks = plan_tasks(plan_path, backend.device, method, model, eval_dataset, split, trl_args)
+    if url is None:
+        report = plan_status(tasks, read_merged(cache))  # a missing cache dir holds nothing
+    else:
+        from ..cache.store import merged, read_manifests
+
+        report = plan_status(tasks, merged(read_manifests(url)))
+    where = {"cache_dir": str(cache)} if url is None else {"url": url}
     if as_json:
-        click.echo(json.dumps({"cache_dir": str(cache), **report.to_dict()}, indent=2))
+        click.echo(json.dumps({**where, **report.to_dict()}, indent=2))
     else:
         for key, label in report.tasks.items():
-            where = ", ".join(f"shard {d['shard'] or '-'} env {d['environment']}" for d in report.done[key])
-            click.echo(f"{'done' if where else 'missing':<8} {label:<22} {where}")
+            found = ", ".join(f"{'shard' if url is None else 'push'} {d['shard'] or '-'} env {d['environment']}"
+                              for d in report.done[key])
+            click.echo(f"{'done' if found else 'missing':<8} {label:<22} {found}")
         for env_key, environment in report.environments.items():
             click.echo(f"environment {env_key}: {json.dumps(environment.get('versions'), sort_keys=True)} "
                        f"{json.dumps(environment.get('compiler'), sort_keys=True)}")
         click.echo(f"{len(report.tasks) - len(report.missing)}/{len(report.tasks)} shape(s) done, "
-                   f"{'complete' if report.complete else 'incomplete'}  (cache: {cache})")
+                   f"{'complete' if report.complete else 'incomplete'}  ({'cache' if url is None else 'store'}: "
+                   f"{cache if url is None else url})")
     if not report.complete:
         raise click.exceptions.Exit(1)
 

@@ -51,7 +51,7 @@ def environment_key(environment: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _manifest_well_formed(data: dict[str, Any]) -> bool:
+def manifest_well_formed(data: dict[str, Any]) -> bool:
     """{"environments": {key: {"environment": {...}, "shapes": {task: {"status": str, ...}}}}}"""
     environments = data.get("environments")
     if not isinstance(environments, dict):
@@ -85,7 +85,7 @@ class Manifest:
                 from exc
         if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
             raise CacheError(f"manifest {self.path} has an unknown schema; delete it to re-warm this cache dir")
-        if not _manifest_well_formed(data):
+        if not manifest_well_formed(data):
             raise CacheError(f"manifest {self.path} does not have a manifest's structure; delete it to re-warm this "
                              "cache dir")
         return data
@@ -105,6 +105,46 @@ class Manifest:
                 section = self.data["environments"].setdefault(entry.environment,
                                                                {"environment": environment, "shapes": {}})
                 section["shapes"][entry.task] = entry.to_dict()
+                write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
+                from exc
+
+
+    def add_sections(self, environments: dict[str, dict[str, Any]]) -> int:
+        """Add, under a lock and in one write, the warmed shapes of `environments` ({key: {"environment",
+        "shapes"}}, as `read_merged` gives them) this manifest does not record as warmed; returns how many."""
+        from .parallel import locked
+
+        added = 0
+        try:
+            with locked(self.path):
+                self.data = self._read()
+                for key, section in environments.items():
+                    held = self.data["environments"].setdefault(key, {"environment": section["environment"],
+                                                                      "shapes": {}})
+                    for task, entry in section["shapes"].items():
+                        if entry["status"] in WARMED and held["shapes"].get(task, {}).get("status") not in WARMED:
+                            held["shapes"][task] = {k: v for k, v in entry.items() if k != "shard"}
+                            added += 1
+                if added:
+                    write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
+                from exc
+        return added
+
+
+    def remove(self, entries: set[tuple[str, str]]) -> None:
+        """Drop the (environment key, task key) `entries`, under the lock, in one write (`cache prune`)."""
+        from .parallel import locked
+
+        try:
+            with locked(self.path):
+                self.data = self._read()
+                for key, task in entries:
+                    self.data["environments"].get(key, {}).get("shapes", {}).pop(task, None)
+                self.data["environments"] = {k: s for k, s in self.data["environments"].items() if s["shapes"]}
                 write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \

@@ -99,12 +99,18 @@ class ManifestEntry:
     seconds: float
     counters: dict[str, int] = field(default_factory=dict)
     steady_seconds: float | None = None
+    plan: str | None = None  # `plan_id` of the plan warmed, for `cache ls` / `cache prune`
+    warmed_at: float | None = None  # Unix time the shape finished
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"status": self.status, "seconds": round(self.seconds, 3),
-               "counters": dict(sorted(self.counters.items()))}
+        out: dict[str, Any] = {"status": self.status, "seconds": round(self.seconds, 3),
+                               "counters": dict(sorted(self.counters.items()))}
         if self.steady_seconds is not None:
             out["steady_seconds"] = round(self.steady_seconds, 4)
+        if self.plan is not None:
+            out["plan"] = self.plan
+        if self.warmed_at is not None:
+            out["warmed_at"] = round(self.warmed_at, 3)
         return out
 
 

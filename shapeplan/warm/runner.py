@@ -4,11 +4,13 @@ run through the method's `Warmer` on a compiler `Backend`, accounted per task by
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import PlanFileError, UsageError
+from ..plan.io import dumps
 from ..plan.model import Plan
 from ..trainers import TRAINERS
 from .backends.base import Backend
@@ -86,6 +88,11 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
     return tuple(tasks)
 
 
+def plan_id(plan: Plan) -> str:
+    """A short fingerprint of the plan's content, which the manifest records with each shape it warmed."""
+    return hashlib.sha256(dumps(plan).encode()).hexdigest()[:12]
+
+
 def graph_bound(tasks: Sequence[Task]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
     return sum(max(2, len(getattr(t, "varlen_pairs", ()))) for t in tasks)
@@ -127,7 +134,8 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others
         todo = shares[part.index]
-    tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress)
+    tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress,
+                      plan=plan_id(plan))
     for task in skipped:
         tracker.results[task] = WarmResult(task=task, status="skipped", seconds=0.0)
     try:

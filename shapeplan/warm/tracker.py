@@ -37,8 +37,9 @@ class Tracker:
     them to `progress`."""
 
     def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
-                 total: int, progress: Progress | None = None) -> None:
+                 total: int, progress: Progress | None = None, plan: str | None = None) -> None:
         self.backend = backend
+        self.plan = plan
         self.manifest = manifest
         self.environment = environment
         self.env_key = environment_key(environment)
@@ -98,7 +99,8 @@ class Tracker:
         if self.manifest is not None:
             self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
                                                seconds=result.seconds, counters=result.counters,
-                                               steady_seconds=result.steady_seconds), self.environment)
+                                               steady_seconds=result.steady_seconds, plan=self.plan,
+                                               warmed_at=time.time()), self.environment)
 
     def close(self) -> None:
         if self.progress is not None:

@@ -325,7 +325,7 @@ def test_cache_import_and_inspect(tmp_path: Path) -> None:
             "own cache with `shapeplan warm` instead")
     assert not (tmp_path / "t").exists()
 
-    assert f"{archive}: 3 file(s)" in ok(shapeplan("cache", "inspect", archive))
+    assert f"{archive}  (3 file(s)" in ok(shapeplan("cache", "inspect", archive))
     refused(shapeplan("cache", "inspect", CAPYBARA), 1,
             f"{CAPYBARA} is not a shapeplan cache archive (not a gzip file); pass a file written by "
             "`shapeplan cache export`")

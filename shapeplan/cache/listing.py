@@ -1,0 +1,134 @@
+"""What cache dirs and stores hold, as data (like huggingface_hub's `scan_cache_dir`): per cache dir the plans
+warmed into it, per store its pushes. `shapeplan cache ls` only formats these; `cache prune` picks from them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..warm.manifest import WARMED, read_merged
+from .archive import cache_files
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPlan:
+    """The shapes of one plan warmed into a cache dir in one environment."""
+
+    environment: str  # the manifest's environment key
+    model: str | None
+    method: str | None
+    plan: str | None  # the plan's fingerprint (`plan_id`); None: warmed by a shapeplan that did not record it
+    warmed: int
+    failed: int
+    last_warmed: float | None  # Unix time the last of its warmed shapes finished; None: not recorded
+    shards: tuple[str, ...]  # "I/N" of the shard manifests holding its shapes ("-": the plain manifest)
+    tasks: tuple[str, ...]  # the shapes' task keys
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "model": self.model, "method": self.method, "plan": self.plan,
+                "warmed": self.warmed, "failed": self.failed, "last_warmed": self.last_warmed,
+                "shards": list(self.shards)}
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDirInfo:
+    path: str
+    files: int
+    size_on_disk: int  # bytes of the cache's files
+    plans: tuple[CachedPlan, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cache_dir": self.path, "files": self.files, "size_on_disk": self.size_on_disk,
+                "plans": [p.to_dict() for p in self.plans]}
+
+
+def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
+    """The plans warmed into `cache_dir` (from all its manifest files), its files and their size."""
+    cache_dir = cache_dir.resolve()
+    plans = warmed_plans(read_merged(cache_dir).environments if cache_dir.is_dir() else {})
+    files = list(cache_files(cache_dir)) if cache_dir.is_dir() else []
+    return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), plans)
+
+
+def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, ...]:
+    """The plans of merged manifest sections (`read_merged(...).environments`), the most recently warmed first."""
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for key, section in environments.items():
+        for task, entry in section["shapes"].items():
+            groups.setdefault((key, entry.get("plan")), []).append({**entry, "task": task})
+    plans = []
+    for (key, plan), entries in groups.items():
+        environment = environments[key]["environment"]
+        times = [e["warmed_at"] for e in entries
+                 if e["status"] in WARMED and isinstance(e.get("warmed_at"), (int, float))]
+        plans.append(CachedPlan(
+            environment=key, model=environment.get("model"), method=environment.get("method"), plan=plan,
+            warmed=sum(e["status"] in WARMED for e in entries), failed=sum(e["status"] == "failed" for e in entries),
+            last_warmed=max(times) if times else None,
+            shards=tuple(sorted({e.get("shard") or "-" for e in entries})),
+            tasks=tuple(e["task"] for e in entries)))
+    plans.sort(key=lambda p: (-(p.last_warmed or 0), p.model or "", p.plan or ""))
+    return tuple(plans)
+
+
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """What `cache prune` removes from a cache dir: manifest entries (file, environment key, task key) and, when no
+    warmed shape would remain, the compiled files (the cache does not record which shape compiled which file, so
+    files shared by the shapes that stay cannot be told apart)."""
+
+    cache_dir: str
+    entries: tuple[tuple[str, str, str], ...]
+    files: tuple[str, ...]
+    freed: int  # bytes of `files`
+    kept: int  # warmed shapes that stay
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cache_dir": self.cache_dir, "entries": [list(e) for e in self.entries], "files": len(self.files),
+                "freed": self.freed, "kept": self.kept}
+
+
+def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before: float | None = None) -> Pruning:
+    """The entries of `plans` (fingerprints, or unique prefixes of them) and those warmed before the Unix time
+    `before` (an entry without its time counts as warmed when its manifest file was last written)."""
+    from ..warm.manifest import Manifest, manifest_files
+
+    cache_dir = cache_dir.resolve()
+    entries, kept = [], 0
+    for path in manifest_files(cache_dir) if cache_dir.is_dir() else []:
+        written = path.stat().st_mtime
+        for key, section in Manifest(path).data["environments"].items():
+            for task, entry in section["shapes"].items():
+                plan, at = entry.get("plan"), entry.get("warmed_at")
+                when = at if isinstance(at, (int, float)) else written
+                if (plan is not None and any(plan.startswith(p) for p in plans)) or \
+                        (before is not None and when < before):
+                    entries.append((path.name, key, task))
+                elif entry["status"] in WARMED:
+                    kept += 1
+    compiled = [f for f in cache_files(cache_dir)
+                if f.parent != cache_dir or not f.name.startswith("shapeplan-manifest")]
+    files = compiled if entries and not kept else []
+    return Pruning(str(cache_dir), tuple(entries), tuple(f.relative_to(cache_dir).as_posix() for f in files),
+                   sum(f.stat().st_size for f in files), kept)
+
+
+def prune(pruning: Pruning) -> None:
+    """Carry out `pruning`: each manifest file rewritten under its lock without the entries, then the files."""
+    from ..warm.manifest import Manifest
+
+    cache_dir = Path(pruning.cache_dir)
+    by_file: dict[str, set[tuple[str, str]]] = {}
+    for name, key, task in pruning.entries:
+        by_file.setdefault(name, set()).add((key, task))
+    for name, drop in by_file.items():
+        Manifest(cache_dir / name).remove(drop)
+    for relative in pruning.files:
+        (cache_dir / relative).unlink(missing_ok=True)
+    for parent in sorted({Path(r).parent for r in pruning.files}, key=lambda p: -len(p.parts)):
+        for folder in [parent, *parent.parents][:-1]:  # up to, not including, the cache dir
+            with contextlib.suppress(OSError):  # not empty
+                (cache_dir / folder).rmdir()

@@ -1,0 +1,509 @@
+"""A shared compile-cache store at any fsspec URL (`s3://bucket/prefix`, a folder, `file://...`): `cache push`
+uploads what the store lacks, `cache pull` downloads what the local cache lacks, with the checks `cache import`
+makes.
+
+Layout under the URL (S3 has no rename, so nothing is ever rewritten):
+
+    objects/<sha256>                                 a cache file's content, under its checksum, written once
+    manifests/<environment key>/<time>-<host>-<pid>-<random>.json
+                                                     one per push, written once, after its objects: the
+                                                     environment (versions, compiler settings), the files the
+                                                     pushed cache dir holds (path -> sha256, size, mode) and the
+                                                     shapes its manifests record as warmed
+
+Readers merge every manifest, as `warm` merges its shards' manifest files on disk, so concurrent pushes (fleet
+shards) lose nothing; a killed push leaves objects no manifest names yet, which the next push reuses.
+
+A pull checks the environment (exit 3), the manifests' structure, paths and the limits before downloading;
+downloads into a staging folder inside the cache dir, checks every file's sha256 there, then writes a journal and
+moves the files in (hard links: a file already in the cache is kept), then records the pulled shapes in the cache
+dir's manifest. A pull killed before the journal leaves the cache as it was (the next pull clears its staging);
+one killed after it is finished by the next pull, and `warm`, `verify` and `export` refuse the dir until then.
+Credentials and endpoints are fsspec's and the filesystem's own (s3fs: AWS_PROFILE, AWS_ENDPOINT_URL, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..errors import CacheError, CacheMismatchError, UsageError, first_line
+from ..warm.manifest import (
+    MANIFEST,
+    WARMED,
+    Manifest,
+    MergedManifest,
+    environment_key,
+    machine_environment,
+    manifest_well_formed,
+    mismatches,
+    read_merged,
+)
+from .archive import (
+    IMPORT_MARKER,
+    PULL_JOURNAL,
+    PULL_STAGING,
+    STAGING_PREFIX,
+    cache_environment,
+    cache_files,
+    is_temporary,
+    locked_dir,
+    refuse_incomplete_import,
+    sha256_of,
+)
+from .limits import DEFAULT_LIMITS, Limits
+
+STORE_SCHEMA = 1
+OBJECTS = "objects"
+MANIFESTS = "manifests"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LOCAL_MANIFEST = re.compile(r"shapeplan-manifest(\.\d+-of-\d+)?\.json")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFile:
+    sha256: str
+    size: int
+    mode: int  # permission bits: compiled .so files keep their exec bit
+
+
+@dataclass(frozen=True, slots=True)
+class StoreManifest:
+    """One push: where it came from, the environment it was compiled in, its files and warmed shapes."""
+
+    name: str  # under manifests/
+    environment: dict[str, Any]  # {"versions": {...}, "compiler": {...}}
+    files: dict[str, StoreFile]  # path under the cache dir -> content
+    shapes: dict[str, dict[str, Any]]  # the pushed manifests' sections: {key: {"environment", "shapes"}}
+    pushed_at: float
+    host: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def warmed(self) -> set[str]:
+        """The task keys this push holds warmed, in any of its sections."""
+        return {task for section in self.shapes.values() for task, entry in section["shapes"].items()
+                if entry["status"] in WARMED}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "environment": self.environment, "pushed_at": self.pushed_at, "host": self.host,
+                "files": len(self.files), "bytes": self.bytes, "shapes": len(self.warmed())}
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    url: str
+    manifest: str  # the manifest written
+    files: int  # the cache dir's files
+    shapes: int  # warmed shapes pushed
+    uploaded: int  # objects the store lacked
+    uploaded_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "manifest": self.manifest, "files": self.files, "shapes": self.shapes,
+                "uploaded_objects": self.uploaded, "uploaded_bytes": self.uploaded_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    url: str
+    cache_dir: str
+    manifests: int  # manifests read
+    used: int  # manifests of this environment (and plan) pulled
+    files: int  # files those manifests name
+    present: int  # of which the cache already held
+    downloaded: int  # objects downloaded
+    downloaded_bytes: int
+    shapes: int  # warmed shapes newly recorded in the cache dir's manifest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "cache_dir": self.cache_dir, "manifests": self.manifests, "used": self.used,
+                "files": self.files, "present": self.present, "downloaded_objects": self.downloaded,
+                "downloaded_bytes": self.downloaded_bytes, "shapes": self.shapes}
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """An opened store: its fsspec filesystem and root path in it."""
+
+    url: str
+    fs: Any  # fsspec.AbstractFileSystem
+    root: str
+
+    @property
+    def local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+@contextlib.contextmanager
+def store_errors(url: str) -> Iterator[None]:
+    """What the filesystem (s3fs, botocore, the OS) raises, as one line naming the fix."""
+    try:
+        yield
+    except (CacheError, UsageError):
+        raise
+    except FileNotFoundError as exc:
+        raise CacheError(f"{url}: {exc.args[-1] if exc.args else exc} (no such bucket or folder); create it (e.g. "
+                         "`aws s3 mb s3://BUCKET`) or check the URL") from None
+    except PermissionError as exc:
+        raise CacheError(f"{url}: access denied ({exc}); check the credentials and the bucket policy "
+                         "(AWS_PROFILE, AWS_ACCESS_KEY_ID, the instance role)") from None
+    except Exception as exc:
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+            raise CacheError(f"{url}: no credentials found ({exc}); set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+                             "AWS_SECRET_ACCESS_KEY, or run on an instance with a role") from None
+        if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp"):
+            raise CacheError(f"{url}: {first_line(exc, named=True)}; check the URL, the endpoint (AWS_ENDPOINT_URL) "
+                             "and the network") from None
+        raise
+
+
+def open_store(url: str) -> Store:
+    """The store at `url`, through fsspec (a plain path is a local folder)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise UsageError("the store needs fsspec; install shapeplan[s3]") from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise UsageError(f"{url}: {str(exc).splitlines()[0]}; for s3:// install shapeplan[s3] (s3fs)") from None
+    except ValueError as exc:  # an unknown protocol
+        raise UsageError(f"{url} is not a URL fsspec can open ({exc}); pass s3://BUCKET/PREFIX or a folder") \
+            from None
+    return Store(url, fs, root)
+
+
+# --- push -------------------------------------------------------------------------------------------------------
+
+
+def push(cache_dir: Path, url: str) -> PushResult:
+    """Upload the warmed `cache_dir`'s files the store lacks, then its manifest (a new object, never rewritten)."""
+    cache_dir = cache_dir.resolve()
+    refuse_incomplete_import(cache_dir)
+    environment, shapes = cache_environment(cache_dir)
+    sections = {key: {"environment": s["environment"],
+                      "shapes": {t: {k: v for k, v in e.items() if k != "shard"} for t, e in s["shapes"].items()}}
+                for key, s in read_merged(cache_dir).environments.items()}
+    paths = [p for p in cache_files(cache_dir) if not _LOCAL_MANIFEST.fullmatch(p.name)
+             or p.parent != cache_dir]
+    files = {p.relative_to(cache_dir).as_posix(): StoreFile(sha256_of(p), p.stat().st_size, p.stat().st_mode & 0o777)
+             for p in paths}
+    store = open_store(url)
+    with store_errors(url):
+        held = _objects(store)
+        todo: dict[str, Path] = {}
+        for path in paths:
+            digest = files[path.relative_to(cache_dir).as_posix()].sha256
+            if digest not in held:
+                todo.setdefault(digest, path)
+        _upload(store, [(source, store.path(OBJECTS, digest)) for digest, source in todo.items()])
+        name = f"{environment_key(environment)}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-" \
+               f"{_slug(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
+        body = {"schema": STORE_SCHEMA, "environment": environment, "pushed_at": time.time(),
+                "host": socket.gethostname(), "shapes": sections,
+                "files": {p: {"sha256": f.sha256, "size": f.size, "mode": f.mode} for p, f in sorted(files.items())}}
+        _write_once(store, store.path(MANIFESTS, name), json.dumps(body, indent=1, sort_keys=True).encode())
+    return PushResult(url, name, len(files), shapes, len(todo), sum(p.stat().st_size for p in todo.values()))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", text)[:40] or "host"
+
+
+def _objects(store: Store) -> set[str]:
+    """The checksums the store holds (one listing)."""
+    store.fs.invalidate_cache()  # s3fs caches listings per process: other hosts push meanwhile
+    try:
+        names = store.fs.find(store.path(OBJECTS))
+    except FileNotFoundError:
+        if not store.local:
+            raise  # S3: the bucket does not exist
+        return set()
+    return {name.rsplit("/", 1)[-1] for name in names if _SHA256.fullmatch(name.rsplit("/", 1)[-1])}
+
+
+def _upload(store: Store, pairs: list[tuple[Path, str]]) -> None:
+    """Copy local files to new store objects; in a local store through a temporary name, so that an object is
+    whole or absent (an S3 PUT is whole by itself)."""
+    if not pairs:
+        return
+    if not store.local:
+        store.fs.put([str(source) for source, _ in pairs], [target for _, target in pairs])
+        return
+    for source, target in pairs:
+        _write_local(Path(target), source)
+
+
+def _write_once(store: Store, target: str, data: bytes) -> None:
+    if store.local:
+        _write_local(Path(target), data)
+    else:
+        store.fs.pipe_file(target, data)
+
+
+def _write_local(target: Path, content: bytes | Path) -> None:
+    """`content` (bytes, or a file to copy) as `target`, renamed into place whole."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(content, Path):
+                with open(content, "rb") as source:
+                    shutil.copyfileobj(source, out)
+            else:
+                out.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- reading manifests ------------------------------------------------------------------------------------------
+
+
+def read_manifests(url: str, limits: Limits = DEFAULT_LIMITS) -> list[StoreManifest]:
+    """Every manifest of the store, checked, oldest first."""
+    store = open_store(url)
+    with store_errors(url):
+        return _read_manifests(store, limits)
+
+
+def _read_manifests(store: Store, limits: Limits) -> list[StoreManifest]:
+    store.fs.invalidate_cache()
+    try:
+        listing = store.fs.find(store.path(MANIFESTS), detail=True)
+    except FileNotFoundError:
+        if not store.local:
+            raise
+        listing = {}
+    names = sorted(name for name in listing if name.endswith(".json"))
+    if len(names) > limits.max_files:
+        raise CacheError(f"{store.url} holds {len(names)} manifests, over the limit of {limits.max_files}; raise "
+                         "--max-files if it is genuine")
+    for name in names:
+        if int(listing[name].get("size") or 0) > limits.max_metadata:
+            raise CacheError(f"{store.url}: manifest {name} is over the {limits.max_metadata}-byte limit; raise "
+                             "--max-metadata-mib if it is genuine")
+    bodies = store.fs.cat(names) if names else {}
+    prefix = store.path(MANIFESTS) + "/"
+    manifests = [_parse(store.url, name.removeprefix(prefix), bodies[name]) for name in names]
+    return sorted(manifests, key=lambda m: (m.pushed_at, m.name))
+
+
+def _parse(url: str, name: str, data: bytes) -> StoreManifest:
+    bad = CacheError(f"{url}: manifest {name} is not a shapeplan store manifest (damaged or foreign); delete it "
+                     "from the store and push again")
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except ValueError:
+        raise bad from None
+    if not isinstance(body, dict) or body.get("schema") != STORE_SCHEMA:
+        raise bad
+    environment, files, shapes = body.get("environment"), body.get("files"), body.get("shapes")
+    if not (isinstance(environment, dict) and all(isinstance(environment.get(k), dict)
+                                                  for k in ("versions", "compiler"))
+            and isinstance(files, dict) and isinstance(shapes, dict)
+            and manifest_well_formed({"environments": shapes})
+            and isinstance(body.get("pushed_at"), (int, float)) and isinstance(body.get("host"), str)):
+        raise bad
+    parsed: dict[str, StoreFile] = {}
+    for path, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
+                and type(entry.get("size")) is int and entry["size"] >= 0 and type(entry.get("mode")) is int):
+            raise bad
+        _check_path(url, name, path)
+        parsed[path] = StoreFile(entry["sha256"], entry["size"], entry["mode"] & 0o777)
+    for section in shapes.values():  # the shapes were warmed in the environment the manifest states
+        if {k: section["environment"].get(k) for k in ("versions", "compiler")} != \
+                {k: environment[k] for k in ("versions", "compiler")}:
+            raise CacheError(f"{url}: manifest {name} records shapes of another environment than its own; delete it "
+                             "from the store and push again")
+    return StoreManifest(name, environment, parsed, shapes, float(body["pushed_at"]), body["host"])
+
+
+def _check_path(url: str, name: str, path: str) -> None:
+    """A path a pull may write: inside the cache dir, no name shapeplan reserves, no manifest or temporary."""
+    parts = PurePosixPath(path).parts
+    if not parts or path.startswith("/") or any(p in ("..", ".", "") for p in path.split("/")) \
+            or any(p.startswith((STAGING_PREFIX, PULL_STAGING)) or p == IMPORT_MARKER for p in parts) \
+            or (len(parts) == 1 and _LOCAL_MANIFEST.fullmatch(parts[0])) or is_temporary(parts[-1]):
+        raise CacheError(f"{url}: manifest {name} names a path a pull refuses to write ({path!r}); delete it from "
+                         "the store and push again")
+
+
+# --- pull -------------------------------------------------------------------------------------------------------
+
+
+def matching(manifests: list[StoreManifest], here: dict[str, Any], url: str) -> list[StoreManifest]:
+    """The manifests compiled in the environment `here`; CacheMismatchError naming the differences of the newest
+    when the store holds some, none of them of this environment."""
+    found = [m for m in manifests if not mismatches(m.environment, here)]
+    if manifests and not found:
+        differences = mismatches(manifests[-1].environment, here)
+        raise CacheMismatchError(f"{url} holds no cache compiled for this environment: {'; '.join(differences)}; "
+                                 "warm this machine's own cache with `shapeplan warm` (and push it)",
+                                 differences=differences)
+    return found
+
+
+def select(manifests: list[StoreManifest], tasks: set[str] | None) -> list[StoreManifest]:
+    """The manifests a pull needs: all, or with `tasks` (a plan's task keys) those holding one of them warmed."""
+    return manifests if tasks is None else [m for m in manifests if m.warmed() & tasks]
+
+
+def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str] | None = None,
+         limits: Limits = DEFAULT_LIMITS, allow_empty: bool = False) -> PullResult:
+    """Download into `cache_dir` what it lacks of the store's manifests of this machine's environment (with
+    `tasks`, of those holding one of the plan's shapes), all or nothing. `allow_empty`: a store with nothing for
+    this machine pulls nothing instead of refusing (`warm --pull` then warms everything)."""
+    store = open_store(url)
+    with store_errors(url):
+        manifests = _read_manifests(store, limits)
+    if not manifests and not allow_empty:
+        raise CacheError(f"{url} holds no pushed cache; push one with `shapeplan cache push --cache-dir DIR {url}`")
+    here = machine_environment(device or (manifests[-1].environment["compiler"].get("device", "cpu")
+                                          if manifests else "cpu"))
+    try:
+        chosen = select(matching(manifests, here, url), tasks)
+    except CacheMismatchError:
+        if not allow_empty:
+            raise
+        chosen = []
+    wanted: dict[str, StoreFile] = {}
+    for manifest in chosen:  # the newest push's copy of a path wins
+        wanted.update(manifest.files)
+    sections: dict[str, dict[str, Any]] = {}
+    for manifest in chosen:
+        for key, section in manifest.shapes.items():
+            merged = sections.setdefault(key, {"environment": section["environment"], "shapes": {}})
+            merged["shapes"].update(section["shapes"])
+    target = cache_dir.resolve()
+    if target.exists() and not target.is_dir():
+        raise CacheError(f"{target} is not a folder; pull into a folder (new or a cache dir) with --cache-dir")
+    created = not target.exists()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"cannot create {target} ({exc.strerror}); pull into a writable --cache-dir") from None
+    try:
+        with locked_dir(target, "`shapeplan cache pull` or `cache import`"):
+            _finish_killed_pulls(target)
+            refuse_incomplete_import(target)
+            missing = {path: f for path, f in wanted.items() if not (target / path).exists()}
+            objects = {f.sha256: f for f in missing.values()}
+            size = sum(f.size for f in objects.values())
+            if len(missing) > limits.max_files or size > limits.max_bytes:
+                raise CacheError(f"the pull would write {len(missing)} files, {size} bytes, over the limits; raise "
+                                 "--max-gib / --max-files if it is genuine")
+            free = shutil.disk_usage(target).free
+            if size > free:
+                raise CacheError(f"{target} has {free} bytes free, the pull needs {size}; free space or pull "
+                                 "elsewhere")
+            added = _pull_locked(store, target, missing, objects, sections) if missing or sections else 0
+    except BaseException as exc:
+        if created:
+            with contextlib.suppress(OSError):  # not empty: a racing pull took it over
+                target.rmdir()
+        if isinstance(exc, PermissionError):
+            raise CacheError(f"cannot write into {target} ({exc.strerror}); pull into a writable --cache-dir") \
+                from None
+        raise
+    return PullResult(url, str(target), len(manifests), len(chosen), len(wanted), len(wanted) - len(missing),
+                      len(objects), size, added)
+
+
+def _pull_locked(store: Store, target: Path, missing: dict[str, StoreFile], objects: dict[str, StoreFile],
+                 sections: dict[str, dict[str, Any]]) -> int:
+    staging = Path(tempfile.mkdtemp(prefix=f"{PULL_STAGING}{os.getpid()}-", dir=target))
+    journaled = False
+    try:
+        if objects:
+            with store_errors(store.url):
+                store.fs.get([store.path(OBJECTS, digest) for digest in objects],
+                             [str(staging / digest) for digest in objects])
+        for digest in objects:
+            staged = staging / digest
+            if not staged.is_file() or sha256_of(staged) != digest:
+                raise CacheError(f"{store.url}: object {OBJECTS}/{digest} does not match its checksum (tampered or "
+                                 "damaged); nothing was pulled: delete it from the store and push again")
+        journal = {"links": sorted([f.sha256, path, f.mode] for path, f in missing.items()), "sections": sections}
+        (staging / PULL_JOURNAL).write_text(json.dumps(journal), encoding="utf-8")
+        journaled = True
+        return _move_in(staging, target)
+    finally:
+        if not journaled:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_in(staging: Path, target: Path) -> int:
+    """Carry out a staging folder's journal: link every staged file to its paths (a path the cache holds is kept),
+    record the shapes, remove the staging folder. Repeatable: a pull killed here is finished by the next one."""
+    journal = json.loads((staging / PULL_JOURNAL).read_text(encoding="utf-8"))
+    for digest, path, mode in journal["links"]:
+        destination = target / path
+        if destination.exists():
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staged = staging / digest
+        staged.chmod(mode)
+        try:
+            os.link(staged, destination)
+        except FileExistsError:
+            continue
+        except OSError:  # a file system without hard links: copy, renamed into place
+            fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+            os.close(fd)
+            shutil.copy2(staged, tmp)
+            os.replace(tmp, destination)
+    added = Manifest(target / MANIFEST).add_sections(journal["sections"])
+    shutil.rmtree(staging)
+    return added
+
+
+def _finish_killed_pulls(target: Path) -> None:
+    """Under the pull lock: finish what killed pulls journaled, and remove what they only staged."""
+    for staging in sorted(target.glob(f"{PULL_STAGING}*")):
+        if (staging / PULL_JOURNAL).is_file():
+            _move_in(staging, target)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+# --- the store as a manifest ------------------------------------------------------------------------------------
+
+
+def merged(manifests: list[StoreManifest]) -> MergedManifest:
+    """The store's manifests as one merged manifest (as `read_merged` gives a cache dir's), each shape's "shard"
+    naming the push that holds it, for `plan_status`."""
+    environments: dict[str, dict[str, Any]] = {}
+    for manifest in manifests:
+        for key, section in manifest.shapes.items():
+            held = environments.setdefault(key, {"environment": section["environment"], "shapes": {}})
+            for task, entry in section["shapes"].items():
+                if entry["status"] in WARMED and held["shapes"].get(task, {}).get("status") not in WARMED:
+                    held["shapes"][task] = {**entry, "shard": manifest.name}
+    return MergedManifest((), environments)
+
