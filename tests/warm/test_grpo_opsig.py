@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, warm_plan
+from tests.warm.harness import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +25,12 @@ CONFIGS = {
         "--per_device_train_batch_size", "2", "--num_generations", "2", "--steps_per_generation", "2",
         "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--beta", "0.1", "--max_steps", "4",
         "--dtype", "bfloat16", "--bf16", "true"]),
+    # LoRA: the reference forward runs the policy with its adapters disabled, and the static cache a longer prompt
+    # grew is kept by the model inside the PeftModel
+    "grpo-lora-ref": ("grpo", slice(20, 36), [
+        "--per_device_train_batch_size", "2", "--num_generations", "2", "--steps_per_generation", "2",
+        "--max_completion_length", "8", "--pad_to_multiple_of", "64", "--beta", "0.04", "--max_steps", "4",
+        "--bf16", "false", *LORA]),
     # One prompt per generation batch, unpadded (multiple 1): prompts arrive without padding, and a batch of
     # full-length completions has none at all, so attention skips its mask.
     "rloo-one-prompt-unpadded": ("rloo", slice(0, 8), [
