@@ -59,7 +59,7 @@ def test_sliding_window_model_warm_covers_the_decode_graphs(tmp_path: Path) -> N
     method, rows, argv = CONFIGS["grpo-three-prompt-buckets"]
     plan = _assert_covered(method, rows, [*argv, "--model_name_or_path", str(model)], tmp_path)
     caches = sorted({s.cache_len for s in plan.shapes if s.phase == "generate"})
-    assert len(caches) > 1 and caches[0] > 48, caches  # every full layer's cache is longer than the window
+    assert caches and caches[0] > 48, caches  # the full layer's cache is longer than the window
     report = render_plan(plan)
     assert all(f"cache {c} (sliding layers 48)" in report for c in caches), report
     assert {t.label.split(" cache ")[1] for t in generation_tasks(plan)} == {f"{c}, sliding 48" for c in caches}
