@@ -163,6 +163,8 @@ def sliding_window(args: TrainingArgs) -> int | None:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     model = args.model
+    if not model.model_name_or_path:
+        return None
     try:
         config = AutoConfig.from_pretrained(model.model_name_or_path, revision=model.model_revision,
                                             trust_remote_code=bool(args.training.trust_remote_code))
