@@ -262,7 +262,7 @@ def test_verify(tmp_path: Path, eager_plan: Path, read_only: list[Path]) -> None
 
 
 @pytest.mark.slow
-def test_verify_refuses_a_cache_warmed_with_other_peft_settings(tmp_path: Path) -> None:
+def test_verify_and_import_refuse_a_cache_warmed_with_other_peft_settings(tmp_path: Path) -> None:
     cache, plans = tmp_path / "cache", {}
     for name, peft in {"lora": LORA, "none": [], "rank-4": [*LORA, "--lora_r", "4"]}.items():
         plans[name] = tmp_path / f"{name}.json"
@@ -277,6 +277,14 @@ def test_verify_refuses_a_cache_warmed_with_other_peft_settings(tmp_path: Path) 
             "warm it with the run's PEFT options (`shapeplan warm --plan PLAN`)")
     assert "verify: nothing compiled" in ok(shapeplan("verify", "--plan", plans["lora"], "--device", "cpu",
                                                       "--cache-dir", cache))
+    # cache import --plan: the archive of that cache is refused for the full fine-tune, imported for the LoRA run
+    archive = tmp_path / "cache.tar.gz"
+    ok(shapeplan("cache", "export", "--cache-dir", cache, "-o", archive))
+    refused(shapeplan("cache", "import", archive, "--cache-dir", tmp_path / "none", "--plan", plans["none"]), 3,
+            f"{archive} was warmed for {lora}, this run trains no PEFT (full fine-tuning): other graphs; warm it "
+            "with the run's PEFT options (`shapeplan warm --plan PLAN`)")
+    assert not (tmp_path / "none").exists()
+    ok(shapeplan("cache", "import", archive, "--cache-dir", tmp_path / "lora", "--plan", plans["lora"]))
 
 
 @pytest.mark.slow
