@@ -19,10 +19,13 @@ def table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int,
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-def _extra(shape: Shape) -> str:
+def _extra(shape: Shape, sliding_window: int | None = None) -> str:
+    """The notes of a shape; `sliding_window`: the model's sliding layers' window, whose static cache is the lesser
+    of it and the cache length."""
     parts = []
     if shape.cache_len is not None:
-        parts.append(f"cache {shape.cache_len}")
+        sliding = f" (sliding layers {min(sliding_window, shape.cache_len)})" if sliding_window else ""
+        parts.append(f"cache {shape.cache_len}{sliding}")
     if shape.max_new_tokens is not None:
         parts.append(f"new {shape.max_new_tokens}")
     if shape.logits_to_keep is not None:
@@ -75,10 +78,11 @@ def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
 
 
 def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES) -> str:
+    sliding = plan.config.get("sliding_window")
     has_extra = any(_extra(s) for s in plan.shapes)
     headers = ["phase", "batch", "seq", "count", "first step"] + (["notes"] if has_extra else [])
-    rows = [[s.phase, str(s.batch), str(s.seq), str(s.count), str(s.first_step)] + ([_extra(s)] if has_extra else [])
-            for s in plan.shapes]
+    rows = [[s.phase, str(s.batch), str(s.seq), str(s.count), str(s.first_step)]
+            + ([_extra(s, sliding)] if has_extra else []) for s in plan.shapes]
     st = plan.stats
     generate_lines = _generate_lines(plan, generate_minutes)
     generating = bool(generate_lines)

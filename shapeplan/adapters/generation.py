@@ -154,6 +154,27 @@ def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, 
     return EvalLoop(lengths, batches, tuple(eval_steps_of(args, loop)))
 
 
+def sliding_window(args: TrainingArgs) -> int | None:
+    """The run's model's sliding window, where some of its layers attend through one (Mistral/Qwen-style
+    `sliding_window` with sliding `layer_types`, Gemma): transformers' static cache gives those layers
+    min(sliding_window, cache length) slots (`StaticSlidingWindowLayer`), the full layers the cache length. None for
+    a model without sliding layers, or whose config is not readable here."""
+    from transformers import AutoConfig
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    model = args.model
+    if not model.model_name_or_path:
+        return None
+    try:
+        config = AutoConfig.from_pretrained(model.model_name_or_path, revision=model.model_revision,
+                                            trust_remote_code=bool(args.training.trust_remote_code))
+        _, layers = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except (OSError, ValueError, AttributeError):  # no readable config: the report leaves the sliding layers out
+        return None
+    windows = {kwargs["sliding_window"] for kwargs in layers if kwargs.get("sliding_window")}
+    return min(windows) if windows else None
+
+
 def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...], layout: GenerationLayout,
              loop: TrainLoop, epoch_batches: Callable[[int], RankBatches], evals: EvalLoop, config: dict[str, Any],
              warnings: Sequence[str] = ()) -> Plan:
@@ -168,7 +189,7 @@ def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...
         eval_batches=evals.order,
         eval_steps=list(evals.steps),
         generation_kwargs=args.training.generation_kwargs or {},
-        config=config,
+        config={**config, "sliding_window": sliding_window(args)},
         versions=versions(),
         fingerprint=run_fingerprint(data),
         warnings=warnings,

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
 from ..plan.io import remove_stale, temp_file, write_atomic
-from ..warm.manifest import MANIFEST, machine_environment, mismatches
+from ..warm.manifest import MANIFEST, check_same_peft, machine_environment, mismatches, read_merged
 from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
@@ -389,9 +389,10 @@ def _clear_stale_import(target: Path) -> None:
 
 
 def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                 follow_symlink: bool = False) -> ArchiveInfo:
-    """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine: all or
-    nothing."""
+                 follow_symlink: bool = False, run: dict[str, Any] | None = None) -> ArchiveInfo:
+    """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine, and, given
+    the warm environment of a `run`, that it was not warmed for that run's method and model with other PEFT
+    settings only: all or nothing."""
     if cache_dir.is_symlink() and not follow_symlink:
         raise CacheError(f"{cache_dir} is a symbolic link (to {os.readlink(cache_dir)}); pass --follow-symlink to "
                          "import through it, or a real folder as --cache-dir")
@@ -415,7 +416,7 @@ def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, l
     try:
         try:
             with locked_dir(target, "`shapeplan cache import`"):
-                shapes = _import_locked(archive, info, target, limits)
+                shapes = _import_locked(archive, info, target, limits, run)
         except PermissionError as exc:
             raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") \
                 from None
@@ -449,7 +450,8 @@ def locked_dir(target: Path, holder: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits) -> int:
+def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits,
+                   run: dict[str, Any] | None) -> int:
     """The import, holding the target's lock; returns the number of warmed shapes imported."""
     _clear_stale_import(target)
     # a freshly formatted ext4 volume holds lost+found at its root: that mount point counts as empty
@@ -473,6 +475,8 @@ def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limit
         if environment != {"versions": info.environment["versions"], "compiler": info.environment["compiler"]}:
             raise CacheError(f"{archive} is damaged: its {MANIFEST} records another environment than the archive; "
                              "export it again")
+        if run is not None:
+            check_same_peft(read_merged(staging), run, str(archive))
         _move_in(staging, target, info)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

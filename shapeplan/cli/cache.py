@@ -70,19 +70,29 @@ def _limits(max_gib: float, max_files: int, max_metadata_mib: float) -> Limits:
               help="The compiler stack to check against. Default: the archive's.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
 @click.option("--follow-symlink", is_flag=True, help="Import into DIR even if it is a symbolic link.")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
+              help="The plan the cache is for: refuse an archive warmed for its method and model with other PEFT "
+                   "(LoRA) settings only.")
 @limit_options
 def import_command(archive: str, cache_dir: str, device: str | None, as_json: bool, follow_symlink: bool,
-                   max_gib: float, max_files: int, max_metadata_mib: float) -> None:
+                   plan_path: str | None, max_gib: float, max_files: int, max_metadata_mib: float) -> None:
     """Check ARCHIVE against this machine and extract it into DIR, all or nothing.
 
-    Refused (nothing written) when its package versions or compiler settings differ from this machine's (exit
-    3), or when a file is missing, added or does not match its checksum, its manifest is unusable, a member would
-    land outside DIR, it exceeds the limits below, or another import is filling DIR (1).
+    Refused (nothing written) when its package versions or compiler settings differ from this machine's, or, with
+    --plan, when it was warmed for the plan's method and model with other PEFT settings only (exit 3), or when a
+    file is missing, added or does not match its checksum, its manifest is unusable, a member would land outside
+    DIR, it exceeds the limits below, or another import is filling DIR (1).
     """
     from ..cache.archive import import_cache
 
     limits = _limits(max_gib, max_files, max_metadata_mib)
-    info = import_cache(Path(archive), Path(cache_dir), device=device, limits=limits, follow_symlink=follow_symlink)
+    run = None
+    if plan_path is not None:
+        from ..run import load_run
+
+        run = load_run(plan_path, None, None, None, None, (), device or "cpu")[1].environment()
+    info = import_cache(Path(archive), Path(cache_dir), device=device, limits=limits, follow_symlink=follow_symlink,
+                        run=run)
     _emit(info, f"imported {_summary(info)} into {Path(cache_dir).resolve()}", as_json)
 
 

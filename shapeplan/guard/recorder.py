@@ -14,6 +14,9 @@ Phases are told apart by what runs, the way the plan names them:
                                `precomputed_from_cache` names)
     teacher / eval_teacher     Distillation's teacher backbone during a train step / in the eval loop
 Distillation's student and teacher run their backbones (`base_model`) directly: the backbones carry its phases.
+Under PEFT (shapeplan/lora.py) the hooks sit on the transformers model inside the `PeftModel`, which every forward
+and `generate` reaches, and a policy forward with its adapters disabled is the reference forward (ref, ref_kl and
+their eval twins), as TRL runs it instead of a reference model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..lora import adapters_off, inner_model
 from ..plan.model import Method, Phase
 from ..trainers import TRAINERS
 
@@ -139,11 +143,12 @@ class ShapeRecorder:
             self._wrap_helper("_precompute_ref_logps", self._precomputing)
         if rules.loss_masks:
             self._wrap_helper("_compute_loss", self._in_loss)
+        model = inner_model(self.policy)
         if rules.backbone:
-            self._hook(self.policy, self._generate_only_hook)
-            self._hook(self.policy.base_model, self._phase_hook("train", "eval"))
+            self._hook(model, self._generate_only_hook)
+            self._hook(model.base_model, self._phase_hook("train", "eval"))
         else:
-            self._hook(self.policy, self._policy_hook)
+            self._hook(model, self._policy_hook)
         self.attach_late()
 
     def attach_late(self) -> None:
@@ -268,6 +273,9 @@ class ShapeRecorder:
         ids = _input_ids(args, kwargs)
         if self._in_generate:
             self._generate_prefill(module, ids, kwargs)
+            return
+        if adapters_off(self.policy):
+            self._ref_hook(module, args, kwargs)
             return
         phase: Phase
         if not module.training:

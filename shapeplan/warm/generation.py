@@ -38,6 +38,7 @@ from functools import cached_property
 from typing import Any, cast
 
 from ..errors import UsageError, first_line
+from ..lora import inner_model
 from ..plan.model import Plan
 from ..trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
@@ -319,8 +320,9 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         if call.length is None:
             if call.cache_len is not None:
                 # transformers sizes a static cache max(P + max_new_tokens - 1, max_cache_len, this attribute) and
-                # keeps the result here: the planned length (the run's running maximum) is the largest of the three
-                model._previous_max_cache_length = call.cache_len
+                # keeps the result here: the planned length (the run's running maximum) is the largest of the three.
+                # It reads and writes it on the model whose `generate` runs: under PEFT the one inside the wrapper.
+                inner_model(model)._previous_max_cache_length = call.cache_len
             decode_to.append(input_ids.shape[1] + kwargs["generation_config"].max_new_tokens)
             try:
                 return original_generate(*args, **kwargs)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanFileError
 from ..host import installed_versions
+from ..lora import peft_settings
 from ..plan.model import Plan
 
 if TYPE_CHECKING:
@@ -71,13 +72,17 @@ _CONFIG_SECTION = "sft"
 
 def environment(args: TrainingArgs) -> dict[str, Any]:
     """What besides the backend shapes the compiled code of the run `args` (its TrainingArgs): method, model,
-    dtype, world size, versions and a hash of the config. It keys the manifest: keep its value stable."""
+    dtype, world size, versions and a hash of the config, and a PEFT run's adapter settings (shapeplan/lora.py), in
+    the clear so that `verify` names a mismatch. It keys the manifest: keep its value stable (a run without PEFT
+    has no "peft" entry, as before)."""
     config, model_args = args.training, args.model
     values = {k: v for k, v in config.to_dict().items()
               if k not in _NOT_COMPILED and not k.startswith(_NOT_COMPILED_PREFIXES)}
     model = {k: v for k, v in vars(model_args).items() if k != "model_name_or_path"}
     hashed = {_CONFIG_SECTION: values, "model": model}
+    peft = peft_settings(model_args)
     return {
+        **({"peft": peft} if peft is not None else {}),
         "method": args.method,
         "model": model_args.model_name_or_path,
         "dtype": {"model": str(model_args.dtype), "bf16": bool(config.bf16), "fp16": bool(config.fp16)},

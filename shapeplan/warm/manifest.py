@@ -227,6 +227,22 @@ def read_merged(cache_dir: Path) -> MergedManifest:
     return MergedManifest(tuple(files), environments)
 
 
+def check_same_peft(merged: MergedManifest, environment: dict[str, Any], source: str = "the cache dir") -> None:
+    """Refuse (CacheMismatchError) `source`, a cache dir or archive, warmed for this method and model with other PEFT
+    settings only: a LoRA run's graphs (adapter matmuls, a reference forward with the adapters off) are not a full
+    fine-tune's, nor another rank's, alpha's or target modules'."""
+    from ..lora import describe
+
+    same_run = [s["environment"] for s in merged.environments.values()
+                if s["environment"].get("method") == environment.get("method")
+                and s["environment"].get("model") == environment.get("model")]
+    run = environment.get("peft")
+    if same_run and all(e.get("peft") != run for e in same_run):
+        raise CacheMismatchError(f"{source} was warmed for {describe(same_run[0].get('peft'))}, this run trains "
+                                 f"{describe(run)}: other graphs; warm it with the run's PEFT options "
+                                 "(`shapeplan warm --plan PLAN`)", warmed=same_run[0].get("peft"), run=run)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanStatus:
     """How far the merged manifests are with a plan: per task key, where it was warmed ([{"environment": key,

@@ -29,6 +29,7 @@ class GenerateTask:
     cache_len: int | None
     max_new_tokens: int
     completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
+    sliding_window: int | None = None  # the model's sliding layers' window (their static cache: the lesser of two)
 
     @property
     def key(self) -> str:
@@ -39,7 +40,10 @@ class GenerateTask:
 
     @property
     def label(self) -> str:
-        return f"{self.phase} ({self.batch}, {self.seq})"
+        label = f"{self.phase} ({self.batch}, {self.seq})"
+        if self.sliding_window is not None and self.cache_len is not None:
+            label += f" cache {self.cache_len}, sliding {min(self.sliding_window, self.cache_len)}"
+        return label
 
     @property
     def cost(self) -> float:
@@ -72,7 +76,8 @@ def _side_tasks(plan: Plan, generate_phase: Phase, round_phases: tuple[str, ...]
         buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
         trained.add(shape.seq)
         tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
-                                  max_new_tokens=shape.max_new_tokens, completions=buckets))
+                                  max_new_tokens=shape.max_new_tokens, completions=buckets,
+                                  sliding_window=plan.config.get("sliding_window")))
     return tasks
 
 

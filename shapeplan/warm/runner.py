@@ -14,7 +14,7 @@ from ..plan.io import dumps
 from ..plan.model import Plan
 from ..trainers import TRAINERS
 from .backends.base import Backend
-from .manifest import Manifest, environment_key, manifest_name, read_merged
+from .manifest import Manifest, check_same_peft, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask
 from .parallel import current_part, split
 from .shards import Shard, shard_tasks
@@ -116,6 +116,8 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
     manifest = None if verify else Manifest(cache_dir / manifest_name(shard))
     key = environment_key(environment)
     merged = None if verify else read_merged(cache_dir)
+    if verify:
+        check_same_peft(read_merged(cache_dir), environment)
     skipped = [t for t in mine if merged is not None and merged.done(key, t)]
     todo = [t for t in mine if t not in skipped]
     part = current_part()

@@ -25,7 +25,7 @@ from shapeplan.cache.archive import ARCHIVE_META
 from shapeplan.plan.io import write_plan
 from tests.cache.test_archive import _rewrite, _warmed_cache
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
-from tests.warm.harness import plan_for, run_argv
+from tests.warm.harness import LORA, plan_for, run_argv
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 EAGER = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1"]
@@ -259,6 +259,32 @@ def test_verify(tmp_path: Path, eager_plan: Path, read_only: list[Path]) -> None
             "pass the warmed folder with --cache-dir")
     assert not missing.exists()
     refused(shapeplan("verify", "--device", "cpu"), 2, "Missing option '--plan'; see `shapeplan verify --help`")
+
+
+@pytest.mark.slow
+def test_verify_and_import_refuse_a_cache_warmed_with_other_peft_settings(tmp_path: Path) -> None:
+    cache, plans = tmp_path / "cache", {}
+    for name, peft in {"lora": LORA, "none": [], "rank-4": [*LORA, "--lora_r", "4"]}.items():
+        plans[name] = tmp_path / f"{name}.json"
+        write_plan(plan_for("sft", CAPYBARA, [*EAGER, *peft], tmp_path / "out"), plans[name])
+    ok(shapeplan("warm", "--plan", plans["lora"], "--device", "cpu", "--cache-dir", cache))
+    lora = "LoRA r=8, alpha=16, dropout=0.05, targets=all-linear"
+    refused(shapeplan("verify", "--plan", plans["none"], "--device", "cpu", "--cache-dir", cache), 3,
+            f"the cache dir was warmed for {lora}, this run trains no PEFT (full fine-tuning): other graphs; warm it "
+            "with the run's PEFT options (`shapeplan warm --plan PLAN`)")
+    refused(shapeplan("verify", "--plan", plans["rank-4"], "--device", "cpu", "--cache-dir", cache), 3,
+            f"the cache dir was warmed for {lora}, this run trains {lora.replace('r=8', 'r=4')}: other graphs; "
+            "warm it with the run's PEFT options (`shapeplan warm --plan PLAN`)")
+    assert "verify: nothing compiled" in ok(shapeplan("verify", "--plan", plans["lora"], "--device", "cpu",
+                                                      "--cache-dir", cache))
+    # cache import --plan: the archive of that cache is refused for the full fine-tune, imported for the LoRA run
+    archive = tmp_path / "cache.tar.gz"
+    ok(shapeplan("cache", "export", "--cache-dir", cache, "-o", archive))
+    refused(shapeplan("cache", "import", archive, "--cache-dir", tmp_path / "none", "--plan", plans["none"]), 3,
+            f"{archive} was warmed for {lora}, this run trains no PEFT (full fine-tuning): other graphs; warm it "
+            "with the run's PEFT options (`shapeplan warm --plan PLAN`)")
+    assert not (tmp_path / "none").exists()
+    ok(shapeplan("cache", "import", archive, "--cache-dir", tmp_path / "lora", "--plan", plans["lora"]))
 
 
 @pytest.mark.slow

@@ -22,13 +22,13 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *, eval_path
     loads the data as `trl distillation --dataset_streaming` does (`harness.load_data`)."""
     import torch
     from transformers import AutoModelForCausalLM
-    from trl import DistillationTrainer
+    from trl import DistillationTrainer, get_peft_config
     from trl.scripts.distillation import make_parser
 
     from shapeplan import ShapeGuard
 
     output_dir = tempfile.mkdtemp(prefix="shapeplan-oracle-")
-    _, config, *_ = make_parser().parse_args_and_config([
+    _, config, model_args, *_ = make_parser().parse_args_and_config([
         "--output_dir", output_dir, "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
         "--teacher_model_name_or_path", str(TINY_MODEL), *argv], return_remaining_strings=True)
@@ -40,7 +40,7 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *, eval_path
     guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
     guard.on_forward = seen.append
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=config, train_dataset=train,
-                                  eval_dataset=eval_ds, callbacks=[guard])
+                                  eval_dataset=eval_ds, callbacks=[guard], peft_config=get_peft_config(model_args))
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -31,13 +31,14 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed. `streaming`
     loads the data as `trl <method> --dataset_streaming` does (`harness.load_data`)."""
     import torch
+    import trl
     from transformers import AutoModelForCausalLM
 
     from shapeplan import ShapeGuard
 
     parser = importlib.import_module(TRAINERS[method].script).make_parser()
     output_dir = tempfile.mkdtemp(prefix="shapeplan-oracle-")
-    _, config, *_ = parser.parse_args_and_config([
+    _, config, model_args, *_ = parser.parse_args_and_config([
         "--output_dir", output_dir, "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv], return_remaining_strings=True)
     train = load_data(train_path, streaming)
@@ -47,7 +48,8 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
     guard.on_forward = seen.append
     trainer = TRAINERS[method].trainer()(model=model, reward_funcs=[completion_length_reward], args=config,
-                                         train_dataset=train, eval_dataset=eval_ds, callbacks=[guard])
+                                         train_dataset=train, eval_dataset=eval_ds, callbacks=[guard],
+                                         peft_config=trl.get_peft_config(model_args))
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

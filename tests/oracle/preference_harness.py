@@ -27,11 +27,12 @@ class Run:
 
 
 def _parse(method: str, argv: Sequence[str]) -> tuple[Any, Any]:
+    """`trl <method>`'s training config and model config (PEFT options) from `argv`."""
     import importlib
 
     parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
-    script, config, *_ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
-    return script, config
+    _, config, model_args, *_ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
+    return config, model_args
 
 
 def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
@@ -60,7 +61,7 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_p
 
     # The tiny model's ops are too small to share across threads; on a busy 2-core box threads triple the time.
     torch.set_num_threads(1)
-    _, config = _parse(method, [
+    config, model_args = _parse(method, [
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true",
         # recomputing activations costs CPU time and never reaches the model's top-level forward the hooks watch
@@ -77,7 +78,8 @@ def run_preference(method: str, train_path: Path, argv: Sequence[str], *, eval_p
     guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
     guard.on_forward = seen.append
     trainer = getattr(trl, TRAINERS[method])(model=model, args=config, train_dataset=train, eval_dataset=eval_ds,
-                                             processing_class=tokenizer, callbacks=[guard])
+                                             processing_class=tokenizer, callbacks=[guard],
+                                             peft_config=trl.get_peft_config(model_args))
     trainer.train()
     rows = None if isinstance(trainer.train_dataset, IterableDataset) else len(trainer.train_dataset)
     return Run(seen=seen, train_rows=rows, optimizer_steps=trainer.state.global_step)

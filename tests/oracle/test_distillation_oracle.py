@@ -13,6 +13,7 @@ from tests.conftest import TINY_MODEL
 from tests.oracle.distillation_harness import run_distillation_trainer
 from tests.oracle.grpo_harness import observed, planned
 from tests.oracle.test_grpo_oracle import MIXED, STATIC, _rows
+from tests.warm.harness import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +33,8 @@ CONFIGS = {
         "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "3", "--max_completion_length", "1",
         "--pad_to_multiple_of", "1", "--max_steps", "2"]),
 }
+# LoRA: the student's generate and backbone run inside the PeftModel
+CONFIGS["epochs-eval-lora"] = (*CONFIGS["epochs-eval"][:2], [*CONFIGS["epochs-eval"][2], *LORA])
 
 
 # Completions longer than one padding multiple: C depends on sampling, the prompt side stays exact.

@@ -11,6 +11,7 @@ import pytest
 from shapeplan.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 from tests.oracle.grpo_harness import observed, planned, run_generation_trainer
+from tests.warm.harness import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +54,8 @@ CONFIGS = {
         "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "16",
         "--max_steps", "3"]),
 }
+# LoRA: generate runs the model inside the PeftModel, the reference forwards the policy with its adapters disabled
+CONFIGS["eval-lora"] = (*CONFIGS["eval"][:3], [*CONFIGS["eval"][3], *LORA])
 # Completions longer than one padding multiple: C depends on sampling, the prompt side stays exact.
 SAMPLED = {
     "completion-256": ("grpo", 16, None, [

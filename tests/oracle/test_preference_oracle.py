@@ -10,6 +10,7 @@ from shapeplan.analyze import analyze
 from tests.conftest import ROOT, TINY_MODEL
 from tests.oracle.harness import observed, planned
 from tests.oracle.preference_harness import run_preference
+from tests.warm.harness import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +57,11 @@ CONFIGS = {
         "--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "2", "--num_train_epochs", "1.5"],
         None),
 }
+# LoRA: no reference model, the reference forwards (KTO's KL rows too, the eval loop's) run the policy with its
+# adapters disabled
+for _name in ("dpo-explicit-truncate-eval", "kto-unpaired-truncate-eval"):
+    _method, _data, _argv, _eval = CONFIGS[_name]
+    CONFIGS[f"{_name}-lora"] = (_method, _data, [*_argv, *LORA], _eval)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -17,7 +17,8 @@ from tests.conftest import TINY_MODEL
 from tests.warm.harness import warm_plan
 from tests.warm.placement import DeviceOpRecorder, tracking
 
-__all__ = ["PAD_MODULES", "device_ops", "plan_for", "real_run", "run_argv", "warm_ops", "warm_plan"]
+__all__ = ["PAD_MODULES", "device_ops", "plan_for", "real_run", "run_argv", "sliding_window_model", "warm_ops",
+           "warm_plan"]
 
 REWARD = "tests.oracle.grpo_harness.completion_length_reward"
 BASE = ["--model_name_or_path", str(TINY_MODEL), "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true",
@@ -62,6 +63,25 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
         quantization_config=trl.get_quantization_config(model_args), peft_config=trl.get_peft_config(model_args),
         **signal)
     trainer.train()
+
+
+def sliding_window_model(path: Path, window: int) -> Path:
+    """The tiny model (its tokenizer, new weights) with a sliding first layer of `window` tokens and a full second
+    layer, as Mistral/Qwen-style configs mark them (`layer_types`), built offline into `path`."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    path.mkdir(parents=True)
+    for file in TINY_MODEL.iterdir():
+        if file.name not in ("config.json", "model.safetensors"):
+            shutil.copy(file, path / file.name)
+    config = AutoConfig.from_pretrained(TINY_MODEL, sliding_window=window, use_sliding_window=True, max_window_layers=0,
+                                        layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path
 
 
 def device_ops(fn, *args, everything: bool = False):  # type: ignore[no-untyped-def]

@@ -28,6 +28,8 @@ T = TypeVar("T")
 # about which ops run where).
 BASE = ["--model_name_or_path", str(TINY_MODEL), "--bf16", "false", "--save_strategy", "no", "--report_to", "none",
         "--use_cpu", "true", "--disable_tqdm", "true"]
+# A LoRA run as most users train: `trl <method> --use_peft` on every linear layer (docs/peft.md).
+LORA = ["--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear"]
 
 
 def run_argv(data: Path, argv: Sequence[str], output_dir: Path) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from shapeplan.trainers import TRAINERS
 from tests.conftest import ROOT
-from tests.warm.harness import plan_for, real_run, record, warm_plan
+from tests.warm.harness import LORA, plan_for, real_run, record, warm_plan
 
 EXPLICIT = ROOT / "tests" / "fixtures" / "preference-explicit.jsonl"
 UNPAIRED = ROOT / "tests" / "fixtures" / "kto-unpaired.jsonl"
@@ -28,6 +28,9 @@ CASES: dict[str, tuple[Path, dict[str, list[str]]]] = {
         "truncate": ["--per_device_train_batch_size", "2", "--max_length", "256", "--max_steps", "3"],
         "eval-ga": [*EVAL_GA, "--max_length", "384"],
         "stream-eval-ga": [*STREAM_EVAL_GA, "--max_length", "384"],
+        # LoRA: the reference forwards run the policy with its adapters disabled (no reference model), in the
+        # train steps and in the eval loop
+        "eval-ga-lora": [*EVAL_GA, "--max_length", "384", *LORA],
     }),
     "kto": (UNPAIRED, {
         "truncate": ["--per_device_train_batch_size", "3", "--max_length", "256", "--max_steps", "3"],

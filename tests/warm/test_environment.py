@@ -11,6 +11,7 @@ import pytest
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.trainers import TRAINERS
 from tests.conftest import ROOT
+from tests.warm.harness import LORA
 
 RUN = ["--model_name_or_path", "org/model", "--bf16", "false"]
 # method -> (TRL options, the config hash shapeplan wrote into manifests before the warmers shared one environment
@@ -40,6 +41,18 @@ def test_only_options_that_change_the_compiled_code_change_the_hash() -> None:
     base = config_hash()
     assert config_hash("--learning_rate", "0.5", "--output_dir", "elsewhere", "--logging_steps", "3") == base
     assert config_hash("--gradient_checkpointing", "false") != base
+
+
+def test_a_peft_run_records_its_adapter_settings() -> None:
+    def environment(*argv: str) -> dict:  # type: ignore[type-arg]
+        return TRAINERS["sft"].warmer(parse_training_args("sft", [*RUN, *argv])).environment()
+
+    lora = environment(*LORA)
+    assert lora["peft"] == {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear",
+                            "target_parameters": None, "modules_to_save": None, "task_type": "CAUSAL_LM",
+                            "use_rslora": False, "use_dora": False}
+    assert "peft" not in environment()  # a full fine-tune's environment is what it was
+    assert environment(*LORA, "--lora_alpha", "32")["peft"]["alpha"] == 32
 
 
 def test_round_planning_imports_no_torch() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CAPYBARA
-from tests.warm.harness import plan_for, real_run, record, warm_plan
+from tests.warm.harness import LORA, plan_for, real_run, record, warm_plan
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +27,8 @@ CONFIGS = {
     "stream-padded-eval": ["--dataset_streaming", "--max_length", "256", "--per_device_train_batch_size", "2",
                            "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "2",
                            "--per_device_eval_batch_size", "10", "--dataset_test_split", "train"],
+    # LoRA on every linear layer: adapter matmuls, frozen base weights
+    "padded-lora": ["--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "3", *LORA],
     "stream-packing": ["--dataset_streaming", "--max_length", "256", "--per_device_train_batch_size", "2",
                        "--max_steps", "3", "--packing"],
 }
