@@ -39,7 +39,9 @@ class GenerateTask:
 
     @property
     def label(self) -> str:
-        return f"{self.phase} ({self.batch}, {self.seq})"
+        """Its size with its cache length and new tokens: generate sizes of one (batch, prompt) differ in them."""
+        cache = "dynamic cache" if self.cache_len is None else f"cache {self.cache_len}"
+        return f"{self.phase} ({self.batch}, {self.seq}, {cache}, new {self.max_new_tokens})"
 
     @property
     def cost(self) -> float:

@@ -127,7 +127,8 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others
         todo = shares[part.index]
-    tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress)
+    tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress,
+                      eager=not backend.compiles(torch_compile=warmer.torch_compile))
     for task in skipped:
         tracker.results[task] = WarmResult(task=task, status="skipped", seconds=0.0)
     try:

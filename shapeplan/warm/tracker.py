@@ -37,8 +37,9 @@ class Tracker:
     them to `progress`."""
 
     def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
-                 total: int, progress: Progress | None = None) -> None:
+                 total: int, progress: Progress | None = None, eager: bool = False) -> None:
         self.backend = backend
+        self.eager = eager  # nothing can compile: a finished task is `eager`, neither compiled nor cached
         self.manifest = manifest
         self.environment = environment
         self.env_key = environment_key(environment)
@@ -66,7 +67,7 @@ class Tracker:
     def finish(self, task: Task) -> None:
         self.charge(task)
         seconds, delta = self._spent.pop(task)
-        status = "compiled" if self.backend.compiled(delta) else "cached"
+        status = "eager" if self.eager else "compiled" if self.backend.compiled(delta) else "cached"
         self._done(WarmResult(task=task, status=status, seconds=seconds, counters=delta))
 
     def fail(self, task: Task, error: str) -> None:

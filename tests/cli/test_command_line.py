@@ -55,8 +55,7 @@ def test_dataset_beside_a_config_naming_one_is_the_one_planned(config: Path, tmp
     fewer = tmp_path / "fewer.jsonl"
     fewer.write_text("".join(CAPYBARA.read_text().splitlines(keepends=True)[:20]))
     plan = _plan(fewer, "--config", config)
-    assert plan["stats"]["rows"] == 20
-    assert plan["config"]["dataset_name"] == str(fewer)
+    assert plan["stats"]["rows"] == 20  # the config's dataset has 96
 
 
 @pytest.mark.parametrize(("command", "typo", "meant"), [
