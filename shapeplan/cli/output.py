@@ -58,7 +58,9 @@ class ProgressBar:
         self._bar = tqdm(total=total, desc=self.what, unit="shape", file=sys.stderr, dynamic_ncols=True,
                          disable=not sys.stderr.isatty())
         self._redirect = contextlib.ExitStack()
-        self._redirect.enter_context(logging_redirect_tqdm([logging.root, logging.getLogger("transformers")]))
+        library = logging.getLogger("transformers")  # its own handler, not propagated, once transformers set it up
+        loggers = [logging.root, *([library] if not library.propagate else [])]
+        self._redirect.enter_context(logging_redirect_tqdm(loggers))
         logging.captureWarnings(True)
         self._redirect.callback(logging.captureWarnings, False)
 
