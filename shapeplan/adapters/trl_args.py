@@ -264,7 +264,7 @@ def _known_action(method: str, option: str, actions: dict[str, Any]) -> Any:
         return actions[prefixed[0]]
     nearest = difflib.get_close_matches(option, [name for name in actions if name.startswith("--")], n=1, cutoff=0.75)
     hint = f"did you mean {nearest[0]}? " if nearest else ""
-    raise UsageError(f"unknown option {option}: {hint}It is neither a TRL `{method}` option nor an `accelerate "
+    raise UsageError(f"unknown option {option!r}: {hint}it is neither a TRL `{method}` option nor an `accelerate "
                      f"launch` option; see `trl {method} --help`")
 
 

@@ -61,7 +61,7 @@ def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
             raise UsageError(f"{name} is `shapeplan {command.name}`'s own option: give it before `--`")
         dashed = "--" + name[2:].replace("_", "-")
         if dashed in own:
-            raise UsageError(f"unknown option {name}: did you mean {dashed}? (shapeplan's own options are spelt "
+            raise UsageError(f"unknown option {name!r}: did you mean {dashed}? (shapeplan's own options are spelt "
                              "with dashes, TRL's with underscores)")
 
 

@@ -66,7 +66,8 @@ def test_analyze(tmp_path: Path) -> None:
     refused(shapeplan("analyze", missing, "--model", TINY_MODEL), 1,
             f"dataset {missing} not found: no such file or folder; pass an existing path or a Hub dataset id")
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--max_lenght", "5"), 2,
-            "unknown option '--max_lenght': it is neither a TRL `sft` option nor an `accelerate launch` option; "
+            "unknown option '--max_lenght': did you mean --max_length? it is neither a TRL `sft` option nor an "
+            "`accelerate launch` option; "
             "see `trl sft --help`")
 
 
