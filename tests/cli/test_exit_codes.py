@@ -126,7 +126,7 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
 
 def test_warm(tmp_path: Path, eager_plan: Path) -> None:
     cache = tmp_path / "cache"
-    assert "1 cached" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
+    assert "1 eager" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
     # again: every shape is in the manifest
     assert "1 skipped" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
 
@@ -146,7 +146,7 @@ def test_warm_streaming_run(tmp_path: Path) -> None:
     """Plan and warm a streaming run in one go: the warm-up builds the run's trainer and runs its planned shape."""
     out = ok(shapeplan("warm", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", *EAGER, "--device", "cpu",
                        "--cache-dir", tmp_path / "cache"))
-    assert "1 cached" in out
+    assert "1 eager" in out
 
 
 def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
