@@ -47,11 +47,11 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
     key = plan_cache.plan_key(method, key_words) if use_cache else None
     plan = plan_cache.load(key) if key is not None else None
     if plan is None:
+        argv = run_argv()  # first: a mistyped option is refused in the time TRL's parser takes, before datasets loads
         dataset_progress_bars(progress_bars)
         from .adapters.loop import dispatched_parts
         from .adapters.trl_args import parse_training_args
 
-        argv = run_argv()
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
             plan = spec.plan(parse_training_args(method, argv), argv, eval_source=eval_source, use_cache=use_cache)
         if key is not None:

@@ -121,15 +121,31 @@ def render_warm(report: WarmReport, *, verify: bool) -> str:
     lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
     if report.shard:
         lines.append(f"shard {report.shard.label} (from {report.shard.source})")
-    if verify:
+    if verify and report.eager:
+        lines.append(f"verify: nothing to compile: eager {report.device} runs no compiler, so this shows that the "
+                     "shapes run and proves nothing about the cache")
+    elif verify:
         lines.append("verify: nothing compiled" if not report.compiled and not report.failed else
                      f"verify: {len(report.compiled)} shape(s) compiled, {len(report.failed)} failed")
+    elif report.eager:
+        lines.append(f"eager {report.device} runs no compiler: the shapes ran, nothing was compiled or cached")
+    if report.eager:
+        lines.append("to warm a compile cache, warm with --torch_compile true (Inductor) or on --device neuron")
     lines += [f"warning: {w}" for w in report.warnings]
     if report.script_lines:
         lines.append("")
         lines.append("Set these in the training script (and its environment) to hit this cache:")
         lines += [f"  {line}" for line in report.script_lines]
     return "\n".join(lines)
+
+
+def render_env_file(report: WarmReport) -> str:
+    """The warm-up's environment variables as a file a shell (a Packer, systemd or Kubernetes step) can source."""
+    import shlex
+
+    return "".join([f"# from `shapeplan warm`: source this before training to hit the cache in {report.cache_dir}\n",
+                    *(f"export {name}={shlex.quote(value)}\n"
+                      for name, value in report.environment_variables.items())])
 
 
 def render_comparison(plan: Plan, observed: Plan) -> str:

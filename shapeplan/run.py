@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +17,65 @@ if TYPE_CHECKING:
     from .warm.runner import Warmer
 
 
+# `accelerate launch` flags that say how to start the script, not how the run is set up: dropped with the wrapper
+_SCRIPT_FLAGS = ("-m", "--module", "--no_python", "--no-python")
+
+
+def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
+    """The run a wrapped training command line names, as `neuron_parallel_compile` takes one after `--`:
+    `trl METHOD ARGS`, `accelerate launch LAUNCH... (trl METHOD | -m trl.scripts.METHOD | .../trl/scripts/METHOD.py)
+    ARGS` or `python -m trl.scripts.METHOD ARGS` become METHOD and ARGS, followed by the launch options (`trl`
+    passes those to `accelerate launch` the same way). Other words are returned as given. `method` is the
+    `--method` given (None: not given), which must agree with the wrapped one."""
+    from .trainers import METHODS
+
+    words = list(words)
+    head = Path(words[0]).name if words else ""
+    if head == "trl" and len(words) > 1 and not words[1].startswith("-"):
+        if words[1] not in METHODS:
+            raise UsageError(f"`trl {words[1]}` is not a training command shapeplan plans; wrap one of "
+                             f"{', '.join(f'`trl {m}`' for m in METHODS)}")
+        wrapped, argv = words[1], words[2:]
+    elif (head == "accelerate" and words[1:2] == ["launch"]) or head.startswith("python"):
+        start = 2 if head == "accelerate" else 1
+        for i in range(start, len(words)):
+            found = _trl_script(words[i:], METHODS)
+            if found is not None:
+                wrapped, used = found
+                launch = [w for w in words[start:i] if w not in _SCRIPT_FLAGS]
+                argv = [*words[i + used:], *launch]
+                break
+        else:
+            raise UsageError(f"`{' '.join(words[:4])} ...` runs no TRL training script; shapeplan plans `trl METHOD` "
+                             "runs: wrap `trl sft ...` or `accelerate launch ... -m trl.scripts.sft ...`")
+    else:
+        return method, tuple(words)
+    if method is not None and method != wrapped:
+        raise UsageError(f"--method {method} disagrees with the wrapped `trl {wrapped}`; drop --method")
+    return wrapped, tuple(argv)
+
+
+def _trl_script(words: list[str], methods: Sequence[str]) -> tuple[str, int] | None:
+    """The method of the TRL script `words` start with and how many words name it, or None."""
+    first = words[0]
+    if Path(first).name == "trl" and words[1:2] and words[1] in methods:  # the `trl` console script
+        return words[1], 2
+    module = first.removeprefix("trl.scripts.")
+    if module != first and module in methods:
+        return module, 1
+    path = Path(first)
+    if path.suffix == ".py" and path.stem in methods and path.parent.parts[-2:] == ("trl", "scripts"):
+        return path.stem, 1
+    return None
+
+
 def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
-    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split."""
+    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split.
+    Each overrides what a `--config` file sets, as TRL's own options on the command line do."""
     from .adapters.trl_args import given_options, split_dataset_argument
 
     dataset, argv = split_dataset_argument(method, trl_args)
-    given = given_options(argv)
+    given = given_options(argv, config=False)
     sugar = [("DATASET", dataset, "dataset_name"), ("--model", model, "model_name_or_path"),
              ("--split", split, "dataset_train_split")]
     prefix: list[str] = []

@@ -63,19 +63,24 @@ def _path_candidates(words: Sequence[str]) -> Iterator[str]:
     for i, word in enumerate(words):
         value = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
         yield value
-        if words[i - 1:i] == ["--config"] and i > 0 and Path(value).is_file():
-            yield from _yaml_strings(value)
+        if words[i - 1:i] == ["--config"] and i > 0:
+            yield from _strings(_config(value))
 
 
-def _yaml_strings(path: str) -> Iterator[str]:
+def _config(path: str) -> dict[str, Any]:
+    """The `--config` YAML file's mapping; empty when it is unreadable (TRL's parser will say why)."""
     import yaml
 
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError):
-        return
-    stack = [data]
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _strings(item: Any) -> Iterator[str]:
+    stack = [item]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
@@ -106,19 +111,43 @@ def _signature(path: str) -> Any:
     return None
 
 
+_MODEL_OPTIONS = ("--model", "--model_name_or_path", "--model-name-or-path")
+# where a run names what it writes, never a Hub id it reads
+_OUTPUT_FIELDS = ("output_dir", "logging_dir", "run_name", "hub_model_id")
+
+
 def _names_only_local(words: Sequence[str], paths: dict[str, Any]) -> bool:
-    """Whether the model is named and local, and no word names a Hub id (`org/name` that is no local path)."""
-    model_options = ("--model", "--model_name_or_path", "--model-name-or-path")
-    model_named = False
+    """Whether the model is named (on the command line, else in the `--config` file) and local, and nothing the run
+    reads names a Hub id (`org/name` that is no local path)."""
+    model: str | None = None
+    values: list[str] = []
     for i, word in enumerate(words):
         name, _, inline = word.partition("=")
-        if name in model_options:
-            value = inline or (words[i + 1] if i + 1 < len(words) else "")
-            model_named = value in paths
-        value = inline if word.startswith("-") else word
-        if "/" in value and value not in paths:
-            return False
-    return model_named and all(v != "too-many-files" for v in paths.values())
+        following = inline or (words[i + 1] if i + 1 < len(words) else "")
+        if name in _MODEL_OPTIONS:
+            model = following
+        if name == "--config":
+            config = _config(following)
+            model = model or _text(config.get("model_name_or_path"))
+            values += _strings({k: v for k, v in config.items() if k not in _OUTPUT_FIELDS})
+        if name.startswith("--") and name[2:].replace("-", "_") in _OUTPUT_FIELDS and not inline:
+            continue
+        if i > 0 and words[i - 1].startswith("--") and words[i - 1][2:].replace("-", "_") in _OUTPUT_FIELDS:
+            continue
+        values.append(inline if word.startswith("-") else word)
+    if any(_hub_id(value) and value not in paths for value in values):
+        return False
+    return model is not None and model in paths and all(v != "too-many-files" for v in paths.values())
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _hub_id(value: str) -> bool:
+    """Whether `value` reads as a Hub id, `name` under an `org/` (one slash, a relative path's shape)."""
+    org, slash, name = value.partition("/")
+    return bool(slash and org and name) and "/" not in name and not org.startswith(".")
 
 
 def load(key: str) -> Plan | None:

@@ -54,13 +54,14 @@ def make_parser(method: str) -> TrlParser:
     return parser
 
 
-def given_options(argv: Sequence[str]) -> set[str]:
-    """TRL field names set on the command line or in a `--config` YAML file."""
+def given_options(argv: Sequence[str], *, config: bool = True) -> set[str]:
+    """TRL field names set on the command line or (`config`) in a `--config` YAML file."""
     names: set[str] = set()
     args = list(argv)
     for i, token in enumerate(args):
         if token == "--config" and i + 1 < len(args):
-            names |= set(_read_yaml(args[i + 1])) - {"env"}
+            if config:
+                names |= set(_read_yaml(args[i + 1])) - {"env"}
         elif token.startswith("--"):
             names.add(token[2:].split("=", 1)[0].replace("-", "_"))
     return names
@@ -203,8 +204,9 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     # "shapeplan" stands for the training script accelerate expects; a bare token before it is a stray argument.
     known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
     if unknown:
-        raise UsageError(f"unknown option {unknown[0]!r}: it is neither a TRL `{method}` option nor an "
-                         f"`accelerate launch` option; see `trl {method} --help`")
+        _known_action(method, unknown[0].split("=", 1)[0],
+                      {**parser._option_string_actions, **make_parser(method)._option_string_actions})
+        raise UsageError(f"unexpected argument {unknown[0]!r}; see `trl {method} --help`")
     if known.training_script != "shapeplan":
         raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
                          "pass TRL options as --name value")
@@ -233,8 +235,8 @@ def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | No
             i += 2
             continue
         if token.startswith("-") and token != "-":
-            action = actions.get(token.split("=", 1)[0])
-            if "=" in token or action is None or action.nargs == 0:
+            action = _known_action(method, token.split("=", 1)[0], actions)
+            if "=" in token or action.nargs == 0:
                 i += 1
             elif action.nargs == "?":
                 nxt = rest[i + 1] if i + 1 < len(rest) else None
@@ -248,6 +250,22 @@ def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | No
             continue
         return token, rest[:i] + rest[i + 1:]
     return None, rest
+
+
+def _known_action(method: str, option: str, actions: dict[str, Any]) -> Any:
+    """The action of `option` among TRL's and `accelerate launch`'s (`actions`: both), an unambiguous prefix too (as
+    TRL's parser allows it); an unknown option is refused, naming the nearest known one when there is one."""
+    import difflib
+
+    if option in actions:
+        return actions[option]
+    prefixed = [name for name in actions if name.startswith(option)] if option.startswith("--") else []
+    if len(prefixed) == 1:
+        return actions[prefixed[0]]
+    nearest = difflib.get_close_matches(option, [name for name in actions if name.startswith("--")], n=1, cutoff=0.75)
+    hint = f"did you mean {nearest[0]}? " if nearest else ""
+    raise UsageError(f"unknown option {option!r}: {hint}it is neither a TRL `{method}` option nor an `accelerate "
+                     f"launch` option; see `trl {method} --help`")
 
 
 _BOOL_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0", "none"}

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from ..errors import PlanFileError, UsageError
-from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import write_plan
 from ..plan.model import Plan
 from .options import run_options
-from .output import emit_plan
+from .output import emit_caveats, emit_plan
 
 
 @click.command(
@@ -80,8 +78,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
                                 use_cache=not no_cache)
         click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
                                     what=str(trainer_spec(method).lengths)), err=as_json)
-    for caveat in caveats(plan, os.environ):
-        click.echo(f"warning: {caveat}", err=True)
+    emit_caveats(plan, with_plan_warnings=False)
 
 
 def load_observed(path: str) -> Plan:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from ..cache.limits import DEFAULT_LIMITS
+from ..errors import UsageError
 from ..trainers import DEFAULT_METHOD, METHODS
 from ..warm.backends import DEVICES
 
@@ -16,7 +19,23 @@ Command = TypeVar("Command", bound=Callable[..., Any])
 
 
 def run_options(command: Command) -> Command:
-    """The options `analyze`, `advise` and `warm` share to describe a run."""
+    """The options `analyze`, `advise` and `warm` share to describe a run. The run's words may be a wrapped
+    training command (`-- trl sft ...`, `-- accelerate launch ... trl sft ...`): the command sees its method and
+    TRL's arguments (`run.unwrap_command`)."""
+
+    body = command
+
+    @functools.wraps(body)
+    def unwrapped(**kwargs: Any) -> Any:
+        from ..run import unwrap_command
+
+        context = click.get_current_context()
+        given = context.get_parameter_source("method") is not ParameterSource.DEFAULT
+        method, words = unwrap_command(kwargs["method"] if given else None, kwargs["trl_args"])
+        check_own_options(context.command, words)
+        return body(**{**kwargs, "method": method or kwargs["method"], "trl_args": words})
+
+    command = unwrapped  # type: ignore[assignment]  # functools.wraps keeps the signature click reads
     command = click.argument("trl_args", nargs=-1, type=click.UNPROCESSED)(command)
     command = click.option("--split", default=None, metavar="NAME",
                            help="Train split of DATASET (TRL: --dataset_train_split). Default: train.")(command)
@@ -28,6 +47,22 @@ def run_options(command: Command) -> Command:
     command = click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True,
                            help="The TRL trainer the run uses.")(command)
     return command
+
+
+def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
+    """Refuse one of the command's own options misspelt in TRL's style (`--cache_dir` for `--cache-dir`) or given
+    after `--`, where it would reach TRL: TRL has none of them, so the run would fail later with a vaguer line."""
+    own = {name for param in command.params for name in param.opts if name.startswith("--")}
+    for word in words:
+        name = word.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        if name in own:
+            raise UsageError(f"{name} is `shapeplan {command.name}`'s own option: give it before `--`")
+        dashed = "--" + name[2:].replace("_", "-")
+        if dashed in own:
+            raise UsageError(f"unknown option {name!r}: did you mean {dashed}? (shapeplan's own options are spelt "
+                             "with dashes, TRL's with underscores)")
 
 
 def device_option(command: Command) -> Command:

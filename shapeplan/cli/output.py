@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -27,22 +28,49 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
             click.echo(f"plan written to {output}", err=True)
 
 
-class ProgressBar:
-    """A warm-up's progress on stderr: a tqdm bar, and above it a row per finished shape (a `warm.tracker.Progress`)."""
+def emit_caveats(plan: Plan, *, with_plan_warnings: bool) -> None:
+    """The run's known breakages (`plan.caveats`) on stderr, after the plan's own warnings (`with_plan_warnings`:
+    where no plan report has shown them, as before a warm-up)."""
+    import os
 
-    def __init__(self) -> None:
+    from ..plan.caveats import caveats
+
+    for warning in [*(plan.warnings if with_plan_warnings else ()), *caveats(plan, os.environ)]:
+        click.echo(f"warning: {warning}", err=True)
+
+
+class ProgressBar:
+    """A warm-up's progress on stderr (a `warm.tracker.Progress`): a row per finished shape, and below them a tqdm
+    bar when stderr is a terminal (in a log, a bar's redraws would run into the rows). While it runs, log records
+    and Python warnings (transformers' FutureWarnings) are written above the bar as the rows are, never into it."""
+
+    def __init__(self, what: str = "warming") -> None:
+        self.what = what
         self._bar: Any = None
+        self._redirect: contextlib.ExitStack | None = None
 
     def begin(self, total: int) -> None:
-        from tqdm import tqdm
+        import logging
 
-        self._bar = tqdm(total=total, desc="warming", unit="shape", file=sys.stderr, dynamic_ncols=True)
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        self._bar = tqdm(total=total, desc=self.what, unit="shape", file=sys.stderr, dynamic_ncols=True,
+                         disable=not sys.stderr.isatty())
+        self._redirect = contextlib.ExitStack()
+        library = logging.getLogger("transformers")  # its own handler, not propagated, once transformers set it up
+        loggers = [logging.root, *([library] if not library.propagate else [])]
+        self._redirect.enter_context(logging_redirect_tqdm(loggers))
+        logging.captureWarnings(True)
+        self._redirect.callback(logging.captureWarnings, False)
 
     def done(self, result: WarmResult) -> None:
         self._bar.write(result_row(result), file=sys.stderr)
         self._bar.update(1)
 
     def close(self) -> None:
+        if self._redirect is not None:
+            self._redirect.close()
         self._bar.close()
 
 

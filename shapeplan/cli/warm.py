@@ -12,7 +12,7 @@ import click
 
 from ..errors import ShapeplanError, UsageError
 from .options import device_option, run_options
-from .output import ProgressBar, emit_warm, quiet_libraries
+from .output import ProgressBar, emit_caveats, emit_warm, quiet_libraries
 
 
 def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
@@ -60,6 +60,9 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
               "SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX or AWS_BATCH_JOB_ARRAY_INDEX. See docs/fleet.md.")
 @click.option("--shard-count", type=int, default=None, metavar="N",
               help="The shard count of a Kubernetes Indexed Job (JOB_COMPLETION_INDEX comes without one).")
+@click.option("--env-file", "env_file", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Also write the environment training needs to hit the cache (the `export` lines) to PATH, "
+              "atomically, for a Packer, systemd or Kubernetes step to source.")
 @click.option("--status", "status", is_flag=False, flag_value="", default=None, metavar="[URL]",
               help="Warm nothing: show, from every manifest in the cache dir (or in the store at URL), which shapes "
               "are done (by which shard or push, in which environment) and which are missing. Exit 0 only when the "
@@ -72,7 +75,7 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
 def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
                  as_json: bool, workers: int, worker_memory: float | None, shard_option: str | None,
-                 shard_count: int | None, status: str | None, pull_url: str | None, push_url: str | None) -> None:
+                 shard_count: int | None, env_file: str | None, status: str | None, pull_url: str | None, push_url: str | None) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -101,6 +104,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
         _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json, status or None)
         return
     shard = resolve_shard(shard_option, shard_count, os.environ)
+    if env_file is not None and not Path(env_file).resolve().parent.is_dir():
+        raise UsageError(f"--env-file {env_file}: its folder does not exist; create it or choose another path")
     backend, cache = prepare(device, cache_dir)
     with refused_leaves_no_cache_dir(cache):
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
@@ -109,6 +114,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
             raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
                              "processes, whose ranks share the shapes; drop --workers")
     check_cache_dir(cache)
+    emit_caveats(plan, with_plan_warnings=True)  # before the warm-up's hours, as `analyze` shows them
     if pull_url is not None:
         _pull_plan(pull_url, plan, warmer, backend.device, cache)
     if count > 1:
@@ -120,6 +126,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
 
         pushed = push(cache, push_url)
         click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
+    if env_file is not None:
+        _write_env_file(report, env_file)
     emit_warm(report, as_json=as_json, verify=False)
 
 
@@ -131,6 +139,17 @@ def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> No
     pulled = pull(url, cache, device=device, tasks={t.key for t in warmer.tasks(plan)}, allow_empty=True)
     click.echo(f"pulled {url}: {pulled.used} push(es) for this environment, {pulled.downloaded} object(s) "
                f"downloaded, {pulled.shapes} shape(s) added", err=True)
+
+
+def _write_env_file(report: Any, path: str) -> None:
+    from ..plan.io import write_atomic
+    from ..report import render_env_file
+
+    try:
+        write_atomic(path, render_env_file(report))
+    except OSError as exc:
+        raise ShapeplanError(f"cannot write --env-file {path}: {exc.strerror}; choose a writable path") from exc
+    click.echo(f"environment written to {path} (source it before training)", err=True)
 
 
 def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,

@@ -56,6 +56,16 @@ def _normalised(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _drift_fix(name: str, planned: Any, value: Any, device: str) -> str:
+    """What to do about one drifted option: re-plan, unless the drift is the device's (TRL resolves
+    pad_to_multiple_of="auto" to 128 on Neuron only, and a plan is made for Neuron)."""
+    if name == "pad_to_multiple_of" and value is None and planned is not None and device != "neuron":
+        return (f"on {device} TRL resolves pad_to_multiple_of=\"auto\" to None (to {planned} only on Neuron, which "
+                f"the plan is for), so this run pads to other shapes; pass --pad_to_multiple_of {planned} to run the "
+                f"planned shapes here, or plan the {device} run with `shapeplan analyze ... --pad_to_multiple_of none`")
+    return "re-plan it with `shapeplan analyze`"
+
+
 class ShapeGuard(TrainerCallback):
     """Checks every input shape a trainer's models receive against `plan`, before the forward runs.
 
@@ -268,9 +278,10 @@ class ShapeGuard(TrainerCallback):
         if self.plan.exact and state.max_steps != self.plan.stats.optimizer_steps:
             # the data's size after preparation decides the step count: a changed dataset shows here
             found.append(("optimizer steps (data)", self.plan.stats.optimizer_steps, state.max_steps))
+        device = getattr(getattr(self.trainer.args, "device", None), "type", "neuron")
         for name, planned, value in found:
-            line = f"drift: the plan was made for {name}={planned!r}, this run has {value!r}; re-plan it with " \
-                   "`shapeplan analyze`"
+            line = f"drift: the plan was made for {name}={planned!r}, this run has {value!r}; " \
+                   f"{_drift_fix(name, planned, value, device)}"
             self.drift.append(line)
             _say(line)
 

@@ -10,12 +10,13 @@ import importlib
 import inspect
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 
 USAGE = "give the training command after `--`: `trl sft ARGS`, `python train.py ARGS`, `train.py ARGS` or " \
         "`python -m MODULE ARGS`"
@@ -52,14 +53,37 @@ def _trl_script(method: str, args: list[str]) -> Path:
     except ModuleNotFoundError as exc:
         raise UsageError(f"`trl {method}` is not a TRL training command; {USAGE}") from exc
     parser = module.make_parser(prog=f"trl {method}")
-    *_, config_remaining, cli_remaining = parser.parse_args_and_config(
-        args, return_remaining_strings=True, separate_remaining_strings=True)
+    try:
+        with warnings.catch_warnings():  # the run parses them again and shows its own notices
+            warnings.simplefilter("ignore", FutureWarning)
+            script, *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+                args, return_remaining_strings=True, separate_remaining_strings=True)
+    except ValueError as exc:  # a config's own check (TrainingArguments.__post_init__)
+        raise UsageError(f"`trl {method}` refuses its options: {first_line(exc).rstrip('.')}{_fix(exc)}") from exc
+    _check_loadable(method, getattr(script, "dataset_name", None))
     launch = resolve_accelerate_config_argument(config_remaining + cli_remaining)
     if launch:
         raise UsageError(f"accelerate options ({' '.join(launch)}) start processes of their own; run "
                          f"`accelerate launch {' '.join(launch)} -m shapeplan guard --plan PLAN -- trl {method} ...` "
                          "instead")
     return Path(module.__file__ or "")
+
+
+def _fix(exc: Exception) -> str:
+    """The fix for a refusal the guide's own options meet on a machine they were not written for."""
+    if "bf16" in str(exc):  # TRL's configs default to bf16=True, which transformers refuses without an accelerator
+        return "; TRL trains in bf16 by default: on a machine without an accelerator add --use_cpu true " \
+               "(or --bf16 false)"
+    return ""
+
+
+def _check_loadable(method: str, dataset_name: str | None) -> None:
+    """`trl <method>` loads --dataset_name with `datasets.load_dataset(NAME)`, which reads a Hub id or a folder of
+    data files, never a single file (shapeplan reads one with its format's builder): refuse it before the run."""
+    if dataset_name and Path(dataset_name).is_file():
+        raise UsageError(f"`trl {method}` cannot load the file {dataset_name} given as --dataset_name "
+                         "(datasets.load_dataset reads a Hub id or a folder); pass the folder holding it (alone), or "
+                         f"name it in the --config file as `datasets: [{{path: json, data_files: {dataset_name}}}]`")
 
 
 def command_runner(command: list[str]) -> Callable[[], None]:

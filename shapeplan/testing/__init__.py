@@ -48,6 +48,9 @@ class FakeBackend:
     def configure(self, *, torch_compile: bool, graphs: int) -> None:
         self.configured = {"torch_compile": torch_compile, "graphs": graphs}
 
+    def compiles(self, *, torch_compile: bool) -> bool:
+        return True
+
     def counters(self) -> dict[str, int]:
         return dict(self._counters)
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
 _SHARD_MANIFEST = re.compile(r"shapeplan-manifest\.(\d+)-of-(\d+)\.json")
-WARMED = ("compiled", "cached")
+WARMED = ("compiled", "cached", "eager")
 
 
 def manifest_name(shard: Shard | None) -> str:

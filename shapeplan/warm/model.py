@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .shards import Shard
 
-# compiled: something was compiled; cached: it ran and everything came from the cache; failed: it raised;
-# skipped: the manifest already records it as warmed in the same environment.
-STATUSES: tuple[str, ...] = ("compiled", "cached", "failed", "skipped")
+# compiled: something was compiled; cached: it ran and everything came from the cache; eager: it ran where nothing
+# compiles (eager CPU/CUDA), which shows it runs and nothing about a cache; failed: it raised; skipped: the manifest
+# already records it as warmed in the same environment.
+STATUSES: tuple[str, ...] = ("compiled", "cached", "eager", "failed", "skipped")
 
 
 class Task(Protocol):
@@ -134,12 +135,24 @@ class WarmReport:
     def compiled(self) -> tuple[WarmResult, ...]:
         return tuple(r for r in self.results if r.status == "compiled")
 
+    @property
+    def eager(self) -> tuple[WarmResult, ...]:
+        return tuple(r for r in self.results if r.status == "eager")
+
+    @property
+    def environment_variables(self) -> dict[str, str]:
+        """The variables of the `export NAME=VALUE` script lines: what training's environment must hold."""
+        pairs = (line.removeprefix("export ").partition("=") for line in self.script_lines
+                 if line.startswith("export "))
+        return {name: value for name, _, value in pairs}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "cache_dir": self.cache_dir,
             "device": self.device,
             "environment": self.environment,
             "script_lines": list(self.script_lines),
+            "environment_variables": self.environment_variables,
             "warnings": list(self.warnings),
             "shard": self.shard.to_dict() if self.shard else None,
             "results": [

@@ -40,10 +40,12 @@ class GenerateTask:
 
     @property
     def label(self) -> str:
-        label = f"{self.phase} ({self.batch}, {self.seq})"
+        """Its size with its cache length (and the sliding layers' when the model has them) and new tokens:
+        generate sizes of one (batch, prompt) differ in them."""
+        cache = "dynamic cache" if self.cache_len is None else f"cache {self.cache_len}"
         if self.sliding_window is not None and self.cache_len is not None:
-            label += f" cache {self.cache_len}, sliding {min(self.sliding_window, self.cache_len)}"
-        return label
+            cache += f", sliding {min(self.sliding_window, self.cache_len)}"
+        return f"{self.phase} ({self.batch}, {self.seq}, {cache}, new {self.max_new_tokens})"
 
     @property
     def cost(self) -> float:

@@ -137,7 +137,7 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
             lockstep = any(shares)  # a rank with nothing left still steps with the others
         todo = shares[part.index]
     tracker = Tracker(backend, manifest=manifest, environment=environment, total=len(todo), progress=progress,
-                      plan=plan_id(plan))
+                      plan=plan_id(plan), eager=not backend.compiles(torch_compile=warmer.torch_compile))
     for task in skipped:
         tracker.results[task] = WarmResult(task=task, status="skipped", seconds=0.0)
     try:

@@ -37,9 +37,11 @@ class Tracker:
     them to `progress`."""
 
     def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
-                 total: int, progress: Progress | None = None, plan: str | None = None) -> None:
+                 total: int, progress: Progress | None = None, plan: str | None = None,
+                 eager: bool = False) -> None:
         self.backend = backend
         self.plan = plan
+        self.eager = eager  # nothing can compile: a finished task is `eager`, neither compiled nor cached
         self.manifest = manifest
         self.environment = environment
         self.env_key = environment_key(environment)
@@ -67,7 +69,7 @@ class Tracker:
     def finish(self, task: Task) -> None:
         self.charge(task)
         seconds, delta = self._spent.pop(task)
-        status = "compiled" if self.backend.compiled(delta) else "cached"
+        status = "eager" if self.eager else "compiled" if self.backend.compiled(delta) else "cached"
         self._done(WarmResult(task=task, status=status, seconds=seconds, counters=delta))
 
     def fail(self, task: Task, error: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def test_analyze(tmp_path: Path) -> None:
     refused(shapeplan("analyze", missing, "--model", TINY_MODEL), 1,
             f"dataset {missing} not found: no such file or folder; pass an existing path or a Hub dataset id")
     refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--max_lenght", "5"), 2,
-            "unknown option '--max_lenght': it is neither a TRL `sft` option nor an `accelerate launch` option; "
+            "unknown option '--max_lenght': did you mean --max_length? it is neither a TRL `sft` option nor an "
+            "`accelerate launch` option; "
             "see `trl sft --help`")
 
 
@@ -124,7 +126,7 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
 
 def test_warm(tmp_path: Path, eager_plan: Path) -> None:
     cache = tmp_path / "cache"
-    assert "1 cached" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
+    assert "1 eager" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
     # again: every shape is in the manifest
     assert "1 skipped" in ok(shapeplan("warm", "--plan", eager_plan, "--device", "cpu", "--cache-dir", cache))
 
@@ -144,7 +146,7 @@ def test_warm_streaming_run(tmp_path: Path) -> None:
     """Plan and warm a streaming run in one go: the warm-up builds the run's trainer and runs its planned shape."""
     out = ok(shapeplan("warm", CAPYBARA, "--model", TINY_MODEL, "--dataset_streaming", *EAGER, "--device", "cpu",
                        "--cache-dir", tmp_path / "cache"))
-    assert "1 cached" in out
+    assert "1 eager" in out
 
 
 def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
@@ -184,10 +186,14 @@ def test_warm_plans_and_warms_the_guide_grpo_example(tmp_path: Path) -> None:
     result = shapeplan("warm", "--method", "grpo", prompts, "--model", TINY_MODEL, "--device", "cpu",
                        "--cache-dir", tmp_path / "cache", "--json")
     report = json.loads(ok(result))
+    # the warnings analyze gives come first, and every generate task's row is its own
+    assert f"warning: {planned['warnings'][0]}" in result.stderr.splitlines()
+    labels = [m.group(1) for line in result.stderr.splitlines() if (m := re.match(r"eager +(.+?) +[\d.]+s", line))]
+    assert len(labels) == len(report["results"]) == len(set(labels))
     generate = [s for s in planned["shapes"] if s["phase"] == "generate"]
     assert [(r["phase"], r["batch"], r["seq"]) for r in report["results"]] == [
         ("generate", s["batch"], s["seq"]) for s in generate]
-    assert {r["status"] for r in report["results"]} == {"cached"}  # eager on CPU: run, nothing to compile
+    assert {r["status"] for r in report["results"]} == {"eager"}  # eager on CPU: run, nothing to compile
     assert report["environment"]["dtype"]["bf16"] is True  # the guide's bf16, not TRL's default
 
 
@@ -206,7 +212,7 @@ def test_warm_warms_every_planned_shape_of_a_run_with_a_reward_model(tmp_path: P
     # a warm task is a generate size, whose round runs the train shapes its completions make
     assert sorted((r["phase"], r["batch"], r["seq"]) for r in report["results"]) == sorted(
         (s["phase"], s["batch"], s["seq"]) for s in planned["shapes"] if s["phase"] == "generate")
-    assert {r["status"] for r in report["results"]} == {"cached"}
+    assert {r["status"] for r in report["results"]} == {"eager"}
     assert "reward model my-org/reward is not warmed (its shapes are not planned): a stand-in scores the " \
            "completions" in report["warnings"]
 
@@ -248,8 +254,9 @@ def test_verify(tmp_path: Path, eager_plan: Path, read_only: list[Path]) -> None
     (cache / "locks" / "graph.lock").write_text("")
     make_read_only(cache, read_only)
     before = snapshot(cache)
-    assert "verify: nothing compiled" in ok(shapeplan("verify", "--plan", eager_plan, "--device", "cpu",
-                                                      "--cache-dir", cache))
+    # eager CPU compiles nothing, so verify proves nothing: it says so, and exits 0 (every shape ran)
+    assert "verify: nothing to compile" in ok(shapeplan("verify", "--plan", eager_plan, "--device", "cpu",
+                                                        "--cache-dir", cache))
     assert snapshot(cache) == before
     assert not list(tmp_path.glob(".shapeplan-verify-*"))  # the scratch view is gone
 
@@ -295,7 +302,7 @@ def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list
     plan = tmp_path / "plan.json"
     argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1", "--torch_compile", "true"]
     ok(shapeplan("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", plan))
-    cache = tmp_path / "cache"
+    cache = tmp_path / "cache"  # Inductor's C++ builds fail under a path with a space
     cache.mkdir()
     (cache / "unrelated.txt").write_text("kept as it is")
     before = snapshot(cache)
@@ -306,8 +313,15 @@ def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list
         assert row["status"] == "compiled" and row["counters"]["fxgraph_cache_miss"] > 0
         assert snapshot(cache) == before
 
-    warmed = json.loads(ok(shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json")))
+    env_file = tmp_path / "shapeplan.env"
+    warmed = json.loads(ok(shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json",
+                                     "--env-file", env_file)))
     assert [r["status"] for r in warmed["results"]] == ["compiled"]
+    # what a Packer/systemd step sources is what --json reports
+    assert warmed["environment_variables"] == {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', env_file],
+                             capture_output=True, text=True, check=True)
+    assert sourced.stdout == f"{cache}\n"
     make_read_only(cache, read_only)
     before = snapshot(cache)
     (row,) = json.loads(ok(shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache,

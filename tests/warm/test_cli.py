@@ -85,7 +85,7 @@ def test_warm_plans_first_from_run_arguments(tmp_path: Path, capsys: pytest.Capt
     report = json.loads(out)
     planned = plan_for("sft", CAPYBARA, ARGV, tmp_path / "out")
     assert [(r["phase"], r["batch"], r["seq"], r["status"]) for r in report["results"]] == [
-        (s.phase, s.batch, s.seq, "cached") for s in planned.shapes]
+        (s.phase, s.batch, s.seq, "eager") for s in planned.shapes]
     assert report["device"] == "cpu" and report["script_lines"] == []  # eager: nothing for the script to set
     assert (tmp_path / "cache" / "shapeplan-manifest.json").is_file()
 

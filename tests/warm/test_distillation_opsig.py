@@ -70,8 +70,8 @@ def test_cli_warms_every_generate_task_once_and_verify_passes(tmp_path: Path) ->
     warmed = _shapeplan("warm", "--plan", str(plan_path), "--device", "cpu", "--cache-dir", str(cache), "--json")
     assert warmed.returncode == 0, warmed.stderr[-3000:]
     assert {r["key"]: r["status"] for r in json.loads(warmed.stdout)["results"]} == \
-        {k: "cached" for k in keys}
-    assert _manifest_shapes(cache) == {k: "cached" for k in keys}
+        {k: "eager" for k in keys}
+    assert _manifest_shapes(cache) == {k: "eager" for k in keys}
     again = _shapeplan("warm", "--plan", str(plan_path), "--device", "cpu", "--cache-dir", str(cache), "--json")
     assert again.returncode == 0, again.stderr[-3000:]
     assert {r["key"]: r["status"] for r in json.loads(again.stdout)["results"]} == \

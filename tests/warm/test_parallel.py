@@ -154,8 +154,8 @@ def test_workers_warm_each_shape_once(tmp_path: Path) -> None:
     assert warmed.returncode == 0, warmed.stderr[-3000:]
     results = json.loads(warmed.stdout)["results"]
     assert sorted(r["key"] for r in results) == planned
-    assert {r["status"] for r in results} == {"cached"}  # eager CPU compiles nothing
-    assert _manifest_shapes(cache) == {key: "cached" for key in planned}
+    assert {r["status"] for r in results} == {"eager"}  # eager CPU compiles nothing
+    assert _manifest_shapes(cache) == {key: "eager" for key in planned}
 
     again = _shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -188,12 +188,12 @@ def test_two_ranks_under_accelerate_launch_split_the_plan(tmp_path: Path) -> Non
     assert len(reports) == 2 and all(r["environment"]["world_size"] == 2 for r in reports)
     shares = [sorted((r["batch"], r["seq"]) for r in report["results"]) for report in reports]
     assert all(shares) and sorted(shares[0] + shares[1]) == sizes  # disjoint, every size once
-    assert {r["status"] for report in reports for r in report["results"]} == {"cached"}
-    assert set(_manifest_shapes(cache).values()) == {"cached"} and len(_manifest_shapes(cache)) == 4
+    assert {r["status"] for report in reports for r in report["results"]} == {"eager"}
+    assert set(_manifest_shapes(cache).values()) == {"eager"} and len(_manifest_shapes(cache)) == 4
 
     verified = _shapeplan("verify", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json")
     assert verified.returncode == 0, verified.stderr[-3000:]
-    assert [r["status"] for r in json.loads(verified.stdout)["results"]] == ["cached"] * 4
+    assert [r["status"] for r in json.loads(verified.stdout)["results"]] == ["eager"] * 4
 
 
 def test_workers_refuse_a_data_parallel_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,11 +236,11 @@ def test_kill_9_of_warm_with_workers_then_resume(tmp_path: Path) -> None:
     time.sleep(2)  # the workers get SIGKILL when their parent dies
 
     done = _manifest_shapes(cache)  # valid JSON: every record is written atomically, under the lock
-    assert 1 <= len(done) < len(planned) and set(done) <= planned and set(done.values()) == {"cached"}
+    assert 1 <= len(done) < len(planned) and set(done) <= planned and set(done.values()) == {"eager"}
     after = _manifest_shapes(cache)
     assert after == done  # nothing is still writing
 
     resumed = _shapeplan(*command[3:])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     statuses = {r["key"]: r["status"] for r in json.loads(resumed.stdout)["results"]}
-    assert statuses == {key: "skipped" if key in done else "cached" for key in planned}
+    assert statuses == {key: "skipped" if key in done else "eager" for key in planned}

@@ -91,5 +91,5 @@ def test_dpo_precompute_plan_warms_its_precompute_shapes(tmp_path: Path, capsys:
     capsys.readouterr()
     assert main(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(tmp_path / "c"), "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]
-    assert {r["status"] for r in results} <= {"compiled", "cached"}
+    assert {r["status"] for r in results} <= {"compiled", "cached", "eager"}
     assert any(r["key"].startswith("ref_precompute ") for r in results)

@@ -50,10 +50,10 @@ def test_kill_9_then_resume(tmp_path: Path) -> None:
 
     done = _shapes(manifest)  # valid JSON: written atomically
     assert 1 <= len(done) < len(planned)
-    assert set(done) <= set(planned) and set(done.values()) == {"cached"}  # eager CPU compiles nothing
+    assert set(done) <= set(planned) and set(done.values()) == {"eager"}  # eager CPU compiles nothing
 
     resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     statuses = {r["key"]: r["status"] for r in json.loads(resumed.stdout)["results"]}
-    assert statuses == {key: "skipped" if key in done else "cached" for key in planned}
-    assert _shapes(manifest) == {key: "cached" for key in planned}
+    assert statuses == {key: "skipped" if key in done else "eager" for key in planned}
+    assert _shapes(manifest) == {key: "eager" for key in planned}

@@ -29,7 +29,7 @@ def test_failed_shape_does_not_stop_the_others_and_eval_resumes_alone(tmp_path: 
 
     report = warm_plan(broken, cache)
     assert [(r.task.key, r.status) for r in report.results] == [
-        ("train 2x0", "failed"), ("train 2x256 unpadded", "cached"), ("eval 32x256 per_pass=3", "cached")]
+        ("train 2x0", "failed"), ("train 2x256 unpadded", "eager"), ("eval 32x256 per_pass=3", "eager")]
     assert report.results[0].error.startswith("RuntimeError: ")
 
     again = warm_plan(broken, cache)  # failed shapes are tried again, the others skipped
@@ -41,4 +41,4 @@ def test_failed_shape_does_not_stop_the_others_and_eval_resumes_alone(tmp_path: 
     del section["shapes"]["eval 32x256 per_pass=3"]
     manifest.write_text(json.dumps(data))
     resumed = warm_plan(plan, cache)
-    assert [r.status for r in resumed.results] == ["skipped", "cached"]
+    assert [r.status for r in resumed.results] == ["skipped", "eager"]

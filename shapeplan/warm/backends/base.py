@@ -25,6 +25,11 @@ class Backend(Protocol):
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None: ...
 
+    def compiles(self, *, torch_compile: bool) -> bool:
+        """Whether a run can compile anything here: eager CPU or CUDA runs no compiler, so a warm-up there warms
+        nothing and a verify there proves nothing."""
+        ...
+
     def counters(self) -> dict[str, int]: ...
 
     def compiled(self, delta: Mapping[str, int]) -> bool:

@@ -61,6 +61,9 @@ class InductorBackend:
         if torch_compile:
             apply_dynamo_settings(graphs)
 
+    def compiles(self, *, torch_compile: bool) -> bool:
+        return torch_compile
+
     def counters(self) -> dict[str, int]:
         from torch._dynamo.utils import counters
 

@@ -224,6 +224,9 @@ class NeuronBackend:
 
             apply_dynamo_settings(graphs)
 
+    def compiles(self, *, torch_compile: bool) -> bool:
+        return True  # every graph the device runs is compiled, eager or not
+
     def _module(self) -> Any:
         """torch_neuronx, imported (`import torch` autoloads it; its import applies its environment defaults)."""
         import torch

@@ -1,0 +1,24 @@
+"""`warm --env-file`: the report's `export` lines as a file a shell sources, values quoted, the same variables as
+`--json`'s `environment_variables` (the real warm-up's file: tests/cli/test_exit_codes.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from shapeplan.report import render_env_file
+from shapeplan.warm.model import WarmReport
+
+
+def test_sourcing_the_file_sets_every_exported_variable_exactly(tmp_path: Path) -> None:
+    lines = ("export TORCH_NEURONX_NEFF_CACHE_DIR=/var/cache/a b", "export NEURON_CC_FLAGS=--model-type transformer",
+             "torch._dynamo.config.recompile_limit = 8")  # a line for the script, not the environment
+    report = WarmReport(results=(), cache_dir="/var/cache/a b", device="neuron", environment={}, script_lines=lines)
+    assert report.environment_variables == {"TORCH_NEURONX_NEFF_CACHE_DIR": "/var/cache/a b",
+                                            "NEURON_CC_FLAGS": "--model-type transformer"}
+    assert report.to_dict()["environment_variables"] == report.environment_variables
+    env_file = tmp_path / "shapeplan.env"
+    env_file.write_text(render_env_file(report))
+    sourced = subprocess.run(["bash", "-c", '. "$0"; printf "%s\\n" "$TORCH_NEURONX_NEFF_CACHE_DIR" "$NEURON_CC_FLAGS"',
+                              env_file], capture_output=True, text=True, check=True)
+    assert sourced.stdout.splitlines() == ["/var/cache/a b", "--model-type transformer"]
