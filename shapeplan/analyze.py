@@ -42,7 +42,9 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
             use_cache: bool, progress_bars: bool) -> Plan:
     """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()`, stored under them."""
     from .adapters import plan_cache
+    from .host import workers_setting
 
+    workers_setting()  # a bad $SHAPEPLAN_WORKERS is refused whether or not this run forks
     spec = trainer_spec(method)
     key = plan_cache.plan_key(method, key_words) if use_cache else None
     plan = plan_cache.load(key) if key is not None else None

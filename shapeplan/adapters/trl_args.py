@@ -8,6 +8,8 @@ through `accelerate launch`'s parser (for `--num_processes` and friends).
 from __future__ import annotations
 
 import importlib
+import math
+import types
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
+from ..host import max_forks, process_count
+from ..plan.io import MAX_BATCH, MAX_SEQ
 from ..trainers import trainer_spec
 
 if TYPE_CHECKING:
@@ -116,6 +120,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid TRL option: {first_line(exc)}; see `trl {method} --help`") from exc
     script, training, model, *rest = parsed
+    _check_values(method, parsed)
     _check_positive(training)
     return TrainingArgs(
         method=trainer_spec(method).name,
@@ -163,14 +168,79 @@ _POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradi
              "max_prompt_length", "max_completion_length")
 
 
+# Sizes beyond what a plan file holds (plan/io.py's bounds): no model takes them, and planning them exhausts memory.
+_SEQUENCE_SIZES = ("pad_to_multiple_of", "max_length", "max_prompt_length", "max_completion_length")
+_BATCH_SIZES = ("per_device_train_batch_size", "per_device_eval_batch_size", "num_generations",
+                "generation_batch_size")
+# transformers' `set_seed` seeds numpy, whose seeds are 32-bit: the run fails on a larger one.
+_SEEDS = ("seed", "data_seed")
+_MAX_SEED = 2 ** 32 - 1
+# `datasets.map(num_proc=...)` forks this many processes while TRL prepares the data.
+_FORKS = ("dataset_num_proc",)
+
+
 def _check_positive(training: Any) -> None:
     for name in _POSITIVE:
         value = getattr(training, name, None)
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be a positive integer, got {value}")
+    for names, high in ((_SEQUENCE_SIZES, MAX_SEQ), (_BATCH_SIZES, MAX_BATCH)):
+        for name in names:
+            value = getattr(training, name, None)
+            if value is not None and value > high:
+                raise UsageError(f"--{name} {value} is beyond any model's reach (at most {high}); pass the run's "
+                                 "real value")
+    for name in _SEEDS:
+        value = getattr(training, name, None)
+        if value is not None and not 0 <= value <= _MAX_SEED:
+            raise UsageError(f"--{name} must be from 0 to 2**32-1 (transformers' set_seed seeds numpy with it), "
+                             f"got {value}")
+    for name in _FORKS:
+        value = getattr(training, name, None)
+        if value is not None:
+            process_count(f"--{name}", value, cap=max_forks(), what="what this host's cores can run")
     # without max_steps the epochs set the run's length: none (or fewer) trains nothing
     if getattr(training, "max_steps", -1) <= 0 and training.num_train_epochs <= 0:
         raise UsageError(f"--num_train_epochs must be positive (or --max_steps set), got {training.num_train_epochs}")
+
+
+def _check_values(method: str, configs: Sequence[Any]) -> None:
+    """Every option of a scalar type holds a value of that type (a YAML config can give a list or null where the
+    command line cannot), and no float option is NaN or infinite (they pass every range check)."""
+    for config in configs:
+        hints = _scalar_hints(type(config))
+        for name, kinds in hints.items():
+            value = getattr(config, name, None)
+            if value is None and type(None) in kinds:
+                continue
+            wanted = " or ".join(k.__name__ for k in kinds if k is not type(None))
+            fits = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds) or (
+                float in kinds and isinstance(value, int) and not isinstance(value, bool))
+            if not fits:
+                raise UsageError(f"--{name} must be a {wanted}, got {value!r}; fix it on the command line or in "
+                                 f"the --config file (see `trl {method} --help`)")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"--{name} must be a finite number, got {value}")
+
+
+def _scalar_hints(config_type: type) -> dict[str, tuple[type, ...]]:
+    """field name -> the scalar types its annotation allows (None among them for Optional), for the fields
+    annotated with nothing but int, float, bool, str and None."""
+    import dataclasses
+    import typing
+
+    scalars = {int, float, bool, str, type(None)}
+    try:
+        hints = typing.get_type_hints(config_type)
+    except Exception:  # an annotation that does not resolve: no field of it is checked
+        return {}
+    out: dict[str, tuple[type, ...]] = {}
+    for item in dataclasses.fields(config_type):
+        hint = hints.get(item.name)
+        kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if kinds and all(k in scalars for k in kinds):
+            out[item.name] = tuple(kinds)
+    return out
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ from ..plan.caveats import caveats
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import write_plan
 from ..plan.model import Plan
-from .options import run_options
+from .options import FiniteFloat, run_options
 from .output import emit_plan
 
 
@@ -24,7 +24,7 @@ from .output import emit_plan
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (for scripts).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
-@click.option("--generate-compile-minutes", "generate_minutes", type=click.FloatRange(min=0), metavar="MIN",
+@click.option("--generate-compile-minutes", "generate_minutes", type=FiniteFloat(min=0), metavar="MIN",
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..errors import ShapeplanError, UsageError
-from .options import device_option, run_options
+from .options import FiniteFloat, device_option, run_options
 from .output import ProgressBar, emit_warm, quiet_libraries
 
 
@@ -53,7 +53,7 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
 @click.option("--workers", type=int, default=1, show_default=True, metavar="N",
               help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore, "
               "within NEURON_RT_VISIBLE_CORES when set), capped by host memory and the visible NeuronCores.")
-@click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
+@click.option("--worker-memory-gib", "worker_memory", type=FiniteFloat(min=0.1), default=None, metavar="GIB",
               help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
 @click.option("--shard", "shard_option", default=None, metavar="I/N",
               help="Warm shard I of N (from 0) of the plan's shapes, into its own manifest file; default: from "

@@ -68,8 +68,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 # Bounds no real run reaches; beyond them a value is a typo or an attack (a 10^9-token seq exhausts host memory).
-_MAX_SEQ = 1 << 24
-_MAX_BATCH = 1 << 20
+MAX_SEQ = 1 << 24
+MAX_BATCH = 1 << 20
 _MAX_COUNT = 1 << 62
 
 
@@ -95,7 +95,7 @@ def _ints(value: Any, where: str, low: int, high: int = _MAX_COUNT) -> tuple[int
 
 
 def _optional_int(value: Any, where: str, low: int) -> int | None:
-    return None if value is None else _int(value, where, low, _MAX_SEQ)
+    return None if value is None else _int(value, where, low, MAX_SEQ)
 
 
 def _typed(value: Any, kind: type, where: str) -> Any:
@@ -112,7 +112,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     phase = s["phase"]
     if phase not in PHASES:
         raise _malformed(f"{where}.phase", f"is {phase!r}, not one of {', '.join(PHASES)}")
-    seq = _int(s["seq"], f"{where}.seq", 1, _MAX_SEQ)
+    seq = _int(s["seq"], f"{where}.seq", 1, MAX_SEQ)
     if multiple is not None and seq % multiple:
         raise _malformed(f"{where}.seq", f"is {seq}, not a multiple of the plan's pad_to_multiple_of {multiple}", seq)
     pairs = s.get("varlen_pairs", [])
@@ -120,7 +120,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
     return Shape(
         phase=phase,
-        batch=_int(s["batch"], f"{where}.batch", 1, _MAX_BATCH),
+        batch=_int(s["batch"], f"{where}.batch", 1, MAX_BATCH),
         seq=seq,
         count=_int(s["count"], f"{where}.count", 1),
         first_step=_int(s["first_step"], f"{where}.first_step", 0),
@@ -128,10 +128,10 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         cache_len=_optional_int(s.get("cache_len"), f"{where}.cache_len", 1),
         max_new_tokens=_optional_int(s.get("max_new_tokens"), f"{where}.max_new_tokens", 1),
         logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),
-        cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, _MAX_SEQ),
-        max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, _MAX_SEQ),
-        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, _MAX_SEQ),
-                            _int(q, f"{where}.varlen_pairs", 1, _MAX_SEQ)) for c, q in pairs),
+        cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, MAX_SEQ),
+        max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, MAX_SEQ),
+        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, MAX_SEQ),
+                            _int(q, f"{where}.varlen_pairs", 1, MAX_SEQ)) for c, q in pairs),
         unpadded=_int(s.get("unpadded", 0), f"{where}.unpadded", 0),
         completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
@@ -152,7 +152,7 @@ def plan_from_dict(data: Any) -> Plan:
         raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")
     multiple = data["pad_to_multiple_of"]
     if multiple is not None:
-        multiple = _int(multiple, "pad_to_multiple_of", 1, _MAX_SEQ)
+        multiple = _int(multiple, "pad_to_multiple_of", 1, MAX_SEQ)
     shape_list = _typed(data["shapes"], list, "shapes")
     if not shape_list:
         raise _malformed("shapes", "is empty: a plan lists at least one shape")
