@@ -31,6 +31,8 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                                    "use .jsonl, .json, .parquet or .csv")
             if _blank(path):  # datasets' own error for an empty file names no cause
                 raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
+            if builder == "json":
+                check_nesting(path)
             if streaming:  # a stream reads the file as it goes: no Arrow cache to go stale
                 return datasets.load_dataset(builder, data_files=str(path), streaming=True)
             # datasets reuses its Arrow cache of a file while path, size and mtime are unchanged; naming the config
@@ -45,6 +47,9 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                                      "streaming=True)` does not read; stream a data file or a Hub id, or drop "
                                      "--dataset_streaming")
                 return datasets.load_from_disk(str(path))
+            for file in sorted(path.rglob("*.json*")):
+                if file.suffix.lower() in (".json", ".jsonl") and file.is_file():
+                    check_nesting(file)
             return datasets.load_dataset(str(path), name=name, streaming=streaming)
         if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
             raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
@@ -119,6 +124,37 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h.update(json.dumps(tokenizer.chat_template, sort_keys=True, default=str).encode())
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
+
+
+# Deeper than this, pyarrow's JSON reader stops ("object decoding depth limit") and the readers datasets falls back
+# to crash the process (a 100,000-deep list: SIGSEGV, nothing on stderr), as they would in the real run. No
+# training row nests more than a few levels.
+MAX_NESTING = 1000
+
+
+def check_nesting(path: Path) -> None:
+    """Refuse a JSON/JSONL file that nests a value deeper than MAX_NESTING, naming the line, before any reader parses
+    it: brackets outside strings, counted with numpy over chunks of whole lines."""
+    import numpy as np
+
+    depth, inside, lines = 0, False, 0
+    with open(path, "rb") as handle:
+        while chunk := b"".join(handle.readlines(1 << 24)):
+            text = chunk.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+            data = np.frombuffer(text, dtype=np.uint8)
+            quotes = np.cumsum(data == ord('"')) + inside
+            outside = quotes % 2 == 0
+            step = (np.isin(data, (ord("["), ord("{"))) & outside).astype(np.int64) - (
+                np.isin(data, (ord("]"), ord("}"))) & outside)
+            levels = np.cumsum(step) + depth
+            if len(levels) and levels.max() > MAX_NESTING:
+                at = int(np.argmax(levels > MAX_NESTING))
+                line = lines + text.count(b"\n", 0, at) + 1
+                raise DatasetError(f"dataset {path} nests a value more than {MAX_NESTING} levels deep on line {line}: "
+                                   "the JSON readers (and so the training run) crash on it; fix or drop that row")
+            if len(levels):
+                depth, inside = int(levels[-1]), bool(quotes[-1] % 2)
+            lines += text.count(b"\n")
 
 
 def _blank(path: Path) -> bool:
