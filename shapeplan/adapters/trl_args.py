@@ -209,18 +209,32 @@ def _check_values(method: str, configs: Sequence[Any]) -> None:
     command line cannot), and no float option is NaN or infinite (they pass every range check)."""
     for config in configs:
         hints = _scalar_hints(type(config))
-        for name, kinds in hints.items():
-            value = getattr(config, name, None)
-            if value is None and type(None) in kinds:
-                continue
-            wanted = " or ".join(k.__name__ for k in kinds if k is not type(None))
-            fits = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds) or (
-                float in kinds and isinstance(value, int) and not isinstance(value, bool))
-            if not fits:
-                raise UsageError(f"--{name} must be a {wanted}, got {value!r}; fix it on the command line or in "
-                                 f"the --config file (see `trl {method} --help`)")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise UsageError(f"--{name} must be a finite number, got {value}")
+        _check_types(method, hints, {name: getattr(config, name) for name in hints})
+
+
+def _check_types(method: str, hints: dict[str, tuple[type, ...]], values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        kinds = hints.get(name)
+        if kinds is None or (value is None and type(None) in kinds):
+            continue
+        wanted = " or ".join(k.__name__ for k in kinds if k is not type(None))
+        fits = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds) or (
+            float in kinds and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise UsageError(f"--{name} must be a {wanted}, got {value!r}; fix it on the command line or in "
+                             f"the --config file (see `trl {method} --help`)")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name} must be a finite number, got {value}")
+
+
+def check_recorded(args: TrainingArgs, config: dict[str, Any]) -> None:
+    """A plan's recorded config (`args`: its arguments, parsed), checked as the command line's options are: a
+    hand-edited value must not warm what no run can train."""
+    values = {name: value for name, value in config.items() if name != "argv"}
+    _check_types(args.method, _scalar_hints(type(args.training)), values)
+    _check_positive(types.SimpleNamespace(**{**vars(args.training), **values}))
+    if type(values.get("num_processes", 1)) is not int or values.get("num_processes", 1) < 1:
+        raise UsageError(f"num_processes must be a positive integer, got {values['num_processes']!r}")
 
 
 def _scalar_hints(config_type: type) -> dict[str, tuple[type, ...]]:

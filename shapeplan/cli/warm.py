@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..errors import ShapeplanError, UsageError
 from .options import FiniteFloat, device_option, run_options
@@ -63,7 +64,7 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
 @click.option("--status", is_flag=True,
               help="Warm nothing: show, from every manifest in the cache dir, which shapes are done (by which shard, "
               "in which environment) and which are missing. Exit 0 only when the plan is complete.")
-def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
+def warm_command(method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
                  as_json: bool, workers: int, worker_memory: float | None, shard_option: str | None,
                  shard_count: int | None, status: bool) -> None:
@@ -90,6 +91,8 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     from ..warm.runner import warm
     from ..warm.shards import resolve_shard
 
+    if plan_path is not None and click.get_current_context().get_parameter_source("method") is ParameterSource.DEFAULT:
+        method = None  # the plan names it; a --method given is checked against the plan
     if status:
         _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json)
         return
@@ -109,7 +112,7 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     emit_warm(report, as_json=as_json, verify=False)
 
 
-def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
+def _status(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
             trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool) -> None:
     """`warm --status`: the plan's shapes against the cache dir's merged manifests; exit 1 unless complete."""
     from ..run import choose_backend, load_run

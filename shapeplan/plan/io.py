@@ -144,9 +144,13 @@ def plan_from_dict(data: Any) -> Plan:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PlanFileError(f"not a shapeplan plan (schema {found!r}, expected {PLAN_SCHEMA}); "
                             "write one with `shapeplan analyze ... -o PLAN`")
-    for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes"):
+    for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes", "config"):
         if name not in data:
             raise _malformed("the plan", f"has no {name!r}")
+    config = _typed(data["config"], dict, "config")
+    argv = config.get("argv", [])
+    if not (isinstance(argv, list) and all(isinstance(word, str) for word in argv)):
+        raise _malformed("config.argv", "must be a list of strings (the run's TRL options)", argv)
     method = data["method"]
     if method not in METHODS:
         raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")
@@ -180,7 +184,7 @@ def plan_from_dict(data: Any) -> Plan:
         pad_to_multiple_of=multiple,
         shapes=shapes,
         stats=stats,
-        config=dict(_typed(data.get("config", {}), dict, "config")),
+        config=dict(config),
         versions=dict(_typed(data.get("versions", {}), dict, "versions")),
         fingerprint=dict(_typed(data.get("fingerprint", {}), dict, "fingerprint")),
         warnings=tuple(warnings),
