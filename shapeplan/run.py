@@ -137,7 +137,7 @@ def _planned_args(plan: Plan, path: str, device: str) -> Any:
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from .warm.backends import default_device, make_backend
-    from .warm.cachedir import default_cache_dir
+    from .warm.cachedir import cache_dir_path, default_cache_dir
 
     device = device or default_device()
-    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
+    return make_backend(device), cache_dir_path(Path(cache_dir) if cache_dir else default_cache_dir(device))

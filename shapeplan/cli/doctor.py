@@ -52,8 +52,9 @@ def doctor_command(device: str | None, cache_dir: str | None, as_json: bool) -> 
     check, PASS or FAIL with the fix. Exit code 0 only if every check passes, 1 otherwise.
     """
     from ..doctor import diagnose
+    from ..warm.cachedir import cache_dir_path
 
-    diagnosis = diagnose(device, Path(cache_dir) if cache_dir else None)
+    diagnosis = diagnose(device, cache_dir_path(Path(cache_dir)) if cache_dir else None)
     click.echo(json.dumps(diagnosis.to_dict(), indent=2) if as_json else render(diagnosis))
     if not diagnosis.passed:
         raise click.exceptions.Exit(1)

@@ -16,31 +16,29 @@ from .options import FiniteFloat, device_option, run_options
 from .output import ProgressBar, emit_warm, quiet_libraries
 
 
-def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
-    created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
+def prepare(backend: Any, cache: Path) -> None:
+    """Set the backend up before torch is imported (backends read env vars at import). The cache dir is created
+    (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
-    from ..run import choose_backend
     from ..warm.cachedir import check_cache_dir_can_exist
 
-    backend, cache = choose_backend(device, cache_dir)
     check_cache_dir_can_exist(cache)
     refuse_incomplete_import(cache)
     backend.prepare(cache)
     quiet_libraries()
-    return backend, cache
 
 
 @contextlib.contextmanager
 def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
     """Importing torch creates the compile cache dir named in its environment, before the run is known to be
     valid: a refused command removes it again if it made it and nothing was written into it."""
-    existed = cache.exists()
+    missing = [p for p in (cache, *cache.parents) if not p.exists()]  # the folders a refusal must not leave
     try:
         yield
     except ShapeplanError:
-        if not existed:
-            for folder in sorted((p for p in [cache, *cache.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+        if missing:
+            top = missing[-1]
+            for folder in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):  # not empty: keep it
                     folder.rmdir()
         raise
@@ -85,7 +83,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
     """
     import os
 
-    from ..run import load_run
+    from ..run import choose_backend, load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
@@ -97,18 +95,19 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json)
         return
     shard = resolve_shard(shard_option, shard_count, os.environ)
-    backend, cache = prepare(device, cache_dir)
+    backend, cache = choose_backend(device, cache_dir)
     with refused_leaves_no_cache_dir(cache):
+        prepare(backend, cache)
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
         count = worker_count(workers, backend.device, worker_memory)
         if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
             raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
                              "processes, whose ranks share the shapes; drop --workers")
-    check_cache_dir(cache)
-    if count > 1:
-        report = _warm_in_workers(plan, count, backend.device, cache, shard)
-    else:
-        report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
+        check_cache_dir(cache)
+        if count > 1:
+            report = _warm_in_workers(plan, count, backend.device, cache, shard)
+        else:  # refused before its first shape (the run's model or tokenizer): the dir made for it is removed
+            report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
     emit_warm(report, as_json=as_json, verify=False)
 
 
