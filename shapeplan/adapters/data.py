@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
+from ..host import hub_offline, hub_unusable
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -54,7 +55,14 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
         if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
             raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
                                "Hub dataset id")
-        return datasets.load_dataset(source, name=name, streaming=streaming)
+        hub_offline()  # an unreachable Hub: offline mode, so that datasets answers at once instead of retrying
+        try:
+            return datasets.load_dataset(source, name=name, streaming=streaming)
+        except Exception as exc:
+            offline = hub_unusable(source, "dataset")
+            if offline is not None:
+                raise DatasetError(offline) from exc
+            raise
     except (DatasetError, UsageError):
         raise
     except FileNotFoundError as exc:
@@ -109,11 +117,28 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
         raise ModelError("no model is given; pass --model (TRL: --model_name_or_path)")
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
         raise ModelError(f"model folder {model} not found; pass an existing model folder or a Hub id with --model")
+    folder = Path(model).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelError(f"model folder {model} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:2])}, ...); copy "
+                         "them from the model's Hub repository into it, or pass the folder that has them with --model")
+    if not folder.is_dir():
+        hub_offline()  # an unreachable Hub: offline mode, so that transformers answers at once instead of retrying
     try:
         return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
+        offline = None if folder.is_dir() else hub_unusable(model, "model")
+        if offline is not None:
+            raise ModelError(offline) from exc
+        if folder.is_dir():
+            raise ModelError(f"model folder {model} is unusable: {first_line(exc)}; download it again or pass "
+                             "another folder with --model") from exc
         raise ModelError(f"cannot load the tokenizer of {model}: {first_line(exc)}; pass a local model folder or a "
                          "Hub id reachable from this machine with --model") from exc
+
+
+# The files a tokenizer loads from (transformers' fast, slow and sentencepiece tokenizers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model")
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
