@@ -124,7 +124,7 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
     if not folder.is_dir():
         hub_offline()  # an unreachable Hub: offline mode, so that transformers answers at once instead of retrying
     try:
-        return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
         offline = None if folder.is_dir() else hub_unusable(model, "model")
         if offline is not None:
@@ -134,6 +134,12 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
                              "another folder with --model") from exc
         raise ModelError(f"cannot load the tokenizer of {model}: {first_line(exc)}; pass a local model folder or a "
                          "Hub id reachable from this machine with --model") from exc
+    template = getattr(tokenizer, "chat_template", None)
+    if not (template is None or isinstance(template, str) or (
+            isinstance(template, (list, dict)) and all(isinstance(t, (str, dict)) for t in template))):
+        raise ModelError(f"the chat_template of {model}'s tokenizer is a {type(template).__name__}, not Jinja text; "
+                         "fix it in its tokenizer_config.json (or chat_template.jinja)")
+    return tokenizer
 
 
 # The files a tokenizer loads from (transformers' fast, slow and sentencepiece tokenizers).

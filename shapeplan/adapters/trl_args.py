@@ -118,7 +118,8 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"invalid TRL option: {first_line(exc)}; see `trl {method} --help`") from exc
+        raise UsageError(f"invalid {_option_behind(argv, exc)}: {first_line(exc)}; see `trl {method} --help`") \
+            from exc
     script, training, model, *rest = parsed
     _check_values(method, parsed)
     _check_positive(training)
@@ -131,6 +132,20 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+def _option_behind(argv: Sequence[str], exc: Exception) -> str:
+    """The option whose value `exc` (raised while parsing) names or fails to decode as JSON, as `--name value`."""
+    import json
+
+    pairs = [(word.split("=", 1)[0], word.split("=", 1)[1]) if word.startswith("--") and "=" in word
+             else (word, argv[i + 1]) for i, word in enumerate(argv)
+             if word.startswith("--") and ("=" in word or i + 1 < len(argv))]
+    for option, value in pairs:
+        if repr(value) in str(exc) or (isinstance(exc, json.JSONDecodeError) and value.lstrip().startswith("{")):
+            kind = "JSON of " if isinstance(exc, json.JSONDecodeError) else "value of "
+            return f"{kind}{option} {value!r}"
+    return "TRL option"
 
 
 def _launch_options(method: str, argv: list[str]) -> list[str]:

@@ -68,16 +68,19 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
             write_plan(plan, output)
         click.echo(render_comparison(plan, observed))
         return
-    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
-    if histogram:
+    lengths = None
+    if histogram:  # before the plan is written: a run the histogram refuses writes nothing
         from ..adapters.row_lengths import train_lengths
-        from ..advice_report import histogram as render_histogram
-        from ..advice_report import length_cap
         from ..run import split_run_arguments
-        from ..trainers import trainer_spec
 
         lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
                                 use_cache=not no_cache)
+    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
+    if lengths is not None:
+        from ..advice_report import histogram as render_histogram
+        from ..advice_report import length_cap
+        from ..trainers import trainer_spec
+
         click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
                                     what=str(trainer_spec(method).lengths)), err=as_json)
     for caveat in caveats(plan, os.environ):
