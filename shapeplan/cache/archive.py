@@ -473,7 +473,10 @@ def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limit
     if info.expanded > free:
         raise CacheError(f"{target} has {free} bytes free, {archive} needs {info.expanded}; free space or import "
                          "elsewhere")
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
+    except OSError as exc:  # a read-only file system, a folder without write permission
+        raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") from exc
     try:
         seen = _extract(archive, info, staging, limits)
         missing = sorted(name for name in set(info.files) - seen if not is_temporary(name))

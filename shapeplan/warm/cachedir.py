@@ -51,6 +51,9 @@ def check_cache_dir_can_exist(path: Path) -> None:
     if not existing.is_dir():
         raise CacheError(f"cache dir {path} is not writable ({os.strerror(errno.ENOTDIR)}); pass a writable folder "
                          "with --cache-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only file system refuses even root here
+        where = "" if existing == path else f" (its folder {existing} is not)"
+        raise CacheError(f"cache dir {path} is not writable{where}; pass a writable folder with --cache-dir")
 
 
 def existing_cache_dir(path: Path) -> Path:
