@@ -10,7 +10,8 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead", "fleet_balance")
+BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead", "fleet_balance",
+              "bounded_work")
 
 
 def main(argv: list[str] | None = None) -> int:
