@@ -117,7 +117,9 @@ def check_walk(args: TrainingArgs, *, micro_batches: int, per_pass: int) -> None
     config = args.training
     setting = (f"--max_steps {config.max_steps}" if config.max_steps > 0
                else f"--num_train_epochs {config.num_train_epochs:g}")
-    raise UsageError(f"{setting} on {ranks} rank(s) reads the data {passes:,} times over ({per_pass:,} micro-batches "
+    if ranks > 1:
+        setting += f" on --num_processes {ranks}"
+    raise UsageError(f"{setting} reads the data {passes:,} times over ({per_pass:,} micro-batches "
                      f"per pass and rank), {passes * pass_cost:,} replay steps, more than shapeplan replays "
                      f"({MAX_WALK:,}); a run that long re-reads the same data: plan it with fewer steps, epochs or "
                      "processes, or pass the run's real values")

@@ -178,7 +178,7 @@ UNBOUNDED = {
     "max_steps 1e9": (["--max_steps", "1000000000"], "--max_steps 1000000000"),
     "epochs 1e9": (["--num_train_epochs", "1000000000"], "--num_train_epochs 1e+09"),
     "100000 ranks": (["--num_processes", "100000"], "--num_processes 100000"),
-    "1000 ranks, 1000 steps": (["--num_processes", "1000", "--max_steps", "1000"], "1000 rank(s)"),
+    "1000 ranks, 1000 steps": (["--num_processes", "1000", "--max_steps", "1000"], "--num_processes 1000"),
     "dataset_num_proc 100000": (["--dataset_num_proc", "100000"], "--dataset_num_proc"),
     "pad_to_multiple_of 1e12": (["--pad_to_multiple_of", "1000000000000"], "--pad_to_multiple_of"),
     "epochs nan": (["--num_train_epochs", "nan"], "--num_train_epochs must be a finite number"),
