@@ -83,6 +83,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     and the plan's own arguments supply the rest (and the method: `method` names it for a run without a plan, None
     for the default one). The warmer comes first: a run it cannot warm is refused before
     planning, and before any model loads."""
+    from .adapters.data import check_weight_files
     from .adapters.grpo import with_guide_example
     from .adapters.trl_args import given_options, parse_training_args
     from .analyze import analyze
@@ -111,6 +112,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         argv = split_run_arguments(method, trl_args, model, split)
     run_argv = device_argv(argv, device)
     args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
+    check_weight_files(args.model.model_name_or_path)  # warm loads the weights; a cut file fails every shape
     warmer = make_warmer(method, args)
     if plan is None:
         plan = analyze(method, argv, eval_source=eval_dataset)

@@ -142,6 +142,26 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
     return tokenizer
 
 
+def check_weight_files(model: str | None) -> None:
+    """Refuse a local model folder whose safetensors files are cut short (an interrupted download or copy): each
+    holds an 8-byte header length, a JSON header and the tensors' bytes up to the header's last offset."""
+    folder = Path(model or "").expanduser()
+    if not model or not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                header = json.loads(handle.read(size)) if 0 < size <= 100 << 20 else None
+        except (OSError, ValueError):
+            header = None
+        ends = [t["data_offsets"][1] for k, t in (header or {}).items()
+                if k != "__metadata__" and isinstance(t, dict) and len(t.get("data_offsets", ())) == 2]
+        if header is None or path.stat().st_size < 8 + size + max(ends, default=0):
+            raise ModelError(f"model file {path} is truncated or not safetensors; download the model again or pass "
+                             "another folder with --model")
+
+
 # The files a tokenizer loads from (transformers' fast, slow and sentencepiece tokenizers).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                     "spiece.model", "sentencepiece.bpe.model")

@@ -340,6 +340,13 @@ def test_broken_model_folders_are_named(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_bytes(_text(plan))
     assert "truncated" in _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "new/cache"],
                                     tmp_path, 1)
+    cut = _model_copy(tmp_path, "cut")
+    with open(cut / "model.safetensors", "r+b") as weights:
+        weights.truncate((TINY_MODEL / "model.safetensors").stat().st_size // 2)
+    plan["config"]["argv"] = ["--model_name_or_path", str(cut), "--dataset_name", str(CAPYBARA)]
+    (tmp_path / "plan.json").write_bytes(_text(plan))
+    assert "model.safetensors is truncated" in _one_line(
+        ["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "new/cache"], tmp_path, 1)
 
 
 @pytest.mark.parametrize("case", ["template syntax", "template raises", "formats mixed", "string prompt, list "
