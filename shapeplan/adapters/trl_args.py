@@ -227,12 +227,15 @@ def _check_values(method: str, configs: Sequence[Any]) -> None:
         _check_types(method, hints, {name: getattr(config, name) for name in hints})
 
 
+_KIND_NAMES = {int: "whole number", float: "number", bool: "boolean", str: "string"}
+
+
 def _check_types(method: str, hints: dict[str, tuple[type, ...]], values: dict[str, Any]) -> None:
     for name, value in values.items():
         kinds = hints.get(name)
         if kinds is None or (value is None and type(None) in kinds):
             continue
-        wanted = " or ".join(k.__name__ for k in kinds if k is not type(None))
+        wanted = " or ".join(_KIND_NAMES[k] for k in kinds if k is not type(None))
         fits = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds) or (
             float in kinds and isinstance(value, int) and not isinstance(value, bool))
         if not fits:
