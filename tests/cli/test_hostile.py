@@ -362,7 +362,7 @@ def test_bad_rows_and_templates_name_the_cause(case: str, tmp_path: Path) -> Non
         (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         args = ["rows.jsonl"]
     line = _one_line(["analyze", *args, "--model", str(TINY_MODEL), "--no-cache"], tmp_path, 1)
-    assert ("chat template fails" in line) if rows is None else ("one format" in line)
+    assert (("chat template fails" in line) if rows is None else ("one format" in line)), line
 
 
 def test_streaming_histogram_refusal_writes_no_plan(tmp_path: Path) -> None:
