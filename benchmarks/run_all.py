@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 BENCHMARKS = ("analyze_speed", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead", "fleet_balance",
-              "store_pull", "typo_speed")
+              "store_pull", "typo_speed", "bounded_work")
 
 
 def main(argv: list[str] | None = None) -> int:

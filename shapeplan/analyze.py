@@ -7,6 +7,7 @@ or torch is imported: seconds of imports are the whole cost of a cached answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from .plan.model import Plan
 from .trainers import trainer_spec
@@ -42,7 +43,9 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
             use_cache: bool, progress_bars: bool) -> Plan:
     """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()`, stored under them."""
     from .adapters import plan_cache
+    from .host import workers_setting
 
+    workers_setting()  # a bad $SHAPEPLAN_WORKERS is refused whether or not this run forks
     spec = trainer_spec(method)
     key = plan_cache.plan_key(method, key_words) if use_cache else None
     plan = plan_cache.load(key) if key is not None else None
@@ -51,9 +54,14 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
         dataset_progress_bars(progress_bars)
         from .adapters.loop import dispatched_parts
         from .adapters.trl_args import parse_training_args
+        from .warm.identity import beyond_position_embeddings
 
+        args = parse_training_args(method, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
-            plan = spec.plan(parse_training_args(method, argv), argv, eval_source=eval_source, use_cache=use_cache)
+            plan = spec.plan(args, argv, eval_source=eval_source, use_cache=use_cache)
+        beyond = beyond_position_embeddings(plan, args)
+        if beyond is not None:  # the run fails (or extrapolates) there; `warm` refuses such a plan
+            plan = replace(plan, warnings=(*plan.warnings, f"{beyond}: lower --max_length to fit the model"))
         if key is not None:
             plan_cache.store(key, plan)
     return plan

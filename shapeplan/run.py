@@ -97,20 +97,37 @@ def device_argv(argv: list[str], device: str) -> list[str]:
     return ["--use_cpu", "false", *argv]
 
 
-def check_config(plan: Plan, args: Any, names: set[str]) -> None:
+def check_config(plan: Plan, args: Any, planned: Any, names: set[str]) -> None:
     """The options named on the command line (`names`, TRL field names) must have the values the plan was made
-    with; the plan supplies every option not named."""
-    from .adapters.common import recorded_config
-
-    given = json.loads(json.dumps(recorded_config(args, []), default=str))
+    with (`planned`: the plan's own arguments, parsed; its recorded config first); the plan supplies every option
+    not named."""
+    given, made = _settings(args), {**_settings(planned), **plan.config}
     # the model first: with another model every other difference is beside the point
     for name in sorted(names & set(given), key=lambda item: (item != "model_name_or_path", item)):
-        if name == "argv" or name not in plan.config:
+        if name == "argv" or name not in made or _same(made[name], given[name]):
             continue
-        if plan.config[name] != given[name]:
-            raise PlanFileError(f"the plan was made for {name}={plan.config[name]!r}, but this run has "
-                                f"{given[name]!r}; re-create the plan with `shapeplan analyze ... -o PLAN` for this "
-                                "run", field=name, planned=plan.config[name], given=given[name])
+        raise PlanFileError(f"the plan was made for {name}={made[name]!r}, but this run has {given[name]!r}; "
+                            "re-create the plan with `shapeplan analyze ... -o PLAN` for this run",
+                            field=name, planned=made[name], given=given[name])
+
+
+def _settings(args: Any) -> dict[str, Any]:
+    """Every TRL option of a parsed run, by field name, as JSON values (the recorded config's where it has them)."""
+    import dataclasses
+
+    from .adapters.common import recorded_config
+
+    fields = {f.name: getattr(part, f.name) for part in (args.script, args.model, args.training)
+              for f in dataclasses.fields(part)}
+    return json.loads(json.dumps({**fields, **recorded_config(args, [])}, default=str))
+
+
+def _same(planned: Any, given: Any) -> bool:
+    """Equal values, or two names of one existing file or folder (a dataset or model named another way)."""
+    if planned == given:
+        return True
+    return (isinstance(planned, str) and isinstance(given, str) and Path(planned).exists()
+            and Path(planned).resolve() == Path(given).resolve())
 
 
 def load_run(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
@@ -120,6 +137,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     and the plan's own arguments supply the rest (and the method: `method` names it for a run without a plan, None
     for the default one). The warmer comes first: a run it cannot warm is refused before
     planning, and before any model loads."""
+    from .adapters.data import check_weight_files
     from .adapters.grpo import with_guide_example
     from .adapters.trl_args import given_options, parse_training_args
     from .analyze import analyze
@@ -132,7 +150,14 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     named: set[str] = set()
     if plan_path is not None:
         plan = load_plan(plan_path)
+        if method is not None and method != plan.method:
+            raise PlanFileError(f"the plan is for {plan.method}, but --method {method} is given; drop --method (the "
+                                f"plan names it) or re-create the plan with `shapeplan analyze --method {method}`")
+        if eval_dataset is not None:
+            raise UsageError("--eval-dataset names the eval data to plan, and the plan holds its eval shapes; drop "
+                             "--eval-dataset, or re-create the plan with it")
         method = plan.method
+        planned = _planned_args(plan, plan_path, device)
         given = split_run_arguments(method, trl_args, model, split)
         named = given_options(given)
         argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
@@ -141,11 +166,12 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         argv = split_run_arguments(method, trl_args, model, split)
     run_argv = device_argv(argv, device)
     args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
+    check_weight_files(args.model.model_name_or_path)  # warm loads the weights; a cut file fails every shape
     warmer = make_warmer(method, args)
     if plan is None:
         plan = analyze(method, argv, eval_source=eval_dataset)
     elif named:
-        check_config(plan, args, named)
+        check_config(plan, args, planned, named)
     check_plan_fits_model(plan, args)
     return plan, warmer
 
@@ -159,10 +185,24 @@ def plan_tasks(plan_path: str, device: str, method: str | None = None, model: st
     return list(warmer.tasks(plan))
 
 
+def _planned_args(plan: Plan, path: str, device: str) -> Any:
+    """The plan's own arguments, parsed, with its recorded config checked as a command line's options are."""
+    from .adapters.grpo import with_guide_example
+    from .adapters.trl_args import check_recorded, parse_training_args
+
+    argv = device_argv(list(plan.config.get("argv", [])), device)
+    try:
+        planned, _ = with_guide_example(parse_training_args(plan.method, argv), argv)
+        check_recorded(planned, plan.config)
+    except UsageError as exc:
+        raise PlanFileError(f"plan {path}: {exc}; re-create it with `shapeplan analyze -o PLAN`") from exc
+    return planned
+
+
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
     from .warm.backends import default_device, make_backend
-    from .warm.cachedir import default_cache_dir
+    from .warm.cachedir import cache_dir_path, default_cache_dir
 
     device = device or default_device()
-    return make_backend(device), (Path(cache_dir) if cache_dir else default_cache_dir(device)).resolve()
+    return make_backend(device), cache_dir_path(Path(cache_dir) if cache_dir else default_cache_dir(device))

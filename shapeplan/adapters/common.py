@@ -110,8 +110,17 @@ def trl_preparing(name: str) -> Iterator[None]:
 
     try:
         yield
-    except (ValueError, RuntimeError, TypeError, KeyError, AttributeError, IndexError, TemplateError) as exc:
-        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}") from exc
+    except TemplateError as exc:  # a Jinja syntax error, or a template's own raise_exception
+        raise DatasetError(f"the chat template fails on the {name} dataset's rows ({type(exc).__name__}: "
+                           f"{first_line(exc)}); fix the template (--chat_template_path, or the model's "
+                           "tokenizer_config.json / chat_template.jinja)") from exc
+    except TypeError as exc:  # e.g. "can only concatenate str (not "list") to str": text and messages mixed
+        raise DatasetError(f"TRL could not prepare the {name} dataset ({first_line(exc)}): its rows mix text with "
+                           "lists of messages (a string prompt with a list completion, or rows of two formats); "
+                           "give every row one format") from exc
+    except (ValueError, RuntimeError, KeyError, AttributeError, IndexError) as exc:
+        raise DatasetError(f"TRL could not prepare the {name} dataset: {first_line(exc)}; check that every row has "
+                           "the columns and format of the first") from exc
 
 
 def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
+from ..host import hub_offline, hub_unusable
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -31,6 +32,8 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                                    "use .jsonl, .json, .parquet or .csv")
             if _blank(path):  # datasets' own error for an empty file names no cause
                 raise DatasetError(f"dataset {source} is empty; pass a dataset with at least one row")
+            if builder == "json":
+                check_nesting(path)
             if streaming:  # a stream reads the file as it goes: no Arrow cache to go stale
                 return datasets.load_dataset(builder, data_files=str(path), streaming=True)
             # datasets reuses its Arrow cache of a file while path, size and mtime are unchanged; naming the config
@@ -45,11 +48,21 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                                      "streaming=True)` does not read; stream a data file or a Hub id, or drop "
                                      "--dataset_streaming")
                 return datasets.load_from_disk(str(path))
+            for file in sorted(path.rglob("*.json*")):
+                if file.suffix.lower() in (".json", ".jsonl") and file.is_file():
+                    check_nesting(file)
             return datasets.load_dataset(str(path), name=name, streaming=streaming)
         if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
             raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
                                "Hub dataset id")
-        return datasets.load_dataset(source, name=name, streaming=streaming)
+        hub_offline()  # an unreachable Hub: offline mode, so that datasets answers at once instead of retrying
+        try:
+            return datasets.load_dataset(source, name=name, streaming=streaming)
+        except Exception as exc:
+            offline = hub_unusable(source, "dataset")
+            if offline is not None:
+                raise DatasetError(offline) from exc
+            raise
     except (DatasetError, UsageError):
         raise
     except FileNotFoundError as exc:
@@ -104,11 +117,54 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
         raise ModelError("no model is given; pass --model (TRL: --model_name_or_path)")
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
         raise ModelError(f"model folder {model} not found; pass an existing model folder or a Hub id with --model")
+    folder = Path(model).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelError(f"model folder {model} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:2])}, ...); copy "
+                         "them from the model's Hub repository into it, or pass the folder that has them with --model")
+    if not folder.is_dir():
+        hub_offline()  # an unreachable Hub: offline mode, so that transformers answers at once instead of retrying
     try:
-        return AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HF errors... for a bad model id
+        offline = None if folder.is_dir() else hub_unusable(model, "model")
+        if offline is not None:
+            raise ModelError(offline) from exc
+        if folder.is_dir():
+            raise ModelError(f"model folder {model} is unusable: {first_line(exc)}; download it again or pass "
+                             "another folder with --model") from exc
         raise ModelError(f"cannot load the tokenizer of {model}: {first_line(exc)}; pass a local model folder or a "
                          "Hub id reachable from this machine with --model") from exc
+    template = getattr(tokenizer, "chat_template", None)
+    if not (template is None or isinstance(template, str) or (
+            isinstance(template, (list, dict)) and all(isinstance(t, (str, dict)) for t in template))):
+        raise ModelError(f"the chat_template of {model}'s tokenizer is a {type(template).__name__}, not Jinja text; "
+                         "fix it in its tokenizer_config.json (or chat_template.jinja)")
+    return tokenizer
+
+
+def check_weight_files(model: str | None) -> None:
+    """Refuse a local model folder whose safetensors files are cut short (an interrupted download or copy): each
+    holds an 8-byte header length, a JSON header and the tensors' bytes up to the header's last offset."""
+    folder = Path(model or "").expanduser()
+    if not model or not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                header = json.loads(handle.read(size)) if 0 < size <= 100 << 20 else None
+        except (OSError, ValueError):
+            header = None
+        ends = [t["data_offsets"][1] for k, t in (header or {}).items()
+                if k != "__metadata__" and isinstance(t, dict) and len(t.get("data_offsets", ())) == 2]
+        if header is None or path.stat().st_size < 8 + size + max(ends, default=0):
+            raise ModelError(f"model file {path} is truncated or not safetensors; download the model again or pass "
+                             "another folder with --model")
+
+
+# The files a tokenizer loads from (transformers' fast, slow and sentencepiece tokenizers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model")
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -119,6 +175,37 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h.update(json.dumps(tokenizer.chat_template, sort_keys=True, default=str).encode())
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
+
+
+# Deeper than this, pyarrow's JSON reader stops ("object decoding depth limit") and the readers datasets falls back
+# to crash the process (a 100,000-deep list: SIGSEGV, nothing on stderr), as they would in the real run. No
+# training row nests more than a few levels.
+MAX_NESTING = 1000
+
+
+def check_nesting(path: Path) -> None:
+    """Refuse a JSON/JSONL file that nests a value deeper than MAX_NESTING, naming the line, before any reader parses
+    it: brackets outside strings, counted with numpy over chunks of whole lines."""
+    import numpy as np
+
+    depth, inside, lines = 0, False, 0
+    with open(path, "rb") as handle:
+        while chunk := b"".join(handle.readlines(1 << 24)):
+            text = chunk.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+            data = np.frombuffer(text, dtype=np.uint8)
+            quotes = np.cumsum(data == ord('"')) + inside
+            outside = quotes % 2 == 0
+            step = (np.isin(data, (ord("["), ord("{"))) & outside).astype(np.int64) - (
+                np.isin(data, (ord("]"), ord("}"))) & outside)
+            levels = np.cumsum(step) + depth
+            if len(levels) and levels.max() > MAX_NESTING:
+                at = int(np.argmax(levels > MAX_NESTING))
+                line = lines + text.count(b"\n", 0, at) + 1
+                raise DatasetError(f"dataset {path} nests a value more than {MAX_NESTING} levels deep on line {line}: "
+                                   "the JSON readers (and so the training run) crash on it; fix or drop that row")
+            if len(levels):
+                depth, inside = int(levels[-1]), bool(quotes[-1] % 2)
+            lines += text.count(b"\n")
 
 
 def _blank(path: Path) -> bool:

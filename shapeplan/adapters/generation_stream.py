@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import DatasetError, UsageError, first_line
 from ..plan.schedule import TrainLoop, micro_batches
 from . import stream
-from .loop import sharding
+from .loop import check_walk, sharding
 from .sampling import RankBatches, Sharding
 from .trl_args import TrainingArgs
 
@@ -163,6 +163,7 @@ def train_order(args: TrainingArgs, trainer: Any, source: Any, *, repeat: Repeat
                      num_train_epochs=config.num_train_epochs, max_steps=config.max_steps)
     if any(len(numbers) < limit for numbers in first):  # the whole stream was read: it ends before max_steps
         length = stream.pass_length(passes[0], gradient_accumulation_steps=config.gradient_accumulation_steps)
+        check_walk(args, micro_batches=micro, per_pass=length)
         loop = replace(loop, batches_per_pass=(length,))
         for epoch in range(1, max(mb.epoch for mb in micro_batches(loop)) + 1):
             passes.append(_order(_read(parts, epoch, None), batch_size=batch_size, option=option, sharding=shards))

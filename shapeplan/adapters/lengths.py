@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..host import usable_cores, workers_setting
 from ..plan.rows import Rows
 
 _ROW_INDEX = "__shapeplan_row"
@@ -126,10 +127,10 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
 def _workers(requested: int | None, rows: int) -> int:
     if requested is not None:
         return max(1, requested)
-    env = os.environ.get("SHAPEPLAN_WORKERS")
-    if env:
-        return max(1, int(env))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    setting = workers_setting()
+    if setting is not None:
+        return setting
+    cores = usable_cores()
     if cores <= 2:
         # Measured on 2 cores (benchmarks/analyze_speed.py --workers): one process, with the fast tokenizer's own
         # batch parallelism, beat two forked workers in time and CPU (these pay copy-on-write faults). With more

@@ -87,12 +87,42 @@ def train_schedule(args: TrainingArgs, num_rows: int,
 def train_loop(args: TrainingArgs, epoch_batches: Callable[[int], RankBatches]) -> TrainLoop:
     """The Trainer's loop over `epoch_batches` (its first epoch's length is the dataloader's)."""
     config = args.training
-    return TrainLoop(
+    loop = TrainLoop(
         steps_in_epoch=len(epoch_batches(0)[0]),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         num_train_epochs=config.num_train_epochs,
         max_steps=config.max_steps,
     )
+    check_walk(args, micro_batches=loop.epochs * loop.steps_in_epoch, per_pass=loop.steps_in_epoch)
+    return loop
+
+
+# A plan replays every micro-batch of every rank (about 25,000 a second on one core), after accelerate has dealt
+# each pass's batches to the ranks (each rank walks every batch: ranks x batches steps, about five times cheaper).
+# Ten passes over the data are planned whatever its size (the cost grows with the data, as tokenizing it does); more
+# passes up to this cost: a run that re-reads a small dataset millions of times is refused in a second instead.
+MAX_PASSES = 10
+MAX_WALK = 2_000_000
+
+
+def check_walk(args: TrainingArgs, *, micro_batches: int, per_pass: int) -> None:
+    """Refuse a run whose `micro_batches` per rank (`per_pass` in each pass over the data) cost more to replay than
+    MAX_PASSES passes or MAX_WALK, naming the settings behind them."""
+    ranks = args.num_processes
+    deal = ranks * (per_pass * ranks + ranks) if ranks > 1 else 0
+    pass_cost = per_pass * ranks + deal // 5
+    passes = -(-micro_batches // max(per_pass, 1))
+    if passes * pass_cost <= max(MAX_WALK, MAX_PASSES * pass_cost):
+        return
+    config = args.training
+    setting = (f"--max_steps {config.max_steps}" if config.max_steps > 0
+               else f"--num_train_epochs {config.num_train_epochs:g}")
+    if ranks > 1:
+        setting += f" on --num_processes {ranks}"
+    raise UsageError(f"{setting} reads the data {passes:,} times over ({per_pass:,} micro-batches "
+                     f"per pass and rank), {passes * pass_cost:,} replay steps, more than shapeplan replays "
+                     f"({MAX_WALK:,}); a run that long re-reads the same data: plan it with fewer steps, epochs or "
+                     "processes, or pass the run's real values")
 
 
 def sampled_epochs(args: TrainingArgs, sampler: Iterable[int], batch_size: int,

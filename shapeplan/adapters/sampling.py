@@ -47,6 +47,7 @@ def _batches(order: Sequence[int], batch_size: int, drop_last: bool, sharding: S
     from torch.utils.data import BatchSampler
 
     batch_sampler = BatchSampler(list(order), batch_size, drop_last)
+    _check_ranks(sharding.num_processes, len(batch_sampler))
     if sharding.num_processes == 1:
         return [[list(b) for b in batch_sampler]]
     if sharding.dispatch_batches:
@@ -63,6 +64,18 @@ def _batches(order: Sequence[int], batch_size: int, drop_last: bool, sharding: S
                          "collectives alone); drop even_batches=false or use a row count whose batches divide by "
                          "--num_processes")
     return ranks
+
+
+# accelerate deals each rank its batches by walking the whole dataloader, and completes a short last round from its
+# first batches: ranks x (batches + ranks) steps, which more ranks than batches turn quadratic in the ranks.
+MAX_DEAL = 1_000_000
+
+
+def _check_ranks(ranks: int, batches: int) -> None:
+    if ranks > batches and ranks * (batches + ranks) > MAX_DEAL:
+        raise UsageError(f"--num_processes {ranks} is more ranks than the {batches} batch(es) the data makes: most "
+                         "ranks would train on copies of the first rows, and dealing them is too slow to replay; "
+                         "pass the run's real process count")
 
 
 def _dispatched(batches: list[list[int]], sharding: Sharding, drop_last: bool) -> RankBatches:

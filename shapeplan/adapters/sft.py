@@ -32,6 +32,11 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
         return "tokenized"
     if is_conversational(example):
         return "conversational"
+    absent = [c for c in ("messages", "conversations", "prompt", "completion") if c in example and example[c] is None]
+    if absent:  # a row without a column the file's other rows have
+        present = ", ".join(name for name, value in example.items() if value is not None)
+        raise DatasetError(f"the dataset mixes row formats: a row has no {absent[0]!r} (it has {present}); give "
+                           "every row one format (messages, text, or prompt and completion)")
     for column in ("messages", "conversations", "prompt"):
         if column in example and not isinstance(example[column], str):
             raise DatasetError(f"column {column!r} holds neither text nor a list of {{'role', 'content'}} messages; "

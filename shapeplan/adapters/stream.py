@@ -37,7 +37,7 @@ from ..errors import DatasetError, UsageError
 from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop
 from . import lengths
-from .loop import sharding
+from .loop import check_walk, sharding
 from .sampling import RankBatches, Sharding
 from .trl_args import TrainingArgs
 
@@ -287,6 +287,7 @@ def read_train(dataset: Any, args: TrainingArgs, read_rows: Read[T], check: Call
     again = ""
     if passes[0].whole:  # the stream ends before max_steps: the Trainer reads it again, pass after pass
         lengths = [pass_length(passes[0].batches, gradient_accumulation_steps=ga)]
+        check_walk(args, micro_batches=micro, per_pass=lengths[0])
         if shuffled or any(part.n_shards > 1 for part in rank_streams(dataset, shards)):
             # Each pass steps once per GA of its micro-batches (the leftover ones join the next pass's first step).
             while sum(length // ga for length in lengths) < config.max_steps:

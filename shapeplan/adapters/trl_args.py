@@ -8,6 +8,8 @@ through `accelerate launch`'s parser (for `--num_processes` and friends).
 from __future__ import annotations
 
 import importlib
+import math
+import types
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
+from ..host import max_forks, process_count
+from ..plan.io import MAX_BATCH, MAX_SEQ
 from ..trainers import trainer_spec
 
 if TYPE_CHECKING:
@@ -115,8 +119,10 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"invalid TRL option: {first_line(exc)}; see `trl {method} --help`") from exc
+        raise UsageError(f"invalid {_option_behind(argv, exc)}: {first_line(exc)}; see `trl {method} --help`") \
+            from exc
     script, training, model, *rest = parsed
+    _check_values(method, parsed)
     _check_positive(training)
     return TrainingArgs(
         method=trainer_spec(method).name,
@@ -127,6 +133,20 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+def _option_behind(argv: Sequence[str], exc: Exception) -> str:
+    """The option whose value `exc` (raised while parsing) names or fails to decode as JSON, as `--name value`."""
+    import json
+
+    pairs = [(word.split("=", 1)[0], word.split("=", 1)[1]) if word.startswith("--") and "=" in word
+             else (word, argv[i + 1]) for i, word in enumerate(argv)
+             if word.startswith("--") and ("=" in word or i + 1 < len(argv))]
+    for option, value in pairs:
+        if repr(value) in str(exc) or (isinstance(exc, json.JSONDecodeError) and value.lstrip().startswith("{")):
+            kind = "JSON of " if isinstance(exc, json.JSONDecodeError) else "value of "
+            return f"{kind}{option} {value!r}"
+    return "TRL option"
 
 
 def _launch_options(method: str, argv: list[str]) -> list[str]:
@@ -164,14 +184,96 @@ _POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradi
              "max_prompt_length", "max_completion_length")
 
 
+# Sizes beyond what a plan file holds (plan/io.py's bounds): no model takes them, and planning them exhausts memory.
+_SEQUENCE_SIZES = ("pad_to_multiple_of", "max_length", "max_prompt_length", "max_completion_length")
+_BATCH_SIZES = ("per_device_train_batch_size", "per_device_eval_batch_size", "num_generations",
+                "generation_batch_size")
+# transformers' `set_seed` seeds numpy, whose seeds are 32-bit: the run fails on a larger one.
+_SEEDS = ("seed", "data_seed")
+_MAX_SEED = 2 ** 32 - 1
+# `datasets.map(num_proc=...)` forks this many processes while TRL prepares the data.
+_FORKS = ("dataset_num_proc",)
+
+
 def _check_positive(training: Any) -> None:
     for name in _POSITIVE:
         value = getattr(training, name, None)
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be a positive integer, got {value}")
+    for names, high in ((_SEQUENCE_SIZES, MAX_SEQ), (_BATCH_SIZES, MAX_BATCH)):
+        for name in names:
+            value = getattr(training, name, None)
+            if value is not None and value > high:
+                raise UsageError(f"--{name} {value} is beyond any model's reach (at most {high}); pass the run's "
+                                 "real value")
+    for name in _SEEDS:
+        value = getattr(training, name, None)
+        if value is not None and not 0 <= value <= _MAX_SEED:
+            raise UsageError(f"--{name} must be from 0 to 2**32-1 (transformers' set_seed seeds numpy with it), "
+                             f"got {value}")
+    for name in _FORKS:
+        value = getattr(training, name, None)
+        if value is not None:
+            process_count(f"--{name}", value, cap=max_forks(), what="what this host's cores can run")
     # without max_steps the epochs set the run's length: none (or fewer) trains nothing
     if getattr(training, "max_steps", -1) <= 0 and training.num_train_epochs <= 0:
         raise UsageError(f"--num_train_epochs must be positive (or --max_steps set), got {training.num_train_epochs}")
+
+
+def _check_values(method: str, configs: Sequence[Any]) -> None:
+    """Every option of a scalar type holds a value of that type (a YAML config can give a list or null where the
+    command line cannot), and no float option is NaN or infinite (they pass every range check)."""
+    for config in configs:
+        hints = _scalar_hints(type(config))
+        _check_types(method, hints, {name: getattr(config, name) for name in hints})
+
+
+_KIND_NAMES = {int: "whole number", float: "number", bool: "boolean", str: "string"}
+
+
+def _check_types(method: str, hints: dict[str, tuple[type, ...]], values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        kinds = hints.get(name)
+        if kinds is None or (value is None and type(None) in kinds):
+            continue
+        wanted = " or ".join(_KIND_NAMES[k] for k in kinds if k is not type(None))
+        fits = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds) or (
+            float in kinds and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise UsageError(f"--{name} must be a {wanted}, got {value!r}; fix it on the command line or in "
+                             f"the --config file (see `trl {method} --help`)")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name} must be a finite number, got {value}")
+
+
+def check_recorded(args: TrainingArgs, config: dict[str, Any]) -> None:
+    """A plan's recorded config (`args`: its arguments, parsed), checked as the command line's options are: a
+    hand-edited value must not warm what no run can train."""
+    values = {name: value for name, value in config.items() if name != "argv"}
+    _check_types(args.method, _scalar_hints(type(args.training)), values)
+    _check_positive(types.SimpleNamespace(**{**vars(args.training), **values}))
+    if type(values.get("num_processes", 1)) is not int or values.get("num_processes", 1) < 1:
+        raise UsageError(f"num_processes must be a positive integer, got {values['num_processes']!r}")
+
+
+def _scalar_hints(config_type: type) -> dict[str, tuple[type, ...]]:
+    """field name -> the scalar types its annotation allows (None among them for Optional), for the fields
+    annotated with nothing but int, float, bool, str and None."""
+    import dataclasses
+    import typing
+
+    scalars = {int, float, bool, str, type(None)}
+    try:
+        hints = typing.get_type_hints(config_type)
+    except Exception:  # an annotation that does not resolve: no field of it is checked
+        return {}
+    out: dict[str, tuple[type, ...]] = {}
+    for item in dataclasses.fields(config_type):
+        hint = hints.get(item.name)
+        kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if kinds and all(k in scalars for k in kinds):
+            out[item.name] = tuple(kinds)
+    return out
 
 
 def _auto_means_neuron(argv: list[str]) -> list[str]:

@@ -135,14 +135,46 @@ def _write_archive(cache_dir: Path, environment: dict[str, Any], files: dict[str
             entry.size = len(meta)
             entry.mode = 0o644
             tar.addfile(entry, io.BytesIO(meta))
-            for name in files:
-                tar.add(cache_dir / name, arcname=f"{PREFIX}/{name}", recursive=False)
+            for name, sha in files.items():
+                _add_unchanged(tar, cache_dir / name, f"{PREFIX}/{name}", sha)
         os.replace(tmp, archive)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise CacheError(f"cannot write {archive}: {exc.strerror}; choose a writable path with -o") from exc
         raise
+
+
+def _add_unchanged(tar: tarfile.TarFile, path: Path, arcname: str, sha: str) -> None:
+    """Add `path` to `tar` as it was hashed (`sha`): a file written to since (a warm-up still compiling into the
+    cache dir) is refused, so that an export is a snapshot that imports, never an archive its own checksums fail."""
+    with open(path, "rb") as handle:
+        entry = tar.gettarinfo(arcname=arcname, fileobj=handle)
+        digest = hashlib.sha256()
+
+        class Hashing(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                data = handle.read(len(buffer))
+                digest.update(data)
+                buffer[:len(data)] = data
+                return len(data)
+
+        try:
+            tar.addfile(entry, Hashing())
+        except OSError as exc:
+            if exc.errno is None:  # tarfile's "unexpected end of data": the file shrank
+                raise _changed(path) from exc
+            raise
+        if digest.hexdigest() != sha or os.fstat(handle.fileno()).st_size != entry.size:
+            raise _changed(path)
+
+
+def _changed(path: Path) -> CacheError:
+    return CacheError(f"{path} changed while it was exported (a warm-up still writing into the cache dir?); export "
+                      "again once nothing writes there")
 
 
 MERGE_STAGING = ".shapeplan-merging-"
@@ -461,7 +493,10 @@ def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limit
     if info.expanded > free:
         raise CacheError(f"{target} has {free} bytes free, {archive} needs {info.expanded}; free space or import "
                          "elsewhere")
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
+    except OSError as exc:  # a read-only file system, a folder without write permission
+        raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") from exc
     try:
         seen = _extract(archive, info, staging, limits)
         missing = sorted(name for name in set(info.files) - seen if not is_temporary(name))

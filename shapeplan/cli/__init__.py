@@ -66,10 +66,42 @@ def _leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
+def _writing_stdout(exc: OSError) -> bool:
+    """Whether `exc` was raised writing stdout (a full device, a closed pipe): by click.echo to file descriptor 1,
+    or by the final flush."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "echo" and frame.f_globals.get("__name__") == "click.utils":
+            try:
+                return bool(frame.f_locals["file"].fileno() == 1)
+            except (KeyError, AttributeError, OSError, ValueError):
+                return False
+        if frame.f_code.co_name == "_run" and frame.f_globals.get("__name__") == __name__ and tb.tb_next is None:
+            return True  # the flush below
+        tb = tb.tb_next
+    return False
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail (and print) again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _run(argv: list[str] | None) -> int:
     try:
         # without standalone mode click *returns* the code of a `ctx.exit(n)` / `Exit(n)` instead of raising it
         code = cli.main(args=argv, prog_name="shapeplan", standalone_mode=False)
+        sys.stdout.flush()  # a full or closed stdout fails here, not at exit
+    except OSError as exc:
+        if not _writing_stdout(exc):
+            raise
+        _drop_stdout()
+        click.echo(f"Error: cannot write to stdout: {exc.strerror or exc}; redirect it to a file or device with "
+                   "room (or write a plan with -o PLAN)", err=True)
+        return 1
     except ShapeplanError as exc:
         if os.environ.get("SHAPEPLAN_DEBUG") == "1":
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)

@@ -10,7 +10,7 @@ from ..errors import PlanFileError, UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import write_plan
 from ..plan.model import Plan
-from .options import run_options
+from .options import FiniteFloat, run_options
 from .output import emit_caveats, emit_plan
 
 
@@ -22,7 +22,7 @@ from .output import emit_caveats, emit_plan
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (for scripts).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
-@click.option("--generate-compile-minutes", "generate_minutes", type=click.FloatRange(min=0), metavar="MIN",
+@click.option("--generate-compile-minutes", "generate_minutes", type=FiniteFloat(min=0), metavar="MIN",
               default=GENERATE_SHAPE_MINUTES, show_default=True,
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,
@@ -66,16 +66,19 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
             write_plan(plan, output)
         click.echo(render_comparison(plan, observed))
         return
-    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
-    if histogram:
+    lengths = None
+    if histogram:  # before the plan is written: a run the histogram refuses writes nothing
         from ..adapters.row_lengths import train_lengths
-        from ..advice_report import histogram as render_histogram
-        from ..advice_report import length_cap
         from ..run import split_run_arguments
-        from ..trainers import trainer_spec
 
         lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
                                 use_cache=not no_cache)
+    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
+    if lengths is not None:
+        from ..advice_report import histogram as render_histogram
+        from ..advice_report import length_cap
+        from ..trainers import trainer_spec
+
         click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
                                     what=str(trainer_spec(method).lengths)), err=as_json)
     emit_caveats(plan, with_plan_warnings=False)

@@ -60,6 +60,7 @@ def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, rep
       shapeplan doctor --device neuron --report neuron-report.json
     """
     from ..doctor import diagnose, versions
+    from ..warm.cachedir import cache_dir_path
 
     if report_path is not None:
         from ..errors import UsageError
@@ -73,7 +74,7 @@ def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, rep
         click.echo(json.dumps(report["answers"], indent=2, sort_keys=True))
         click.echo(f"doctor: report written to {report_path}; attach it to your bug report")
         return
-    diagnosis = diagnose(device, Path(cache_dir) if cache_dir else None)
+    diagnosis = diagnose(device, cache_dir_path(Path(cache_dir)) if cache_dir else None)
     click.echo(json.dumps(diagnosis.to_dict(), indent=2) if as_json else render(diagnosis))
     if not diagnosis.passed:
         raise click.exceptions.Exit(1)

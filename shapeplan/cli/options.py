@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +17,16 @@ from ..trainers import DEFAULT_METHOD, METHODS
 from ..warm.backends import DEVICES
 
 Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option within its range; NaN (which compares false with every bound) and infinity are refused."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def run_options(command: Command) -> Command:
@@ -81,11 +92,11 @@ def device_option(command: Command) -> Command:
 
 def limit_options(command: Command) -> Command:
     """--max-gib, --max-files, --max-metadata-mib: the limits an archive read is checked against."""
-    command = click.option("--max-metadata-mib", type=click.FloatRange(min=0, min_open=True),
+    command = click.option("--max-metadata-mib", type=FiniteFloat(min=0, min_open=True),
                            default=DEFAULT_LIMITS.max_metadata / 2**20, show_default=True,
                            help="Refuse an archive whose metadata (checksum list) is larger than this.")(command)
     command = click.option("--max-files", type=click.IntRange(min=1), default=DEFAULT_LIMITS.max_files,
                            show_default=True, help="Refuse an archive holding more files than this.")(command)
-    return click.option("--max-gib", type=click.FloatRange(min=0, min_open=True),
+    return click.option("--max-gib", type=FiniteFloat(min=0, min_open=True),
                         default=DEFAULT_LIMITS.max_bytes / 2**30, show_default=True,
                         help="Refuse an archive whose files expand to more than this.")(command)

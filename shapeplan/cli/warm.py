@@ -9,37 +9,36 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..errors import ShapeplanError, UsageError
-from .options import device_option, run_options
+from .options import FiniteFloat, device_option, run_options
 from .output import ProgressBar, emit_caveats, emit_warm, quiet_libraries
 
 
-def prepare(device: str | None, cache_dir: str | None) -> tuple[Any, Path]:
-    """The backend and cache dir, set up before torch is imported (backends read env vars at import). The dir is
-    created (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
+def prepare(backend: Any, cache: Path) -> None:
+    """Set the backend up before torch is imported (backends read env vars at import). The cache dir is created
+    (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
     from ..cache.archive import refuse_incomplete_import
-    from ..run import choose_backend
     from ..warm.cachedir import check_cache_dir_can_exist
 
-    backend, cache = choose_backend(device, cache_dir)
     check_cache_dir_can_exist(cache)
     refuse_incomplete_import(cache)
     backend.prepare(cache)
     quiet_libraries()
-    return backend, cache
 
 
 @contextlib.contextmanager
 def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
     """Importing torch creates the compile cache dir named in its environment, before the run is known to be
     valid: a refused command removes it again if it made it and nothing was written into it."""
-    existed = cache.exists()
+    missing = [p for p in (cache, *cache.parents) if not p.exists()]  # the folders a refusal must not leave
     try:
         yield
     except ShapeplanError:
-        if not existed:
-            for folder in sorted((p for p in [cache, *cache.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+        if missing:
+            top = missing[-1]
+            for folder in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):  # not empty: keep it
                     folder.rmdir()
         raise
@@ -53,7 +52,7 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
 @click.option("--workers", type=int, default=1, show_default=True, metavar="N",
               help="Warm in N processes at once, each on its share of the shapes (on neuron: its own NeuronCore, "
               "within NEURON_RT_VISIBLE_CORES when set), capped by host memory and the visible NeuronCores.")
-@click.option("--worker-memory-gib", "worker_memory", type=click.FloatRange(min=0.1), default=None, metavar="GIB",
+@click.option("--worker-memory-gib", "worker_memory", type=FiniteFloat(min=0.1), default=None, metavar="GIB",
               help="Host memory one worker needs (default: 24 on neuron, 8 on cuda, 2 on cpu).")
 @click.option("--shard", "shard_option", default=None, metavar="I/N",
               help="Warm shard I of N (from 0) of the plan's shapes, into its own manifest file; default: from "
@@ -72,10 +71,11 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
               "(`cache pull --plan`), then warm the rest.")
 @click.option("--push", "push_url", default=None, metavar="URL",
               help="Then push the cache dir to the store at URL (`cache push`), failed shapes or not.")
-def warm_command(method: str, model: str | None, eval_dataset: str | None, split: str | None,
+def warm_command(method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
                  trl_args: tuple[str, ...], plan_path: str | None, device: str | None, cache_dir: str | None,
                  as_json: bool, workers: int, worker_memory: float | None, shard_option: str | None,
-                 shard_count: int | None, env_file: str | None, status: str | None, pull_url: str | None, push_url: str | None) -> None:
+                 shard_count: int | None, env_file: str | None, status: str | None, pull_url: str | None,
+                 push_url: str | None) -> None:
     """Compile every planned shape into a persistent cache before training.
 
     Builds the real TRL trainer from the run's config and model and runs its training step (forward, backward,
@@ -94,33 +94,36 @@ def warm_command(method: str, model: str | None, eval_dataset: str | None, split
     """
     import os
 
-    from ..run import load_run
+    from ..run import choose_backend, load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
     from ..warm.shards import resolve_shard
 
+    if plan_path is not None and click.get_current_context().get_parameter_source("method") is ParameterSource.DEFAULT:
+        method = None  # the plan names it; a --method given is checked against the plan
     if status is not None:
         _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json, status or None)
         return
     shard = resolve_shard(shard_option, shard_count, os.environ)
     if env_file is not None and not Path(env_file).resolve().parent.is_dir():
         raise UsageError(f"--env-file {env_file}: its folder does not exist; create it or choose another path")
-    backend, cache = prepare(device, cache_dir)
+    backend, cache = choose_backend(device, cache_dir)
     with refused_leaves_no_cache_dir(cache):
+        prepare(backend, cache)
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
         count = worker_count(workers, backend.device, worker_memory)
         if count > 1 and int(plan.config.get("num_processes", 1)) > 1:
             raise UsageError("a data-parallel plan is warmed under `accelerate launch` with its number of "
                              "processes, whose ranks share the shapes; drop --workers")
-    check_cache_dir(cache)
-    emit_caveats(plan, with_plan_warnings=True)  # before the warm-up's hours, as `analyze` shows them
-    if pull_url is not None:
-        _pull_plan(pull_url, plan, warmer, backend.device, cache)
-    if count > 1:
-        report = _warm_in_workers(plan, count, backend.device, cache, shard)
-    else:
-        report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
+        check_cache_dir(cache)
+        emit_caveats(plan, with_plan_warnings=True)  # before the warm-up's hours, as `analyze` shows them
+        if pull_url is not None:
+            _pull_plan(pull_url, plan, warmer, backend.device, cache)
+        if count > 1:
+            report = _warm_in_workers(plan, count, backend.device, cache, shard)
+        else:  # refused before its first shape (the run's model or tokenizer): the dir made for it is removed
+            report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
     if push_url is not None:
         from ..cache.store import push
 
@@ -152,7 +155,7 @@ def _write_env_file(report: Any, path: str) -> None:
     click.echo(f"environment written to {path} (source it before training)", err=True)
 
 
-def _status(plan_path: str | None, method: str, model: str | None, eval_dataset: str | None, split: str | None,
+def _status(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
             trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool,
             url: str | None) -> None:
     """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests; exit 1

@@ -7,6 +7,7 @@ every rank runs the command in-process and guards its own trainer.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import runpy
 import sys
@@ -99,6 +100,12 @@ def command_runner(command: list[str]) -> Callable[[], None]:
         return _as_main([script, *words[2:]], lambda: runpy.run_path(script, run_name="__main__"))
     if words[0] == "-m" and len(words) > 1:
         module = words[1]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # a missing parent package, an empty or relative name
+            found = None
+        if found is None:
+            raise UsageError(f"no module named {module!r} to run with -m; install it or fix the name; {USAGE}")
         return _as_main(words[1:], lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
     if words[0].endswith(".py"):
         if not Path(words[0]).is_file():

@@ -68,8 +68,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 # Bounds no real run reaches; beyond them a value is a typo or an attack (a 10^9-token seq exhausts host memory).
-_MAX_SEQ = 1 << 24
-_MAX_BATCH = 1 << 20
+MAX_SEQ = 1 << 24
+MAX_BATCH = 1 << 20
 _MAX_COUNT = 1 << 62
 
 
@@ -95,7 +95,7 @@ def _ints(value: Any, where: str, low: int, high: int = _MAX_COUNT) -> tuple[int
 
 
 def _optional_int(value: Any, where: str, low: int) -> int | None:
-    return None if value is None else _int(value, where, low, _MAX_SEQ)
+    return None if value is None else _int(value, where, low, MAX_SEQ)
 
 
 def _typed(value: Any, kind: type, where: str) -> Any:
@@ -112,7 +112,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     phase = s["phase"]
     if phase not in PHASES:
         raise _malformed(f"{where}.phase", f"is {phase!r}, not one of {', '.join(PHASES)}")
-    seq = _int(s["seq"], f"{where}.seq", 1, _MAX_SEQ)
+    seq = _int(s["seq"], f"{where}.seq", 1, MAX_SEQ)
     if multiple is not None and seq % multiple:
         raise _malformed(f"{where}.seq", f"is {seq}, not a multiple of the plan's pad_to_multiple_of {multiple}", seq)
     pairs = s.get("varlen_pairs", [])
@@ -120,7 +120,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
     return Shape(
         phase=phase,
-        batch=_int(s["batch"], f"{where}.batch", 1, _MAX_BATCH),
+        batch=_int(s["batch"], f"{where}.batch", 1, MAX_BATCH),
         seq=seq,
         count=_int(s["count"], f"{where}.count", 1),
         first_step=_int(s["first_step"], f"{where}.first_step", 0),
@@ -128,10 +128,10 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         cache_len=_optional_int(s.get("cache_len"), f"{where}.cache_len", 1),
         max_new_tokens=_optional_int(s.get("max_new_tokens"), f"{where}.max_new_tokens", 1),
         logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),
-        cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, _MAX_SEQ),
-        max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, _MAX_SEQ),
-        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, _MAX_SEQ),
-                            _int(q, f"{where}.varlen_pairs", 1, _MAX_SEQ)) for c, q in pairs),
+        cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, MAX_SEQ),
+        max_length_q=_ints(s.get("max_length_q", []), f"{where}.max_length_q", 1, MAX_SEQ),
+        varlen_pairs=tuple((_int(c, f"{where}.varlen_pairs", 2, MAX_SEQ),
+                            _int(q, f"{where}.varlen_pairs", 1, MAX_SEQ)) for c, q in pairs),
         unpadded=_int(s.get("unpadded", 0), f"{where}.unpadded", 0),
         completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
@@ -144,15 +144,19 @@ def plan_from_dict(data: Any) -> Plan:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PlanFileError(f"not a shapeplan plan (schema {found!r}, expected {PLAN_SCHEMA}); "
                             "write one with `shapeplan analyze ... -o PLAN`")
-    for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes"):
+    for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes", "config"):
         if name not in data:
             raise _malformed("the plan", f"has no {name!r}")
+    config = _typed(data["config"], dict, "config")
+    argv = config.get("argv", [])
+    if not (isinstance(argv, list) and all(isinstance(word, str) for word in argv)):
+        raise _malformed("config.argv", "must be a list of strings (the run's TRL options)", argv)
     method = data["method"]
     if method not in METHODS:
         raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")
     multiple = data["pad_to_multiple_of"]
     if multiple is not None:
-        multiple = _int(multiple, "pad_to_multiple_of", 1, _MAX_SEQ)
+        multiple = _int(multiple, "pad_to_multiple_of", 1, MAX_SEQ)
     shape_list = _typed(data["shapes"], list, "shapes")
     if not shape_list:
         raise _malformed("shapes", "is empty: a plan lists at least one shape")
@@ -180,7 +184,7 @@ def plan_from_dict(data: Any) -> Plan:
         pad_to_multiple_of=multiple,
         shapes=shapes,
         stats=stats,
-        config=dict(_typed(data.get("config", {}), dict, "config")),
+        config=dict(config),
         versions=dict(_typed(data.get("versions", {}), dict, "versions")),
         fingerprint=dict(_typed(data.get("fingerprint", {}), dict, "fingerprint")),
         warnings=tuple(warnings),

@@ -22,6 +22,15 @@ def default_cache_dir(device: str) -> Path:
     return cache_root() / ("neuron" if device == "neuron" else f"inductor-{device}")
 
 
+def cache_dir_path(path: Path) -> Path:
+    """`path` made absolute, its symbolic links resolved; a loop of links is refused."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: Python 3.11's "Symlink loop"
+        raise CacheError(f"cache dir {path} is a loop of symbolic links; pass a real folder with --cache-dir") \
+            from exc
+
+
 def check_cache_dir(path: Path) -> Path:
     """Create `path` if needed and prove it writable."""
     try:
@@ -42,6 +51,9 @@ def check_cache_dir_can_exist(path: Path) -> None:
     if not existing.is_dir():
         raise CacheError(f"cache dir {path} is not writable ({os.strerror(errno.ENOTDIR)}); pass a writable folder "
                          "with --cache-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only file system refuses even root here
+        where = "" if existing == path else f" (its folder {existing} is not)"
+        raise CacheError(f"cache dir {path} is not writable{where}; pass a writable folder with --cache-dir")
 
 
 def existing_cache_dir(path: Path) -> Path:

@@ -38,6 +38,14 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
 
 def check_plan_fits_model(plan: Plan, args: Any) -> None:
     """Every planned sequence must fit the model's position embeddings (when its config states them)."""
+    beyond = beyond_position_embeddings(plan, args)
+    if beyond is not None:
+        raise PlanFileError(f"{beyond}; re-create the plan with a --max_length that fits")
+
+
+def beyond_position_embeddings(plan: Plan, args: Any) -> str | None:
+    """What the plan's longest shape exceeds, when it is longer than the model's max_position_embeddings (as its
+    config states them); None when it fits or no config is readable here."""
     from transformers import AutoConfig
 
     model = args.model.model_name_or_path
@@ -45,12 +53,13 @@ def check_plan_fits_model(plan: Plan, args: Any) -> None:
         config = AutoConfig.from_pretrained(model, revision=args.model.model_revision,
                                             trust_remote_code=bool(args.training.trust_remote_code))
     except (OSError, ValueError):  # no readable config here: loading the model reports it, with its own fix
-        return
+        return None
     limit = getattr(config, "max_position_embeddings", None)
     longest = max(plan.shapes, key=lambda s: s.seq)
     if isinstance(limit, int) and longest.seq > limit:
-        raise PlanFileError(f"the plan has a {longest.phase} shape of seq {longest.seq}, beyond {model}'s "
-                            f"max_position_embeddings {limit}; re-create the plan with a --max_length that fits")
+        return (f"the plan has a {longest.phase} shape of seq {longest.seq}, beyond {model}'s "
+                f"max_position_embeddings {limit}")
+    return None
 
 
 # Config fields that never change what is compiled (paths, logging, schedule lengths, data choice, batch sizes,

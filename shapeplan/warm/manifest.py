@@ -73,6 +73,9 @@ class Manifest:
         self.data = self._read()
 
     def _read(self) -> dict[str, Any]:
+        for path in (self.path, Path(f"{self.path}.lock")):
+            if path.exists() and not path.is_file():  # found before any compile, not when the first shape is done
+                raise CacheError(f"manifest {path} is not a file; remove it, or pass another --cache-dir")
         if not self.path.is_file():
             return {"schema": MANIFEST_SCHEMA, "environments": {}}
         try:
@@ -107,8 +110,8 @@ class Manifest:
                 section["shapes"][entry.task] = entry.to_dict()
                 write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
-            raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; pass a writable --cache-dir") \
-                from exc
+            raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; free space there "
+                             "or pass a writable --cache-dir, then warm again") from exc
 
 
     def add_sections(self, environments: dict[str, dict[str, Any]]) -> int:

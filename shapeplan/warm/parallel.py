@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import UsageError
+from ..host import usable_cores
 from ..plan.cost import TRAIN_SHAPE_MINUTES
 
 WORKER_ENV = "SHAPEPLAN_WORKER"
@@ -37,11 +39,25 @@ def current_part() -> Part | None:
     worker = os.environ.get(WORKER_ENV)
     if worker:
         index, _, count = worker.partition("/")
-        return Part(int(index), int(count), ranks=False)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+        return Part(_index(WORKER_ENV, index, count), _number(WORKER_ENV, count), ranks=False)
+    world = _number("WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        return Part(int(os.environ.get("RANK", "0")), world, ranks=True)
+        return Part(_index("RANK", os.environ.get("RANK", "0"), str(world)), world, ranks=True)
     return None
+
+
+def _number(name: str, text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UsageError(f"{name}={os.environ.get(name)!r} is not a process count; set by `shapeplan warm "
+                         "--workers` and `accelerate launch`, it is not set by hand: unset it")
+    return int(text)
+
+
+def _index(name: str, text: str, count: str) -> int:
+    if not text.strip().isdigit() or int(text) >= _number(name, count):
+        raise UsageError(f"{name}={os.environ.get(name)!r} is not a process index below {count}; set by `shapeplan "
+                         "warm --workers` and `accelerate launch`, it is not set by hand: unset it")
+    return int(text)
 
 
 def task_cost(task: Any) -> tuple[float, int]:
@@ -95,7 +111,10 @@ def worker_count(requested: int, device: str, memory_gib: float | None) -> int:
     if requested < 1:
         raise UsageError(f"--workers must be at least 1, not {requested}")
     each = memory_gib if memory_gib is not None else WORKER_MEMORY_GIB[device]
-    count = max(1, min(requested, int(available_memory_gib() // each)))
+    memory = available_memory_gib()
+    count = max(1, min(requested, int(memory // each) if math.isfinite(memory) else requested))
+    if device != "neuron":  # a neuron worker waits on its NeuronCore; a cpu or cuda one needs a core of its own
+        count = min(count, usable_cores())
     if device == "neuron":
         from .backends.neuron import visible_cores
 

@@ -147,6 +147,8 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
             tracker.fail(task, "not run")
     finally:
         tracker.close()
+    if tracker.manifest_error is not None:  # shapes compiled but not recorded: no pipeline may read success
+        raise tracker.manifest_error
     return WarmReport(
         results=tuple(tracker.results[t] for t in mine if t in tracker.results),
         cache_dir=str(cache_dir),

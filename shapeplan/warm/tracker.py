@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
+from ..errors import CacheError
 from .backends.base import Backend, counter_delta
 from .manifest import Manifest, environment_key
 from .model import ManifestEntry, Task, WarmResult
@@ -46,6 +47,7 @@ class Tracker:
         self.environment = environment
         self.env_key = environment_key(environment)
         self.results: dict[Task, WarmResult] = {}
+        self.manifest_error: CacheError | None = None  # the manifest could not be written: the warm-up failed
         self._spent: dict[Task, tuple[float, dict[str, int]]] = {}
         self._mark: tuple[float, dict[str, int]] | None = None
         self.progress = progress
@@ -98,11 +100,20 @@ class Tracker:
             self.progress.done(result)
 
     def _record(self, result: WarmResult) -> None:
-        if self.manifest is not None:
+        if self.manifest is None:
+            return
+        if self.manifest_error is not None:  # a manifest that could not be written once is not written to again
+            raise self.manifest_error
+        try:
             self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
                                                seconds=result.seconds, counters=result.counters,
                                                steady_seconds=result.steady_seconds, plan=self.plan,
                                                warmed_at=time.time()), self.environment)
+        except CacheError as exc:
+            # kept for the runner to raise: a warmer that catches its tasks' errors must not turn it into a
+            # failed shape (or, after the last shape, into success)
+            self.manifest_error = exc
+            raise
 
     def close(self) -> None:
         if self.progress is not None:

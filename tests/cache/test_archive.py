@@ -537,7 +537,7 @@ def test_export_killed_midway_leaves_a_partial_the_next_export_removes(tmp_path:
     out = tmp_path / "out"
     killer = ("import os, sys, tarfile\n"
               "def killed(*args, **kwargs): os.kill(os.getpid(), 9)\n"
-              "tarfile.TarFile.add = killed\n"
+              "tarfile.TarFile.addfile = killed\n"
               "from shapeplan.cli import main; sys.exit(main(sys.argv[1:]))")
     argv = ["cache", "export", "--cache-dir", str(cache), "-o", str(out / "a.tar.gz")]
     killed = subprocess.run([sys.executable, "-c", killer, *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},

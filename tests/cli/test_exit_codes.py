@@ -149,8 +149,8 @@ def test_warm_streaming_run(tmp_path: Path) -> None:
     assert "1 eager" in out
 
 
-def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
-    """A model whose weights cannot be loaded: every shape fails (one row each), and the exit code says so."""
+def test_warm_of_a_model_whose_weights_cannot_load_exits_1(tmp_path: Path) -> None:
+    """A model whose weights file is not safetensors: refused before any shape, in one line naming the file."""
     model = tmp_path / "model"
     model.mkdir()
     for item in TINY_MODEL.iterdir():
@@ -159,10 +159,9 @@ def test_warm_whose_shapes_fail_exits_1(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     write_plan(plan_for("sft", CAPYBARA, [*EAGER, "--model_name_or_path", str(model)], tmp_path / "out"), plan)
     result = shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", tmp_path / "cache", "--json")
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    (row,) = json.loads(result.stdout)["results"]
-    assert row["status"] == "failed" and row["error"]
+    refused(result, 1, f"model file {model / 'model.safetensors'} is truncated or not safetensors; download the "
+            "model again or pass another folder with --model")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_warm_refuses_a_run_without_a_reward_up_front(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Hostile input through the installed console script: every bad input of issue 12 gives one line on stderr, its
-documented exit code (README), and writes nothing (no plan, cache dir, archive or temporary file)."""
+"""Hostile input through the installed console script: every bad input of issues 12 and 22 gives one line on stderr,
+its documented exit code (README), and writes nothing (no plan, cache dir, archive or temporary file); runs that
+would take unbounded work are refused in seconds (benchmarks/bounded_work.py times them)."""
 
 from __future__ import annotations
 
@@ -53,12 +54,23 @@ PLANS: dict[str, bytes] = {
     "non-UTF-8": _text(_plan()).replace(b'"warnings": []', b'"warnings": ["\xff\xfe"]'),
     "unknown method": _text({**_plan(), "method": "ppo"}),
     "seq over max_position_embeddings": _text(_plan(seq=8192)),
+    "no config": _text({k: v for k, v in _plan().items() if k != "config"}),
+    "argv a string": _text({**_plan(), "config": {"argv": "--max_length 128"}}),
+    "negative batch size in config": _text({**_plan(), "config": {**_plan()["config"],
+                                                                  "per_device_train_batch_size": -4}}),
+    "a list for a batch size in config": _text({**_plan(), "config": {**_plan()["config"],
+                                                                      "per_device_train_batch_size": [2]}}),
+    "shape without seq": _text({**_plan(), "shapes": [{"phase": "train", "batch": 2, "count": 1,
+                                                        "first_step": 1}]}),
 }
 
 
-def _console(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+
+
+def _console(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHAPEPLAN, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -68,10 +80,10 @@ def _files(folder: Path) -> dict[str, bytes]:
             for p in sorted(folder.rglob("*")) if p.relative_to(folder).parts[0] != "inductor"}
 
 
-def _one_line(args: list[str], cwd: Path, code: int) -> str:
+def _one_line(args: list[str], cwd: Path, code: int, **env: str) -> str:
     """Run `args`: exit `code`, one line on stderr, nothing written under `cwd`."""
     before = _files(cwd)
-    done = _console(args, cwd)
+    done = _console(args, cwd, **env)
     assert done.returncode == code, done.stderr[-2000:]
     (line,) = done.stderr.splitlines()
     assert line.startswith("Error: ") and "Traceback" not in line
@@ -138,3 +150,229 @@ def test_unwritable_export_output_and_import_target(tmp_path: Path) -> None:
 def test_bad_analyze_option_is_a_usage_error(option: list[str], tmp_path: Path) -> None:
     line = _one_line(["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), *option, "-o", "plan.json"], tmp_path, 2)
     assert option[0] in line
+
+
+# -- issue 22 ----------------------------------------------------------------------------------------------------
+
+ANALYZE = ["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--no-cache"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "100000"])
+def test_bad_worker_setting_is_refused_before_anything_forks(value: str, tmp_path: Path) -> None:
+    line = _one_line([*ANALYZE, "-o", "plan.json"], tmp_path, 2, SHAPEPLAN_WORKERS=value)
+    assert "SHAPEPLAN_WORKERS" in line and repr(value) in line
+
+
+@pytest.mark.parametrize("args", [
+    ["analyze", "--generate-compile-minutes", "nan"], ["warm", "--worker-memory-gib", "nan"],
+    ["warm", "--worker-memory-gib", "inf"], ["cache", "import", "a.tar.gz", "--cache-dir", "c", "--max-gib", "nan"],
+    ["cache", "merge", "a.tar.gz", "-o", "b.tar.gz", "--max-metadata-mib", "inf"],
+])
+def test_non_finite_float_option_is_a_usage_error(args: list[str], tmp_path: Path) -> None:
+    line = _one_line(args, tmp_path, 2)
+    assert args[-2] in line and "not a finite number" in line
+
+
+# Each answered in seconds: refused before the plan walks (or deals) what the number asks for.
+UNBOUNDED = {
+    "max_steps 1e9": (["--max_steps", "1000000000"], "--max_steps 1000000000"),
+    "epochs 1e9": (["--num_train_epochs", "1000000000"], "--num_train_epochs 1e+09"),
+    "100000 ranks": (["--num_processes", "100000"], "--num_processes 100000"),
+    "1000 ranks, 1000 steps": (["--num_processes", "1000", "--max_steps", "1000"], "--num_processes 1000"),
+    "dataset_num_proc 100000": (["--dataset_num_proc", "100000"], "--dataset_num_proc"),
+    "pad_to_multiple_of 1e12": (["--pad_to_multiple_of", "1000000000000"], "--pad_to_multiple_of"),
+    "epochs nan": (["--num_train_epochs", "nan"], "--num_train_epochs must be a finite number"),
+    "epochs inf": (["--num_train_epochs", "inf"], "--num_train_epochs must be a finite number"),
+    "seed 2**70": (["--seed", str(2 ** 70)], "--seed must be from 0"),
+    "pad abc": (["--pad_to_multiple_of", "abc"], "--pad_to_multiple_of 'abc'"),
+    "pad 1.5": (["--pad_to_multiple_of=1.5"], "--pad_to_multiple_of '1.5'"),
+    "accelerator_config not JSON": (["--accelerator_config", "{split"], "JSON of --accelerator_config"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNBOUNDED))
+def test_unbounded_or_absurd_run_is_refused(case: str, tmp_path: Path) -> None:
+    option, named = UNBOUNDED[case]
+    assert named in _one_line([*ANALYZE, *option, "-o", "plan.json"], tmp_path, 2)
+
+
+@pytest.mark.parametrize("config", ["per_device_train_batch_size: [1, 2]\n",
+                                    "max_steps: null\nnum_train_epochs: null\n", "learning_rate: .nan\n"])
+def test_yaml_value_of_the_wrong_type_is_a_usage_error(config: str, tmp_path: Path) -> None:
+    (tmp_path / "run.yaml").write_text(config)
+    line = _one_line([*ANALYZE, "--config", "run.yaml"], tmp_path, 2)
+    assert line.startswith("Error: --") and ("must be a" in line)
+
+
+def test_deeply_nested_row_names_the_file_and_line(tmp_path: Path) -> None:
+    """pyarrow stops at depth 1024; the readers datasets falls back to crash the process (SIGSEGV, no output)."""
+    rows = [json.dumps({"text": "hello"})] * 3 + ['{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"]
+    (tmp_path / "deep.jsonl").write_text("\n".join(rows) + "\n")
+    line = _one_line(["analyze", "deep.jsonl", "--model", str(TINY_MODEL), "--no-cache"], tmp_path, 1)
+    assert "deep.jsonl" in line and "line 4" in line and "levels deep" in line
+
+
+@pytest.mark.parametrize("given", [[str(ROOT / "examples" / "tldr-sample.jsonl")], ["--method", "grpo"],
+                                   ["--eval-dataset", str(CAPYBARA)]])
+def test_options_given_with_a_plan_are_checked_against_it(given: list[str], tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache", *given], tmp_path,
+                     2 if "--eval-dataset" in given else 1)
+    assert "plan" in line and (given[-1] in line or "grpo" in line or "--eval-dataset" in line)
+
+
+def test_manifest_in_the_way_fails_the_warm_up_before_compiling(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    (tmp_path / "cache" / "shapeplan-manifest.json.lock").mkdir(parents=True)
+    line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache"], tmp_path, 1)
+    assert "shapeplan-manifest.json.lock is not a file" in line
+
+
+def _in_private_mount(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`script` (sh) in a user and mount namespace of its own, where it may mount tmpfs file systems that vanish
+    with it; skipped where the kernel does not allow one."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip("no user namespaces here (unshare -rm)")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+
+
+@pytest.mark.slow
+def test_warm_on_a_full_file_system_exits_1(tmp_path: Path) -> None:
+    """A real one-shape warm-up compiles, then cannot record it: no exit 0 ("cached") without a manifest."""
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    (tmp_path / "full").mkdir()
+    done = _in_private_mount(f"mount -t tmpfs -o size=64k tmpfs full && dd if=/dev/zero of=full/fill bs=4k "
+                             f"2>/dev/null; {SHAPEPLAN} warm --plan plan.json --device cpu --cache-dir full/cache",
+                             tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1].startswith("Error: cannot write manifest ") and "Traceback" not in done.stderr
+
+
+def test_read_only_file_system_is_one_line(tmp_path: Path) -> None:
+    from tests.cache.test_archive import _warmed_cache
+
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    _warmed_cache(tmp_path / "warmed")
+    assert _console(["cache", "export", "--cache-dir", "warmed", "-o", "a.tar.gz"], tmp_path).returncode == 0
+    (tmp_path / "ro").mkdir()
+    done = _in_private_mount(f"mount -t tmpfs -o ro tmpfs ro && {SHAPEPLAN} cache import a.tar.gz --cache-dir ro; "
+                             f"echo; {SHAPEPLAN} warm --plan plan.json --device cpu --cache-dir ro/cache", tmp_path)
+    lines = done.stderr.splitlines()
+    assert lines == [f"Error: cannot write into {tmp_path / 'ro'} (Read-only file system); import into a writable "
+                     "--cache-dir", f"Error: cache dir {tmp_path / 'ro' / 'cache'} is not writable (its folder "
+                     f"{tmp_path / 'ro'} is not); pass a writable folder with --cache-dir"], done.stderr[-2000:]
+
+
+def test_symlink_loop_as_cache_dir_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    (tmp_path / "loop").symlink_to("loop")
+    for command in ("warm", "verify"):
+        assert "is a loop of symbolic links" in _one_line(
+            [command, "--plan", "plan.json", "--device", "cpu", "--cache-dir", "loop"], tmp_path, 1)
+
+
+@pytest.mark.parametrize("args", [["--version"], ["analyze", "--help"], ["cache", "inspect", "a.tar.gz", "--json"]])
+def test_stdout_on_a_full_device_is_one_line(args: list[str], tmp_path: Path) -> None:
+    from tests.cache.test_archive import _warmed_cache
+
+    _warmed_cache(tmp_path / "warmed")
+    assert _console(["cache", "export", "--cache-dir", "warmed", "-o", "a.tar.gz"], tmp_path).returncode == 0
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([SHAPEPLAN, *args], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == ["Error: cannot write to stdout: No space left on device; redirect it to a "
+                                        "file or device with room (or write a plan with -o PLAN)"]
+
+
+def test_export_of_a_growing_cache_is_a_snapshot_or_a_refusal(tmp_path: Path) -> None:
+    from tests.cache.test_archive import _warmed_cache
+
+    cache = _warmed_cache(tmp_path / "cache")
+    writer = subprocess.Popen([sys.executable, "-c", "import sys\nwith open(sys.argv[1], 'ab') as f:\n while True:\n"
+                               "  f.write(b'x' * 65536); f.flush()", str(cache / "fxgraph" / "growing.bin")])
+    try:
+        done = _console(["cache", "export", "--cache-dir", "cache", "-o", "a.tar.gz"], tmp_path)
+    finally:
+        writer.kill()
+        writer.wait()
+    if done.returncode == 0:  # a consistent snapshot: it imports
+        assert _console(["cache", "import", "a.tar.gz", "--cache-dir", "imported"], tmp_path).returncode == 0
+    else:
+        assert done.returncode == 1 and "changed while it was exported" in done.stderr.splitlines()[-1]
+        assert not (tmp_path / "a.tar.gz").exists()
+
+
+def test_guard_of_a_missing_module_is_one_line(tmp_path: Path) -> None:
+    assert "no module named 'no_such_module_xyz'" in _one_line(
+        ["guard", "--", "python", "-m", "no_such_module_xyz"], tmp_path, 2)
+
+
+def test_hub_id_offline_is_one_line_naming_the_download(tmp_path: Path) -> None:
+    """conftest turns offline mode on; an unreachable Hub turns it on too (after one probe)."""
+    line = _one_line(["analyze", "no-such-org/no-such-data", "--model", str(TINY_MODEL), "--no-cache"], tmp_path, 1)
+    assert "offline mode is on" in line and "hf download no-such-org/no-such-data --repo-type dataset" in line
+    line = _one_line(["analyze", str(CAPYBARA), "--model", "no-such-org/no-such-model", "--no-cache"], tmp_path, 1)
+    assert "offline mode is on" in line and "hf download no-such-org/no-such-model --local-dir" in line
+
+
+def _model_copy(tmp_path: Path, name: str) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(TINY_MODEL, tmp_path / name))
+
+
+def test_broken_model_folders_are_named(tmp_path: Path) -> None:
+    truncated = _model_copy(tmp_path, "truncated")
+    (truncated / "config.json").write_text((TINY_MODEL / "config.json").read_text()[:40])
+    untokenized = _model_copy(tmp_path, "untokenized")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (untokenized / name).unlink()
+    assert "model folder untokenized has no tokenizer files" in _one_line(
+        ["analyze", str(CAPYBARA), "--model", "untokenized", "--no-cache"], tmp_path, 1)
+    assert "model folder truncated is unusable" in _one_line(
+        ["analyze", str(CAPYBARA), "--model", "truncated", "--no-cache"], tmp_path, 1)
+    # a refused warm-up removes the cache dir (and its parents) it made
+    plan = _plan()
+    plan["config"]["argv"] = ["--model_name_or_path", str(truncated), "--dataset_name", str(CAPYBARA)]
+    (tmp_path / "plan.json").write_bytes(_text(plan))
+    assert "truncated" in _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "new/cache"],
+                                    tmp_path, 1)
+    cut = _model_copy(tmp_path, "cut")
+    with open(cut / "model.safetensors", "r+b") as weights:
+        weights.truncate((TINY_MODEL / "model.safetensors").stat().st_size // 2)
+    plan["config"]["argv"] = ["--model_name_or_path", str(cut), "--dataset_name", str(CAPYBARA)]
+    (tmp_path / "plan.json").write_bytes(_text(plan))
+    assert "model.safetensors is truncated" in _one_line(
+        ["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "new/cache"], tmp_path, 1)
+
+
+@pytest.mark.parametrize("case", ["template syntax", "template raises", "formats mixed", "string prompt, list "
+                                  "completion"])
+def test_bad_rows_and_templates_name_the_cause(case: str, tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }" if case == "template syntax"
+                                        else "{{ raise_exception('no system role') }}")
+    rows = {"formats mixed": [{"messages": messages}, {"prompt": "a", "completion": "b"}],
+            "string prompt, list completion": [{"prompt": "a", "completion": messages[1:]}]}.get(case)
+    args = [str(CAPYBARA), "--chat_template_path", "bad.jinja"]
+    if rows is not None:
+        (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        args = ["rows.jsonl"]
+    line = _one_line(["analyze", *args, "--model", str(TINY_MODEL), "--no-cache"], tmp_path, 1)
+    assert (("chat template fails" in line) if rows is None else ("one format" in line)), line
+
+
+def test_streaming_histogram_refusal_writes_no_plan(tmp_path: Path) -> None:
+    _one_line([*ANALYZE, "--dataset_streaming", "--max_steps", "2", "--histogram", "-o", "plan.json"], tmp_path, 2)
+
+
+def test_seq_beyond_the_model_is_a_warning(tmp_path: Path) -> None:
+    model = _model_copy(tmp_path, "short")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    done = _console(["analyze", str(CAPYBARA), "--model", "short", "--max_length", "256", "--no-cache"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "beyond short's max_position_embeddings 128: lower --max_length" in done.stdout

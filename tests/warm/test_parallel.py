@@ -80,8 +80,9 @@ def test_a_preset_visible_core_range_is_split_into_aligned_groups(monkeypatch: p
 def test_workers_are_capped_by_the_visible_logical_cores(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(parallel, "available_memory_gib", lambda: 1024.0)
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")
-    assert worker_count(8, "neuron", None) == 4
-    assert worker_count(8, "cpu", None) == 8  # cores only bound NeuronCore workers
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    assert worker_count(8, "neuron", None) == 4  # a neuron worker waits on its NeuronCore, not a host core
+    assert worker_count(8, "cpu", None) == 2  # a cpu worker needs a host core
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
     for i in range(2):  # a trn2 host with two Neuron devices: 16 physical cores, 8 logical at the default LNC=2
         (tmp_path / f"neuron{i}").touch()
