@@ -42,6 +42,9 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
             raise DatasetError(f"column {column!r} holds neither text nor a list of {{'role', 'content'}} messages; "
                                "fix the dataset's rows")
     if "prompt" in example and "completion" in example:
+        if isinstance(example["prompt"], str) != isinstance(example["completion"], str):
+            raise DatasetError("a row's prompt and completion differ in format (one text, the other a list of "
+                               "messages); give every row one format (messages, text, or prompt and completion)")
         return "prompt-completion"
     if isinstance(example.get(text_field), str):
         return "text"
