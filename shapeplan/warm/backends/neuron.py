@@ -204,6 +204,7 @@ class NeuronBackend:
     def __init__(self) -> None:
         require_torch_neuronx()
         self.cache_dir: Path | None = None
+        self._loaded: Any = None  # torch_neuronx, once imported and checked
 
     def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
         self.cache_dir = cache_dir
@@ -228,7 +229,10 @@ class NeuronBackend:
         return True  # every graph the device runs is compiled, eager or not
 
     def _module(self) -> Any:
-        """torch_neuronx, imported (`import torch` autoloads it; its import applies its environment defaults)."""
+        """torch_neuronx, imported (`import torch` autoloads it; its import applies its environment defaults) and
+        checked once: `counters` calls this at every shape and step boundary."""
+        if self._loaded is not None:
+            return self._loaded
         import torch
 
         module = importlib.import_module("torch_neuronx")
@@ -236,6 +240,7 @@ class NeuronBackend:
             raise UsageError(f"torch-neuronx {getattr(module, '__version__', '')} has no torch.neuron device (the "
                              f"PyTorch/XLA stack); use {NATIVE}")
         _refuse_trn1()  # now from the runtime's own platform target
+        self._loaded = module
         return module
 
     def sources(self) -> dict[str, bool]:
