@@ -4,8 +4,8 @@ tokenization, so advise should cost at most 2x the cold analyze (issue 16).
 Makes ROWS conversational rows as `analyze_speed.py` does (examples/capybara-sample.jsonl, words re-drawn), then
 times, each in a fresh process with an empty shapeplan cache and imports done before the clock:
 
-  analyze   `shapeplan.analyze.analyze("sft", ...)`: loading, tokenizing, batch order, plan
-  advise    `shapeplan.advise.advise("sft", ...)`: the lengths, the baseline and every alternative, costed
+  analyze   `shapeplan.services.analyze.analyze("sft", ...)`: loading, tokenizing, batch order, plan
+  advise    `shapeplan.services.advise.advise("sft", ...)`: the lengths, the baseline and every alternative, costed
 
 Usage: python benchmarks/advise_speed.py [--rows 100000] [--max-length 1024] [--json results.json]
 """
@@ -38,12 +38,12 @@ def part(name: str, data: Path, max_length: int) -> dict[str, Any]:
     _imports()
     argv = [*analyze_argv(data, max_length), "--per_device_train_batch_size", "8"]
     if name == "analyze":
-        from shapeplan.analyze import analyze
+        from shapeplan.services.analyze import analyze
 
         with Clock() as clock:
             plan = analyze("sft", argv)
         return clock.result(shapes=len(plan.shapes))
-    from shapeplan.advise import advise
+    from shapeplan.services.advise import advise
 
     with Clock() as clock:
         advice = advise("sft", argv)

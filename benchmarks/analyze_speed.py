@@ -7,7 +7,8 @@ fresh process on the same rows and tokenizer (examples/tiny-qwen3, a small byte-
   floor      render every row with `apply_chat_template(..., tokenize=False)` (prompt-completion: concatenate), then
              one batched `tokenizer(texts, add_special_tokens=False)` call
   trl        `SFTTrainer._prepare_dataset` on a bare trainer, as `shapeplan.adapters.sft` used to plan with
-  analyze    `shapeplan.analyze.analyze("sft", ...)` with an empty length cache (loading, lengths, batch order, plan)
+  analyze    `shapeplan.services.analyze.analyze("sft", ...)` with an empty length cache (loading, lengths, batch
+             order, plan)
   cached     the same call again on the same caches (`analyze` answers it from the plan cache)
   cli-cached `python -m shapeplan analyze ... --json` run twice; the second, wall clock with interpreter start
 
@@ -136,7 +137,7 @@ def part_analyze(data: Path, max_length: int) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer  # noqa: F401
 
     import shapeplan.adapters.sft  # noqa: F401
-    from shapeplan.analyze import analyze
+    from shapeplan.services.analyze import analyze
 
     with Clock() as clock:
         plan = analyze("sft", analyze_argv(data, max_length))

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from shapeplan.analyze import analyze
+    from shapeplan.services.analyze import analyze
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)

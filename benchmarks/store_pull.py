@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shapeplan.plan.io import write_plan  # noqa: E402
-from shapeplan.run import plan_tasks  # noqa: E402
+from shapeplan.services.run import plan_tasks  # noqa: E402
 from tests.cache.s3_server import S3Server, s3_server  # noqa: E402
 from tests.cache.test_store import _bigger_cache  # noqa: E402
 from tests.conftest import CAPYBARA  # noqa: E402

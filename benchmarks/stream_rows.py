@@ -37,7 +37,7 @@ CONFIGS = {"stream": [], "stream-packing": ["--packing", "--max_length", "1024"]
 
 _CHILD = """
 import json, sys, time
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 start = time.perf_counter()
 plan = analyze("sft", sys.argv[2:], use_cache=False)
 with open(sys.argv[1], "w") as f:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from shapeplan.adapters.host import cache_root, installed_only, installed_versions
 from shapeplan.errors import first_line
-from shapeplan.host import cache_root, installed_only, installed_versions
 
 
 def test_first_line_keeps_the_first_line_and_names_the_type_on_request() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ast
 
-from shapeplan.trainers import METHODS
+from shapeplan.services.trainers import METHODS
 from tests.conftest import ROOT
 
 # Where a quoted method name is the registry itself, or a value that is no trainer knowledge.
 ALLOWED = {
-    "shapeplan/trainers.py": None,  # the registry
+    "shapeplan/services/trainers.py": None,  # the registry
     "shapeplan/plan/model.py": {"Method"},  # the Literal the registry's names are checked against
     "shapeplan/warm/identity.py": {"_CONFIG_SECTION"},  # a manifest key that happens to read "sft"
 }
@@ -33,4 +33,4 @@ def _quoted_method_names() -> list[str]:
 
 
 def test_method_names_are_spelled_only_in_the_registry() -> None:
-    assert _quoted_method_names() == [], "make these TrainerSpec fields (shapeplan/trainers.py)"
+    assert _quoted_method_names() == [], "make these TrainerSpec fields (shapeplan/services/trainers.py)"

@@ -9,7 +9,7 @@ import click
 
 from shapeplan.cli import cli
 from shapeplan.plan.model import Method, Phase
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 
 
 def test_every_method_has_one_spec_naming_trl_s_own_classes() -> None:

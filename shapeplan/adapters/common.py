@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DatasetError, UsageError, first_line
-from ..host import installed_only
 from .data import (
     check_rows,
     check_text_only,
@@ -17,6 +16,7 @@ from .data import (
     select_split,
     tokenizer_fingerprint,
 )
+from .host import installed_only
 from .trl_args import TrainingArgs
 
 # The options recorded in a plan: what shapes the graphs, as TRL names them (values only if the config has them).

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
-from ..host import hub_offline, hub_unusable
+from .host import hub_offline, hub_unusable
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 

@@ -14,7 +14,7 @@ from ..errors import DatasetError, UsageError, first_line
 from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
 from ..plan.schedule import TrainLoop
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from . import generation_stream
 from .common import RunData, run_fingerprint, versions
 from .loop import eval_steps_of, sharding

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from . import generation_stream
 from .common import load_run_data, recorded_config
 from .generation import (

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..host import cache_root, installed_versions
 from ..plan.rows import Rows
 from .data import tokenizer_fingerprint
+from .host import cache_root, installed_versions
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..host import usable_cores, workers_setting
 from ..plan.rows import Rows
+from .host import usable_cores, workers_setting
 
 _ROW_INDEX = "__shapeplan_row"
 CHUNK_ROWS = 1024  # rows rendered and tokenized together; bounds memory to one chunk of token ids per worker

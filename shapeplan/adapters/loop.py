@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from ..errors import UsageError
 from ..plan.rows import UnequalParts
 from ..plan.schedule import TrainLoop, evaluation_steps
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from .common import streamed
 from .sampling import (
     TRAIN_STRATEGIES,

@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..host import cache_root, installed_versions
 from ..plan.io import dumps, plan_from_dict, write_atomic
 from ..plan.model import Plan
+from .host import cache_root, installed_versions
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import UsageError
-from ..trainers import TRAINERS, trainer_spec
+from ..services.trainers import TRAINERS, trainer_spec
 from .common import RunData, apply_chat_template_path, load_run_data
 from .generation_stream import is_stream
 from .trl_args import TrainingArgs, parse_training_args

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
-from ..host import max_forks, process_count
 from ..plan.io import MAX_BATCH, MAX_SEQ
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
+from .host import max_forks, process_count
 
 if TYPE_CHECKING:
     from trl import ModelConfig, TrlParser

@@ -45,12 +45,12 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
       shapeplan advise --method grpo trl-lib/tldr --html advice.html
       shapeplan advise data.jsonl --calibrate /var/cache/shapeplan --json
     """
-    from ..advice_page import render_html
-    from ..advice_report import advice_to_dict, render_advice
-    from ..advise import advise
-    from ..analyze import dataset_progress_bars
     from ..plan.io import write_atomic
-    from ..run import split_run_arguments
+    from ..services.advice_page import render_html
+    from ..services.advice_report import advice_to_dict, render_advice
+    from ..services.advise import advise
+    from ..services.analyze import dataset_progress_bars
+    from ..services.run import split_run_arguments
 
     dataset_progress_bars(sys.stderr.isatty())
     argv = split_run_arguments(method, trl_args, model, split)

@@ -52,7 +52,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
       shapeplan analyze data.jsonl --model ./my-model --max_length 2048 --packing -o plan.json
       shapeplan analyze --config sft.yaml --num_processes 4 --json
     """
-    from ..analyze import analyze_command_line
+    from ..services.analyze import analyze_command_line
 
     if compare is not None and as_json:
         raise UsageError("--compare prints a table for people; drop --json (the run record is JSON already)")
@@ -60,7 +60,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
                                 use_cache=not no_cache, progress_bars=sys.stderr.isatty())
     if observed is not None:
-        from ..report import render_comparison
+        from ..services.report import render_comparison
 
         if output is not None:
             write_plan(plan, output)
@@ -69,15 +69,15 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     lengths = None
     if histogram:  # before the plan is written: a run the histogram refuses writes nothing
         from ..adapters.row_lengths import train_lengths
-        from ..run import split_run_arguments
+        from ..services.run import split_run_arguments
 
         lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
                                 use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if lengths is not None:
-        from ..advice_report import histogram as render_histogram
-        from ..advice_report import length_cap
-        from ..trainers import trainer_spec
+        from ..services.advice_report import histogram as render_histogram
+        from ..services.advice_report import length_cap
+        from ..services.trainers import trainer_spec
 
         click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
                                     what=str(trainer_spec(method).lengths)), err=as_json)

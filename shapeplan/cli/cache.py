@@ -88,7 +88,7 @@ def import_command(archive: str, cache_dir: str, device: str | None, as_json: bo
     limits = _limits(max_gib, max_files, max_metadata_mib)
     run = None
     if plan_path is not None:
-        from ..run import load_run
+        from ..services.run import load_run
 
         run = load_run(plan_path, None, None, None, None, (), device or "cpu")[1].environment()
     info = import_cache(Path(archive), Path(cache_dir), device=device, limits=limits, follow_symlink=follow_symlink,
@@ -138,13 +138,13 @@ def inspect_command(archive: str, as_json: bool) -> None:
 
 def _cache_dir(device: str | None, cache_dir: str | None) -> Path:
     """--cache-dir, else the one `warm` uses by default."""
-    from ..run import choose_backend
+    from ..services.run import choose_backend
 
     return choose_backend(device, cache_dir)[1]
 
 
 def _plan_tasks(plan_path: str | None, device: str | None) -> set[str] | None:
-    from ..run import plan_tasks
+    from ..services.run import plan_tasks
     from ..warm.backends import default_device
 
     return None if plan_path is None else {t.key for t in plan_tasks(plan_path, device or default_device())}

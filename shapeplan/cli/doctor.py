@@ -1,4 +1,4 @@
-"""`shapeplan doctor`: the first command to run on a new host; presentation of `shapeplan.doctor.diagnose`."""
+"""`shapeplan doctor`: the first command to run on a new host; presentation of `shapeplan.services.doctor.diagnose`."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, rep
     On a Trn2, please run once and attach the report to an issue:
       shapeplan doctor --device neuron --report neuron-report.json
     """
-    from ..doctor import diagnose, versions
+    from ..services.doctor import diagnose, versions
     from ..warm.cachedir import cache_dir_path
 
     if report_path is not None:

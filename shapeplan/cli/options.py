@@ -13,7 +13,7 @@ from click.core import ParameterSource
 
 from ..cache.limits import DEFAULT_LIMITS
 from ..errors import UsageError
-from ..trainers import DEFAULT_METHOD, METHODS
+from ..services.trainers import DEFAULT_METHOD, METHODS
 from ..warm.backends import DEVICES
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -38,7 +38,7 @@ def run_options(command: Command) -> Command:
 
     @functools.wraps(body)
     def unwrapped(**kwargs: Any) -> Any:
-        from ..run import unwrap_command
+        from ..services.run import unwrap_command
 
         context = click.get_current_context()
         given = context.get_parameter_source("method") is not ParameterSource.DEFAULT

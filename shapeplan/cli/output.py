@@ -12,7 +12,7 @@ import click
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
-from ..report import render_plan, render_warm, result_row
+from ..services.report import render_plan, render_warm, result_row
 from ..warm.model import WarmReport, WarmResult
 
 

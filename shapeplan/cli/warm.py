@@ -94,7 +94,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
     """
     import os
 
-    from ..run import choose_backend, load_run
+    from ..services.run import choose_backend, load_run
     from ..warm.cachedir import check_cache_dir
     from ..warm.parallel import worker_count
     from ..warm.runner import warm
@@ -146,7 +146,7 @@ def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> No
 
 def _write_env_file(report: Any, path: str) -> None:
     from ..plan.io import write_atomic
-    from ..report import render_env_file
+    from ..services.report import render_env_file
 
     try:
         write_atomic(path, render_env_file(report))
@@ -160,7 +160,7 @@ def _status(plan_path: str | None, method: str | None, model: str | None, eval_d
             url: str | None) -> None:
     """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests; exit 1
     unless complete."""
-    from ..run import choose_backend, plan_tasks
+    from ..services.run import choose_backend, plan_tasks
     from ..warm.manifest import plan_status, read_merged
 
     if plan_path is None:

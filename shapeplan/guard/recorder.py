@@ -14,7 +14,7 @@ Phases are told apart by what runs, the way the plan names them:
                                `precomputed_from_cache` names)
     teacher / eval_teacher     Distillation's teacher backbone during a train step / in the eval loop
 Distillation's student and teacher run their backbones (`base_model`) directly: the backbones carry its phases.
-Under PEFT (shapeplan/lora.py) the hooks sit on the transformers model inside the `PeftModel`, which every forward
+Under PEFT (adapters/lora.py) the hooks sit on the transformers model inside the `PeftModel`, which every forward
 and `generate` reaches, and a policy forward with its adapters disabled is the reference forward (ref, ref_kl and
 their eval twins), as TRL runs it instead of a reference model.
 """
@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..adapters.lora import adapters_off, inner_model
 from ..errors import UsageError
-from ..lora import adapters_off, inner_model
 from ..plan.model import Method, Phase
-from ..trainers import TRAINERS
+from ..services.trainers import TRAINERS
 
 
 @dataclass(frozen=True, slots=True)

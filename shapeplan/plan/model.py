@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, get_args
 
-# The TRL methods shapeplan knows; shapeplan.trainers holds what it knows about each.
+# The TRL methods shapeplan knows; shapeplan.services.trainers holds what it knows about each.
 Method = Literal["sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation"]
 
 # What the model runs on a shape. `train` is forward + backward; every other phase is a no-grad forward
@@ -20,7 +20,7 @@ PHASES: tuple[Phase, ...] = get_args(Phase)  # in report order
 # What a method's token lengths (advise, `analyze --histogram`) count: "rows", the prepared train rows, which
 # max_length truncates; "prompts", the train prompts of a generating trainer.
 LengthKind = Literal["rows", "prompts"]
-METHODS: tuple[Method, ...] = get_args(Method)  # shapeplan.trainers holds one TrainerSpec for each
+METHODS: tuple[Method, ...] = get_args(Method)  # shapeplan.services.trainers holds one TrainerSpec for each
 
 # The phases that are a static-cache `generate` call (train side and eval side): a generate size each.
 GENERATE_PHASES: tuple[Phase, ...] = ("generate", "eval_generate")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plan.model import Plan
-from ..trainers import DEFAULT_METHOD
+from ..services.trainers import DEFAULT_METHOD
 from ..warm.model import WarmTask
 from ..warm.runner import tasks_from_plan
 from ..warm.tracker import Tracker

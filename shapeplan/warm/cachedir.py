@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..adapters.host import cache_root
 from ..errors import CacheError
-from ..host import cache_root
 from ..plan.io import remove_stale
 
 

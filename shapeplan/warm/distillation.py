@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan.model import Phase
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from .generation import GenerationWarmer
 
 # The forwards of a round: on the train side, and in the eval loop.

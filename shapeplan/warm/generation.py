@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, cast
 
+from ..adapters.lora import inner_model
 from ..errors import UsageError, first_line
-from ..lora import inner_model
 from ..plan.model import Plan
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .rounds import (
     EVAL_ROUND_PHASES,

@@ -7,9 +7,9 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..adapters.host import installed_versions
+from ..adapters.lora import peft_settings
 from ..errors import PlanFileError
-from ..host import installed_versions
-from ..lora import peft_settings
 from ..plan.model import Plan
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ _CONFIG_SECTION = "sft"
 
 def environment(args: TrainingArgs) -> dict[str, Any]:
     """What besides the backend shapes the compiled code of the run `args` (its TrainingArgs): method, model,
-    dtype, world size, versions and a hash of the config, and a PEFT run's adapter settings (shapeplan/lora.py), in
+    dtype, world size, versions and a hash of the config, and a PEFT run's adapter settings (adapters/lora.py), in
     the clear so that `verify` names a mismatch. It keys the manifest: keep its value stable (a run without PEFT
     has no "peft" entry, as before)."""
     config, model_args = args.training, args.model

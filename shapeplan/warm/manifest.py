@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..adapters.host import installed_versions
 from ..errors import CacheError, CacheMismatchError, UsageError
-from ..host import installed_versions
 from ..plan.io import write_atomic
 from .model import ManifestEntry, Task
 
@@ -234,7 +234,7 @@ def check_same_peft(merged: MergedManifest, environment: dict[str, Any], source:
     """Refuse (CacheMismatchError) `source`, a cache dir or archive, warmed for this method and model with other PEFT
     settings only: a LoRA run's graphs (adapter matmuls, a reference forward with the adapters off) are not a full
     fine-tune's, nor another rank's, alpha's or target modules'."""
-    from ..lora import describe
+    from ..adapters.lora import describe
 
     same_run = [s["environment"] for s in merged.environments.values()
                 if s["environment"].get("method") == environment.get("method")

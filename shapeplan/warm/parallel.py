@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..adapters.host import usable_cores
 from ..errors import UsageError
-from ..host import usable_cores
 from ..plan.cost import TRAIN_SHAPE_MINUTES
 
 WORKER_ENV = "SHAPEPLAN_WORKER"

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from ..errors import PlanFileError, UsageError
 from ..plan.io import dumps
 from ..plan.model import Plan
-from ..trainers import TRAINERS
+from ..services.trainers import TRAINERS
 from .backends.base import Backend
 from .manifest import Manifest, check_same_peft, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask

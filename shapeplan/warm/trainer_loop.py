@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
-from ..trainers import trainer_spec
+from ..services.trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
 from .runner import WARMED_PHASES, tasks_from_plan

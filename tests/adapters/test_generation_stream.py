@@ -14,8 +14,8 @@ import pytest
 from shapeplan.adapters import generation_stream
 from shapeplan.adapters.data import load_dataset_source
 from shapeplan.adapters.trl_args import parse_training_args
-from shapeplan.analyze import analyze
 from shapeplan.errors import DatasetError, ShapeplanError, UsageError
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 GRPO = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--gradient_accumulation_steps", "2"]

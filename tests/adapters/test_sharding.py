@@ -11,8 +11,8 @@ import pytest
 
 from shapeplan.adapters.sampling import Sharding, eval_batches
 from shapeplan.adapters.stream import rank_batches
-from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
+from shapeplan.services.analyze import analyze
 from tests.conftest import ROOT, TINY_MODEL, TLDR
 
 

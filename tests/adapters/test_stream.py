@@ -10,7 +10,7 @@ import pytest
 from shapeplan.adapters import sft, stream
 from shapeplan.adapters.data import load_dataset_source, load_tokenizer
 from shapeplan.adapters.trl_args import parse_training_args
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR, write_short_text_rows
 
 

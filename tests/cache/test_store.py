@@ -205,7 +205,7 @@ def test_missing_bucket_and_missing_credentials_are_one_line(url: str, tmp_path:
 
 def test_pull_plan_downloads_only_the_pushes_holding_its_shapes(url: str, server: S3Server, tmp_path: Path) -> None:
     from shapeplan.plan.io import write_plan
-    from shapeplan.run import plan_tasks
+    from shapeplan.services.run import plan_tasks
     from tests.warm.harness import plan_for
 
     plan = tmp_path / "plan.json"

@@ -13,15 +13,6 @@ from pathlib import Path
 import pytest
 
 from shapeplan.adapters import lengths as lengths_module
-from shapeplan.advice_page import render_html
-from shapeplan.advice_report import (
-    WIDTH,
-    advice_to_dict,
-    histogram,
-    render_advice,
-)
-from shapeplan.advise import Advice, advise
-from shapeplan.analyze import analyze
 from shapeplan.plan.advice import (
     Candidate,
     CostModel,
@@ -37,6 +28,15 @@ from shapeplan.plan.advice import (
 from shapeplan.plan.caveats import caveats
 from shapeplan.plan.io import shape_to_dict
 from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.services.advice_page import render_html
+from shapeplan.services.advice_report import (
+    WIDTH,
+    advice_to_dict,
+    histogram,
+    render_advice,
+)
+from shapeplan.services.advise import Advice, advise
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 
 SFT_ARGV = ["--dataset_name", str(CAPYBARA), "--model_name_or_path", str(TINY_MODEL),

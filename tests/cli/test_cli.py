@@ -13,11 +13,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from shapeplan.analyze import analyze
 from shapeplan.cli import cli, main
 from shapeplan.plan.io import load_plan, plan_to_dict
-from shapeplan.report import render_plan
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.analyze import analyze
+from shapeplan.services.report import render_plan
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 
 MODEL = ["--model", str(TINY_MODEL)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shapeplan.run import unwrap_command
+from shapeplan.services.run import unwrap_command
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")

@@ -24,7 +24,7 @@ from shapeplan.testing import FakeWarmer
 from shapeplan.warm.backends.neuron import NeuronBackend
 from shapeplan.warm.manifest import MACHINE_PACKAGES
 from shapeplan.warm.runner import warm
-from shapeplan.host import installed_versions
+from shapeplan.adapters.host import installed_versions
 
 cache = Path(sys.argv[1])
 backend = NeuronBackend()

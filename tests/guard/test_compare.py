@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from shapeplan.analyze import analyze
 from shapeplan.plan.io import write_plan
 from shapeplan.plan.model import Shape
+from shapeplan.services.analyze import analyze
 from tests.cli.test_exit_codes import ok, refused, shapeplan
 from tests.conftest import CAPYBARA, TINY_MODEL
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from shapeplan import ShapeGuard
-from shapeplan.analyze import analyze
 from shapeplan.errors import UnplannedShapeError
 from shapeplan.plan.io import load_plan
 from shapeplan.plan.model import Plan
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL
 from tests.oracle.grpo_harness import run_generation_trainer
 from tests.oracle.harness import run_sft

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shapeplan.guard.recorder import Forward
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import TINY_MODEL
 from tests.oracle.harness import end_rank, load_data, run_ranks
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL
 from tests.oracle import grpo_harness
 from tests.oracle.harness import observed, planned, run_distributed

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL
 from tests.oracle.distillation_harness import run_distillation_trainer
 from tests.oracle.grpo_harness import observed, planned

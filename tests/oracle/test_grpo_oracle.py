@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 from tests.oracle.grpo_harness import observed, planned, run_generation_trainer
 from tests.warm.harness import LORA

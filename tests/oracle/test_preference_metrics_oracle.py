@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL
 from tests.oracle.preference_harness import run_preference
 from tests.oracle.test_preference_oracle import CONVERSATIONAL, EXPLICIT, UNPAIRED

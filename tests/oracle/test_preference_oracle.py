@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import ROOT, TINY_MODEL
 from tests.oracle.harness import observed, planned
 from tests.oracle.preference_harness import run_preference

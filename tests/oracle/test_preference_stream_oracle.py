@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
 from shapeplan.errors import UsageError
+from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL, write_files_by_length
 from tests.oracle.harness import observed, planned, run_distributed
 from tests.oracle.preference_harness import run_preference

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 from tests.oracle.harness import observed, planned, run_distributed, run_sft
 

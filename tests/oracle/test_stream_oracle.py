@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.analyze import analyze
+from shapeplan.services.analyze import analyze
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, write_files_by_length, write_short_text_rows
 from tests.oracle.harness import observed, planned, run_distributed, run_sft
 

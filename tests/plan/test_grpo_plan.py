@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from shapeplan.analyze import analyze
 from shapeplan.cli import main
 from shapeplan.plan.grpo import cache_pin, completion_buckets
 from shapeplan.plan.io import dumps, plan_from_dict
 from shapeplan.plan.model import GENERATE_PHASES
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.analyze import analyze
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 RUN = ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL)]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import tests.conftest  # noqa: F401  (offline environment)
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 from tests.oracle.harness import end_rank
 from tests.warm import grpo_harness, harness
 from tests.warm.placement import DeviceOpRecorder, tracking

@@ -8,9 +8,9 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.analyze import analyze
+from shapeplan.services.trainers import TRAINERS
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.opsig import Signature
 from tests.conftest import TINY_MODEL

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shapeplan.analyze import analyze
 from shapeplan.plan.model import Plan
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.analyze import analyze
+from shapeplan.services.trainers import TRAINERS
 from shapeplan.warm.backends.inductor import InductorBackend
 from shapeplan.warm.cachedir import check_cache_dir
 from shapeplan.warm.model import WarmReport

@@ -46,7 +46,7 @@ def test_plan_for_another_config(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_options_given_with_a_plan_are_checked_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`warm --plan P --model M` need not repeat the plan's other options: the plan supplies them; a real conflict
     names the field and both values."""
-    from shapeplan.run import load_run
+    from shapeplan.services.run import load_run
 
     plan = tmp_path / "plan.json"
     write_plan(plan_for("sft", CAPYBARA, ARGV, tmp_path / "out"), plan)

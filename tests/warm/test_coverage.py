@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import ROOT
 from tests.warm.harness import LORA, plan_for, real_run, record, warm_plan
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from shapeplan.report import render_env_file
+from shapeplan.services.report import render_env_file
 from shapeplan.warm.model import WarmReport
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from shapeplan.adapters.trl_args import parse_training_args
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import ROOT
 from tests.warm.harness import LORA
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.model import Plan
-from shapeplan.report import render_plan
+from shapeplan.services.report import render_plan
 from shapeplan.warm.rounds import generation_tasks
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, sliding_window_model, warm_plan

@@ -12,7 +12,7 @@ import pytest
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.cli import main
 from shapeplan.plan.io import write_plan
-from shapeplan.trainers import TRAINERS
+from shapeplan.services.trainers import TRAINERS
 from shapeplan.warm.model import WarmTask
 from shapeplan.warm.preference import counted_batch, kto_batch
 from tests.conftest import ROOT, TINY_MODEL

@@ -11,9 +11,9 @@ import pytest
 
 from shapeplan.errors import UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
-from shapeplan.report import result_row
+from shapeplan.services.report import result_row
+from shapeplan.services.trainers import METHODS
 from shapeplan.testing import FakeBackend, FakeWarmer
-from shapeplan.trainers import METHODS
 from shapeplan.warm.manifest import MANIFEST
 from shapeplan.warm.model import WarmResult, WarmTask
 from shapeplan.warm.runner import warm

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ...host import installed_only
+from ...adapters.host import installed_only
 
 # (counter group, name) pairs read from torch._dynamo.utils.counters
 COUNTERS = (

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...adapters.host import installed_versions
 from ...errors import CacheError, UsageError
-from ...host import installed_versions
 
 # The `torch_neuronx.metrics` counters read (totals of this process); with the `_C._get_compilation_cache_stats()`
 # dict's keys, the names that mean a compile or a persistent-cache hit.

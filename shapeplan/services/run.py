@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import PlanFileError, UsageError
+from ..errors import PlanFileError, UsageError
 
 if TYPE_CHECKING:
-    from .plan.model import Plan
-    from .warm.backends.base import Backend
-    from .warm.runner import Warmer
+    from ..plan.model import Plan
+    from ..warm.backends.base import Backend
+    from ..warm.runner import Warmer
 
 
 # `accelerate launch` flags that say how to start the script, not how the run is set up: dropped with the wrapper
@@ -72,7 +72,7 @@ def _trl_script(words: list[str], methods: Sequence[str]) -> tuple[str, int] | N
 def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
     """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split.
     Each overrides what a `--config` file sets, as TRL's own options on the command line do."""
-    from .adapters.trl_args import given_options, split_dataset_argument
+    from ..adapters.trl_args import given_options, split_dataset_argument
 
     dataset, argv = split_dataset_argument(method, trl_args)
     given = given_options(argv, config=False)
@@ -90,7 +90,7 @@ def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | Non
 
 def device_argv(argv: list[str], device: str) -> list[str]:
     """Training on an accelerator needs `use_cpu` off (argument parsing turns it on to plan anywhere)."""
-    from .adapters.trl_args import given_options
+    from ..adapters.trl_args import given_options
 
     if device == "cpu" or "use_cpu" in given_options(argv):
         return argv
@@ -115,7 +115,7 @@ def _settings(args: Any) -> dict[str, Any]:
     """Every TRL option of a parsed run, by field name, as JSON values (the recorded config's where it has them)."""
     import dataclasses
 
-    from .adapters.common import recorded_config
+    from ..adapters.common import recorded_config
 
     fields = {f.name: getattr(part, f.name) for part in (args.script, args.model, args.training)
               for f in dataclasses.fields(part)}
@@ -137,14 +137,14 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     and the plan's own arguments supply the rest (and the method: `method` names it for a run without a plan, None
     for the default one). The warmer comes first: a run it cannot warm is refused before
     planning, and before any model loads."""
-    from .adapters.data import check_weight_files
-    from .adapters.grpo import with_guide_example
-    from .adapters.trl_args import given_options, parse_training_args
+    from ..adapters.data import check_weight_files
+    from ..adapters.grpo import with_guide_example
+    from ..adapters.trl_args import given_options, parse_training_args
+    from ..plan.io import load_plan
+    from ..warm.identity import check_plan_fits_model
+    from ..warm.runner import make_warmer
     from .analyze import analyze
-    from .plan.io import load_plan
     from .trainers import DEFAULT_METHOD
-    from .warm.identity import check_plan_fits_model
-    from .warm.runner import make_warmer
 
     plan = None
     named: set[str] = set()
@@ -187,8 +187,8 @@ def plan_tasks(plan_path: str, device: str, method: str | None = None, model: st
 
 def _planned_args(plan: Plan, path: str, device: str) -> Any:
     """The plan's own arguments, parsed, with its recorded config checked as a command line's options are."""
-    from .adapters.grpo import with_guide_example
-    from .adapters.trl_args import check_recorded, parse_training_args
+    from ..adapters.grpo import with_guide_example
+    from ..adapters.trl_args import check_recorded, parse_training_args
 
     argv = device_argv(list(plan.config.get("argv", [])), device)
     try:
@@ -201,8 +201,8 @@ def _planned_args(plan: Plan, path: str, device: str) -> Any:
 
 def choose_backend(device: str | None, cache_dir: str | None) -> tuple[Backend, Path]:
     """The backend for `device` (default: the best available) and the cache dir it names, as given."""
-    from .warm.backends import default_device, make_backend
-    from .warm.cachedir import cache_dir_path, default_cache_dir
+    from ..warm.backends import default_device, make_backend
+    from ..warm.cachedir import cache_dir_path, default_cache_dir
 
     device = device or default_device()
     return make_backend(device), cache_dir_path(Path(cache_dir) if cache_dir else default_cache_dir(device))

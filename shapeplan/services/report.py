@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
-from .plan.grpo import cache_pin
-from .plan.model import GENERATE_PHASES, Plan, Shape
-from .warm.model import WarmReport, WarmResult
+from ..plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
+from ..plan.grpo import cache_pin
+from ..plan.model import GENERATE_PHASES, Plan, Shape
+from ..warm.model import WarmReport, WarmResult
 
 
 def table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from ..plan.model import Plan, Shape
 from .advice_report import WHAT_IF_HEADERS, length_bins, length_cap, lengths_kind, minutes, what_if_rows
 from .advise import Advice, with_flags
-from .plan.model import Plan, Shape
 from .report import shape_notes
 
 # The run settings the page lists, in this order, when the plan's config has them.

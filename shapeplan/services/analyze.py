@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from .plan.model import Plan
+from ..plan.model import Plan
 from .trainers import trainer_spec
 
 
@@ -42,8 +42,8 @@ def analyze_command_line(method: str, words: Sequence[str], *, model: str | None
 def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]], *, eval_source: str | None,
             use_cache: bool, progress_bars: bool) -> Plan:
     """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()`, stored under them."""
-    from .adapters import plan_cache
-    from .host import workers_setting
+    from ..adapters import plan_cache
+    from ..adapters.host import workers_setting
 
     workers_setting()  # a bad $SHAPEPLAN_WORKERS is refused whether or not this run forks
     spec = trainer_spec(method)
@@ -52,9 +52,9 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
     if plan is None:
         argv = run_argv()  # first: a mistyped option is refused in the time TRL's parser takes, before datasets loads
         dataset_progress_bars(progress_bars)
-        from .adapters.loop import dispatched_parts
-        from .adapters.trl_args import parse_training_args
-        from .warm.identity import beyond_position_embeddings
+        from ..adapters.loop import dispatched_parts
+        from ..adapters.trl_args import parse_training_args
+        from ..warm.identity import beyond_position_embeddings
 
         args = parse_training_args(method, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches

@@ -38,7 +38,7 @@ def usable_cores() -> int:
 def process_count(name: str, value: str | int, *, cap: int, what: str) -> int:
     """A count of processes to fork (`value` of the setting `name`) as a whole number from 1 to `cap`, what this
     host has (`what` says so): anything else is refused before a process forks."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     try:
         count = int(str(value).strip())

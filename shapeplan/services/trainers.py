@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import UsageError
-from .plan.model import LengthKind, Method, Phase, Plan
+from ..errors import UsageError
+from ..plan.model import LengthKind, Method, Phase, Plan
 
 if TYPE_CHECKING:
-    from .adapters.trl_args import TrainingArgs
-    from .warm.runner import Warmer
+    from ..adapters.trl_args import TrainingArgs
+    from ..warm.runner import Warmer
 
 # `plan(args, argv, *, eval_source, use_cache) -> Plan`, the shape of every adapter's entry point. Only SFT keeps a
 # row-length cache so far (its datasets are the large ones); the others take `use_cache` so that every adapter has
@@ -103,73 +103,73 @@ class TrainerSpec:
 
 
 def _sft_plan() -> PlanFunction:
-    from .adapters.sft import plan
+    from ..adapters.sft import plan
 
     return plan
 
 
 def _generation_plan() -> PlanFunction:
-    from .adapters.grpo import plan
+    from ..adapters.grpo import plan
 
     return plan
 
 
 def _dpo_plan() -> PlanFunction:
-    from .adapters.dpo import plan
+    from ..adapters.dpo import plan
 
     return plan
 
 
 def _kto_plan() -> PlanFunction:
-    from .adapters.kto import plan
+    from ..adapters.kto import plan
 
     return plan
 
 
 def _reward_plan() -> PlanFunction:
-    from .adapters.reward import plan
+    from ..adapters.reward import plan
 
     return plan
 
 
 def _distillation_plan() -> PlanFunction:
-    from .adapters.distillation import plan
+    from ..adapters.distillation import plan
 
     return plan
 
 
 def _sft_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.sft import SFTWarmer
+    from ..warm.sft import SFTWarmer
 
     return SFTWarmer
 
 
 def _generation_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.generation import GenerationWarmer
+    from ..warm.generation import GenerationWarmer
 
     return GenerationWarmer
 
 
 def _dpo_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.preference import DPOWarmer
+    from ..warm.preference import DPOWarmer
 
     return DPOWarmer
 
 
 def _kto_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.preference import KTOWarmer
+    from ..warm.preference import KTOWarmer
 
     return KTOWarmer
 
 
 def _reward_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.preference import RewardWarmer
+    from ..warm.preference import RewardWarmer
 
     return RewardWarmer
 
 
 def _distillation_warmer() -> Callable[[Any], Warmer[Any]]:
-    from .warm.distillation import DistillationWarmer
+    from ..warm.distillation import DistillationWarmer
 
     return DistillationWarmer
 

@@ -3,7 +3,7 @@
 The self-test runs the same small work (one op and one `torch.compile` graph at a fresh shape) in two fresh
 processes that share a temporary cache dir: the first must count a compile and write files, the second must load
 from the cache and compile nothing. This is what `warm` and `verify` rely on; each failed check names its fix.
-`python -m shapeplan.doctor DEVICE CACHE_DIR` is the self-test's child process.
+`python -m shapeplan.services.doctor DEVICE CACHE_DIR` is the self-test's child process.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import ShapeplanError
-from .warm.backends.base import Backend, counter_delta
-from .warm.backends.neuron import DEFAULT_CACHE_DIR
+from ..errors import ShapeplanError
+from ..warm.backends.base import Backend, counter_delta
+from ..warm.backends.neuron import DEFAULT_CACHE_DIR
 
 PACKAGES = ("torch", "torch-neuronx", "neuronx-cc", "trl", "transformers", "accelerate", "datasets")
 FILE_COUNTERS = ("neff_files",)  # counters that count files rather than compiles (the neuron backend's)
@@ -104,7 +104,7 @@ def versions() -> dict[str, str]:
 
 def cores(device: str) -> dict[str, Any]:
     if device == "neuron":
-        from .warm.backends.neuron import visible_cores
+        from ..warm.backends.neuron import visible_cores
 
         visible = visible_cores()
         source = next((name for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES") if os.environ.get(name)),
@@ -123,8 +123,8 @@ def free_gib(path: Path) -> float | None:
 
 def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagnosis:
     """Everything `doctor` reports, self-test included."""
-    from .warm.backends import default_device, make_backend
-    from .warm.cachedir import check_cache_dir, default_cache_dir
+    from ..warm.backends import default_device, make_backend
+    from ..warm.cachedir import check_cache_dir, default_cache_dir
 
     device = device or default_device()
     cache = cache_dir or default_cache_dir(device)
@@ -214,7 +214,8 @@ def _files(folder: Path) -> set[Path]:
 
 def _child(device: str, cache: Path, *, resolve_padding: bool) -> dict[str, Any]:
     """One self-test run in a fresh process: its counter changes, or the error it ended with."""
-    command = [sys.executable, "-m", "shapeplan.doctor", device, str(cache), *(["pad"] if resolve_padding else [])]
+    pad = ["pad"] if resolve_padding else []
+    command = [sys.executable, "-m", "shapeplan.services.doctor", device, str(cache), *pad]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -229,7 +230,7 @@ def _child(device: str, cache: Path, *, resolve_padding: bool) -> dict[str, Any]
 def child(device: str, cache: Path, *, resolve_padding: bool) -> dict[str, Any]:
     """The self-test's work in this (fresh) process: one op and one tiny `torch.compile` graph on `device`, then the
     counters after synchronizing (the backend's `counters` does); and TRL's padding if asked."""
-    from .warm.backends import make_backend
+    from ..warm.backends import make_backend
 
     backend = make_backend(device)
     backend.prepare(cache)

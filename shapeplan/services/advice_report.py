@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from ..plan.advice import Option
+from ..plan.buckets import round_up
+from ..plan.io import shape_to_dict
+from ..plan.model import Plan
 from .advise import Advice
-from .plan.advice import Option
-from .plan.buckets import round_up
-from .plan.io import shape_to_dict
-from .plan.model import Plan
 from .report import table
 from .trainers import trainer_spec
 

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .analyze import analyze
-from .errors import CacheError, ShapeplanError, UsageError
-from .plan.advice import (
+from ..errors import CacheError, ShapeplanError, UsageError
+from ..plan.advice import (
     Candidate,
     CostModel,
     Measurement,
@@ -27,9 +26,10 @@ from .plan.advice import (
     ranked,
     recommendation,
 )
-from .plan.caveats import caveats
-from .plan.grpo import cache_pin
-from .plan.model import LengthKind, Plan
+from ..plan.caveats import caveats
+from ..plan.grpo import cache_pin
+from ..plan.model import LengthKind, Plan
+from .analyze import analyze
 from .trainers import TRAINERS, trainer_spec
 
 ADVISED = tuple(name for name, spec in TRAINERS.items() if spec.lengths is not None)
@@ -56,7 +56,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
     if kind is None:
         raise UsageError(f"advise covers {', '.join(ADVISED)}, not {method}; use `shapeplan analyze --method "
                          f"{method}` to plan it")
-    from .adapters.lengths import shared_tokenization
+    from ..adapters.lengths import shared_tokenization
 
     with shared_tokenization():
         return _advise(method, kind, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
@@ -65,7 +65,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
 
 def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str | None, use_cache: bool,
             calibrate: Path | None, allow_truncation: bool) -> Advice:
-    from .adapters.row_lengths import train_lengths
+    from ..adapters.row_lengths import train_lengths
 
     argv = _effective_argv(method, argv)
     lengths = train_lengths(method, argv, eval_source=eval_source, use_cache=use_cache)
@@ -92,8 +92,8 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
 def _effective_argv(method: str, argv: list[str]) -> list[str]:
     """`argv`, with the guide's example options spelled out when the planner would plan the example: an
     alternative adds options, which would otherwise switch the example off."""
-    from .adapters.grpo import with_guide_example
-    from .adapters.trl_args import parse_training_args
+    from ..adapters.grpo import with_guide_example
+    from ..adapters.trl_args import parse_training_args
 
     example = trainer_spec(method).guide_options
     if not example:
@@ -144,7 +144,7 @@ def with_flags(argv: Sequence[str], candidate: Candidate) -> list[str]:
 
 def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:
     """The cost model fitted to what `shapeplan warm` measured in `cache_dir` (its manifest files, merged)."""
-    from .warm.manifest import MANIFEST, read_merged
+    from ..warm.manifest import MANIFEST, read_merged
 
     merged = read_merged(cache_dir)
     if not merged.files:
