@@ -119,8 +119,9 @@ def part_trl(data: Path, max_length: int) -> dict[str, Any]:
     from shapeplan.adapters.data import load_tokenizer
     from shapeplan.adapters.sft import _bare_trainer
     from shapeplan.adapters.trl_args import parse_training_args
+    from shapeplan.services.trainers import TRAINERS
 
-    config = parse_training_args("sft", analyze_argv(data, max_length)).training
+    config = parse_training_args(TRAINERS["sft"], analyze_argv(data, max_length)).training
     dataset = datasets.load_dataset("json", data_files=str(data), split="train")
     tokenizer = load_tokenizer(str(MODEL))
     with Clock() as clock:

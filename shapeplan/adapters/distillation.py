@@ -37,7 +37,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     config = args.training
     generation = generation_settings(config)
     data = load_run_data(args, eval_source=eval_source)
-    trainer = bare_trainer(args.method, data.tokenizer, config)
+    trainer = bare_trainer(args.spec, data.tokenizer, config)
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation
     warnings: list[str] = []

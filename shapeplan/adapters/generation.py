@@ -14,7 +14,6 @@ from ..errors import DatasetError, UsageError, first_line
 from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
 from ..plan.schedule import TrainLoop
-from ..services.trainers import trainer_spec
 from . import generation_stream
 from .common import RunData, run_fingerprint, versions
 from .loop import eval_steps_of, sharding
@@ -24,6 +23,8 @@ from .trl_args import TrainingArgs
 if TYPE_CHECKING:
     from transformers import GenerationConfig
     from trl import DistillationConfig, GRPOConfig, RLOOConfig
+
+    from .trainer import TrainerSpec
 
     GenerationTrainingConfig = GRPOConfig | RLOOConfig | DistillationConfig
 
@@ -66,9 +67,10 @@ def static_cache(generation: GenerationConfig) -> bool:
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
-def bare_trainer(method: str, tokenizer: Any, config: GenerationTrainingConfig) -> Any:
-    """A trainer with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them for a text model."""
-    trainer_class = trainer_spec(method).trainer()
+def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig) -> Any:
+    """A trainer of `spec`'s class with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them
+    for a text model."""
+    trainer_class = spec.trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
     trainer._is_vlm = False

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
-from ..services.trainers import trainer_spec
 from . import generation_stream
 from .common import load_run_data, recorded_config
 from .generation import (
@@ -31,14 +30,14 @@ _GENERATION_BATCH = "per_device_train_batch_size x steps_per_generation"
 def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArgs, list[str]]:
     """`args`, or the guide's example (`TrainerSpec.guide_options`) when no TRL training option (and no --config)
     is given; plus a note."""
-    spec = trainer_spec(args.method)
+    spec = args.spec
     example = spec.guide_options
     if not example or "--config" in argv:
         return args, []
-    trl_options = {action.dest for action in make_parser(args.method)._actions}
+    trl_options = {action.dest for action in make_parser(spec)._actions}
     if (args.given & trl_options) - _RUN_OPTIONS:
         return args, []
-    example_args = parse_training_args(args.method, [*example, *argv])
+    example_args = parse_training_args(spec, [*example, *argv])
     example_args.script.reward_funcs = list(spec.guide_reward_funcs)
     functions = len(spec.guide_reward_funcs)
     note = (f"no training option given: planned TRL's Trainium guide {args.method.upper()} example "
@@ -90,12 +89,11 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     warnings = notes + _check_supported(args)
     _check_split(args)
     config = args.training
-    method = args.method
     generation = generation_settings(config)
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
     data = load_run_data(args, eval_source=eval_source)
-    trainer = bare_trainer(method, data.tokenizer, config)
+    trainer = bare_trainer(args.spec, data.tokenizer, config)
     repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
                                       batch_size=size // config.num_generations,
                                       repeat_count=config.num_iterations * steps)
@@ -104,7 +102,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         option=_GENERATION_BATCH, warnings=warnings)
 
     # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
-    old_logprob = (trainer_spec(method).old_logprobs_always
+    old_logprob = (args.spec.old_logprobs_always
                    or config.gradient_accumulation_steps % (steps * config.num_iterations) != 0)
     ref = config.beta != 0.0
     round_forwards = ("old_logprob",) * old_logprob + ("ref",) * ref

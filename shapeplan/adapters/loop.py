@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from ..errors import UsageError
 from ..plan.rows import UnequalParts
 from ..plan.schedule import TrainLoop, evaluation_steps
-from ..services.trainers import trainer_spec
 from .common import streamed
 from .sampling import (
     TRAIN_STRATEGIES,
@@ -28,7 +27,7 @@ def sharding(args: TrainingArgs) -> Sharding:
     accelerator = args.training.accelerator_config
     # Every trainer forces (or requires) dispatch_batches=False on a stream; on one process it changes no batch.
     dispatch = bool(accelerator.dispatch_batches) and args.num_processes > 1 and not streamed(args)
-    collated = trainer_spec(args.method).collated
+    collated = args.spec.collated
     if dispatch and collated == "examples":
         # accelerate's `concatenate` (without split_batches) and `broadcast` (with it) take tensors only
         raise UsageError(f"dispatch_batches=true on several ranks: rank 0 would concatenate or broadcast "

@@ -5,24 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import UsageError
-from ..services.trainers import TRAINERS, trainer_spec
 from .common import RunData, apply_chat_template_path, load_run_data
 from .generation_stream import is_stream
+from .trainer import TrainerSpec
 from .trl_args import TrainingArgs, parse_training_args
 
 
-def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None = None,
+def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | None = None,
                   use_cache: bool = True) -> tuple[int, ...]:
-    """What the method's `TrainerSpec.lengths` names: the prepared train rows without max_length or packing (through
-    the length cache, so the plans that follow re-derive theirs from the same tokenization), or the train prompts."""
-    kind = trainer_spec(method).lengths
-    if kind is None:
-        read = ", ".join(name for name, spec in TRAINERS.items() if spec.lengths is not None)
-        raise UsageError(f"token lengths are read for {read}, not {method}; drop --histogram")
+    """What `spec.lengths` names (the services refuse a method with none): the prepared train rows without
+    max_length or packing (through the length cache, so the plans that follow re-derive theirs from the same
+    tokenization), or the train prompts."""
+    kind = spec.lengths
     if kind == "rows":
         from .sft import prepare_rows
 
-        args = parse_training_args(method, [*argv, "--max_length", "none", "--packing", "false"])
+        args = parse_training_args(spec, [*argv, "--max_length", "none", "--packing", "false"])
         data = _whole_data(args, eval_source)
         apply_chat_template_path(data.tokenizer, args.training.chat_template_path)
         rows, _ = prepare_rows(data.train, data.tokenizer, args.training, packing=False, name="train",
@@ -30,9 +28,9 @@ def train_lengths(method: str, argv: Sequence[str], *, eval_source: str | None =
         return rows.lengths
     from .generation import bare_trainer, prompt_lengths
 
-    args = parse_training_args(method, argv)
+    args = parse_training_args(spec, argv)
     data = _whole_data(args, eval_source)
-    return prompt_lengths(data.train, bare_trainer(method, data.tokenizer, args.training), "train")
+    return prompt_lengths(data.train, bare_trainer(spec, data.tokenizer, args.training), "train")
 
 
 def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:

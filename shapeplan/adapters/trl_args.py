@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
 from ..plan.io import MAX_BATCH, MAX_SEQ
-from ..services.trainers import trainer_spec
 from .host import max_forks, process_count
 
 if TYPE_CHECKING:
     from trl import ModelConfig, TrlParser
 
     from ..plan.model import Method
+    from .trainer import TrainerSpec
 
 # The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
 # method's dataset: `TrainerSpec.default_dataset`).
@@ -38,7 +38,7 @@ NEURON_PAD_TO_MULTIPLE_OF = 128
 class TrainingArgs:
     """What `trl <method>` would have parsed, plus the launch settings that change batching."""
 
-    method: Method
+    spec: TrainerSpec  # the method's, from the registry: what the layers below read of it
     script: Any  # ScriptArguments (or GRPOScriptArguments, ...)
     training: Any  # SFTConfig, GRPOConfig, ...
     model: ModelConfig
@@ -46,9 +46,14 @@ class TrainingArgs:
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
 
+    @property
+    def method(self) -> Method:
+        return self.spec.name
 
-def make_parser(method: str) -> TrlParser:
-    module = importlib.import_module(trainer_spec(method).script)
+
+def make_parser(spec: TrainerSpec) -> TrlParser:
+    method = spec.name
+    module = importlib.import_module(spec.script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
@@ -87,8 +92,10 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
-    """Parse `argv` as `trl <method>` does; fill the guide's defaults for what the user left out."""
+def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
+    """Parse `argv` as `trl <method>` does (the method of `spec`); fill the guide's defaults for what the user left
+    out."""
+    method = spec.name
     argv = list(argv)
     given = given_options(argv)
     if "pad_to_multiple_of" not in given:
@@ -98,7 +105,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     if "model_name_or_path" not in given:
         argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
     if "dataset_name" not in given and "datasets" not in given:
-        argv = ["--dataset_name", trainer_spec(method).default_dataset, *argv]
+        argv = ["--dataset_name", spec.default_dataset, *argv]
     if "output_dir" not in given:
         argv = ["--output_dir", "shapeplan-output", *argv]
     if "report_to" not in given:
@@ -107,8 +114,8 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
         # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
         argv = ["--use_cpu", "true", *argv]
 
-    num_processes = _launch_num_processes(method, _launch_options(method, argv))
-    parser = make_parser(method)
+    num_processes = _launch_num_processes(spec, _launch_options(spec, argv))
+    parser = make_parser(spec)
     try:
         with _world_size(num_processes), warnings.catch_warnings():
             # TRL's own defaults trip transformers' deprecation notices (gradient_checkpointing); none is the user's.
@@ -125,7 +132,7 @@ def parse_training_args(method: str, argv: Sequence[str]) -> TrainingArgs:
     _check_values(method, parsed)
     _check_positive(training)
     return TrainingArgs(
-        method=trainer_spec(method).name,
+        spec=spec,
         script=script,
         training=training,
         model=model,
@@ -149,9 +156,9 @@ def _option_behind(argv: Sequence[str], exc: Exception) -> str:
     return "TRL option"
 
 
-def _launch_options(method: str, argv: list[str]) -> list[str]:
+def _launch_options(spec: TrainerSpec, argv: list[str]) -> list[str]:
     """What TRL's parser leaves over from `argv` and its `--config` file: the `accelerate launch` options."""
-    parser = make_parser(method)
+    parser = make_parser(spec)
     args = list(argv)
     config_remaining: list[str] = []
     if "--config" in args:
@@ -286,7 +293,7 @@ def _auto_means_neuron(argv: list[str]) -> list[str]:
     return out
 
 
-def _launch_num_processes(method: str, leftovers: list[str]) -> int:
+def _launch_num_processes(spec: TrainerSpec, leftovers: list[str]) -> int:
     """Read `accelerate launch` options TRL passes through; anything else is an unknown option."""
     if not leftovers:
         return 1
@@ -306,9 +313,9 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     # "shapeplan" stands for the training script accelerate expects; a bare token before it is a stray argument.
     known, unknown = parser.parse_known_args([*launch_args, "shapeplan"])
     if unknown:
-        _known_action(method, unknown[0].split("=", 1)[0],
-                      {**parser._option_string_actions, **make_parser(method)._option_string_actions})
-        raise UsageError(f"unexpected argument {unknown[0]!r}; see `trl {method} --help`")
+        _known_action(spec.name, unknown[0].split("=", 1)[0],
+                      {**parser._option_string_actions, **make_parser(spec)._option_string_actions})
+        raise UsageError(f"unexpected argument {unknown[0]!r}; see `trl {spec.name} --help`")
     if known.training_script != "shapeplan":
         raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
                          "pass TRL options as --name value")
@@ -322,13 +329,13 @@ def _launch_num_processes(method: str, leftovers: list[str]) -> int:
     return int(_read_yaml(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
 
 
-def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
+def split_dataset_argument(spec: TrainerSpec, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
     """Find the positional DATASET among TRL options and the `accelerate launch` options TRL passes through: the
     first bare token that is no option's value."""
     from accelerate.commands.launch import launch_command_parser
 
     # TRL's own option first where both parsers know a name
-    actions = {**launch_command_parser()._option_string_actions, **make_parser(method)._option_string_actions}
+    actions = {**launch_command_parser()._option_string_actions, **make_parser(spec)._option_string_actions}
     rest = list(tokens)
     i = 0
     while i < len(rest):
@@ -337,7 +344,7 @@ def split_dataset_argument(method: str, tokens: Sequence[str]) -> tuple[str | No
             i += 2
             continue
         if token.startswith("-") and token != "-":
-            action = _known_action(method, token.split("=", 1)[0], actions)
+            action = _known_action(spec.name, token.split("=", 1)[0], actions)
             if "=" in token or action.nargs == 0:
                 i += 1
             elif action.nargs == "?":
@@ -368,6 +375,24 @@ def _known_action(method: str, option: str, actions: dict[str, Any]) -> Any:
     hint = f"did you mean {nearest[0]}? " if nearest else ""
     raise UsageError(f"unknown option {option!r}: {hint}it is neither a TRL `{method}` option nor an `accelerate "
                      f"launch` option; see `trl {method} --help`")
+
+
+def split_run_arguments(spec: TrainerSpec, trl_args: Sequence[str], model: str | None,
+                        split: str | None) -> list[str]:
+    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split.
+    Each overrides what a `--config` file sets, as TRL's own options on the command line do."""
+    dataset, argv = split_dataset_argument(spec, trl_args)
+    given = given_options(argv, config=False)
+    sugar = [("DATASET", dataset, "dataset_name"), ("--model", model, "model_name_or_path"),
+             ("--split", split, "dataset_train_split")]
+    prefix: list[str] = []
+    for label, value, name in sugar:
+        if value is None:
+            continue
+        if name in given:
+            raise UsageError(f"both {label} and --{name} are given; pass only one")
+        prefix += [f"--{name}", value]
+    return prefix + argv
 
 
 _BOOL_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0", "none"}

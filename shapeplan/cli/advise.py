@@ -45,15 +45,16 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
       shapeplan advise --method grpo trl-lib/tldr --html advice.html
       shapeplan advise data.jsonl --calibrate /var/cache/shapeplan --json
     """
+    from ..adapters.trl_args import split_run_arguments
     from ..plan.io import write_atomic
     from ..services.advice_page import render_html
     from ..services.advice_report import advice_to_dict, render_advice
     from ..services.advise import advise
     from ..services.analyze import dataset_progress_bars
-    from ..services.run import split_run_arguments
+    from ..services.trainers import trainer_spec
 
     dataset_progress_bars(sys.stderr.isatty())
-    argv = split_run_arguments(method, trl_args, model, split)
+    argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
     advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
                     allow_truncation=allow_truncation)
     if html_file is not None:

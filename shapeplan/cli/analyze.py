@@ -68,11 +68,10 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         return
     lengths = None
     if histogram:  # before the plan is written: a run the histogram refuses writes nothing
-        from ..adapters.row_lengths import train_lengths
-        from ..services.run import split_run_arguments
+        from ..services.analyze import histogram_lengths
 
-        lengths = train_lengths(method, split_run_arguments(method, trl_args, model, split), eval_source=eval_dataset,
-                                use_cache=not no_cache)
+        lengths = histogram_lengths(method, trl_args, model=model, split=split, eval_source=eval_dataset,
+                                    use_cache=not no_cache)
     emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
     if lengths is not None:
         from ..services.advice_report import histogram as render_histogram

@@ -30,9 +30,7 @@ from ..plan.caveats import caveats
 from ..plan.grpo import cache_pin
 from ..plan.model import LengthKind, Plan
 from .analyze import analyze
-from .trainers import TRAINERS, trainer_spec
-
-ADVISED = tuple(name for name, spec in TRAINERS.items() if spec.lengths is not None)
+from .trainers import MEASURED, trainer_spec
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
            calibrate: Path | None = None, allow_truncation: bool = False) -> Advice:
     kind = trainer_spec(method).lengths
     if kind is None:
-        raise UsageError(f"advise covers {', '.join(ADVISED)}, not {method}; use `shapeplan analyze --method "
+        raise UsageError(f"advise covers {', '.join(MEASURED)}, not {method}; use `shapeplan analyze --method "
                          f"{method}` to plan it")
     from ..adapters.lengths import shared_tokenization
 
@@ -68,7 +66,7 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
     from ..adapters.row_lengths import train_lengths
 
     argv = _effective_argv(method, argv)
-    lengths = train_lengths(method, argv, eval_source=eval_source, use_cache=use_cache)
+    lengths = train_lengths(trainer_spec(method), argv, eval_source=eval_source, use_cache=use_cache)
     base_plan = analyze(method, argv, eval_source=eval_source, use_cache=use_cache)
     model = calibrated_model(calibrate, torch_compile=bool(base_plan.config.get("torch_compile"))) \
         if calibrate is not None else CostModel()
@@ -95,10 +93,11 @@ def _effective_argv(method: str, argv: list[str]) -> list[str]:
     from ..adapters.grpo import with_guide_example
     from ..adapters.trl_args import parse_training_args
 
-    example = trainer_spec(method).guide_options
+    spec = trainer_spec(method)
+    example = spec.guide_options
     if not example:
         return argv
-    _, notes = with_guide_example(parse_training_args(method, argv), argv)
+    _, notes = with_guide_example(parse_training_args(spec, argv), argv)
     return [*example, *argv] if notes else argv
 
 

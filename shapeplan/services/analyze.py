@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from ..errors import UsageError
 from ..plan.model import Plan
-from .trainers import trainer_spec
+from .trainers import MEASURED, trainer_spec
 
 
 def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
@@ -30,12 +31,13 @@ def analyze_command_line(method: str, words: Sequence[str], *, model: str | None
                          eval_source: str | None = None, use_cache: bool = True, progress_bars: bool = True) -> Plan:
     """`analyze` for the run as `shapeplan analyze` names it: `words` are TRL's options and at most one bare DATASET,
     `model` and `split` stand for --model_name_or_path and --dataset_train_split."""
-    from .run import split_run_arguments
+    from ..adapters.trl_args import split_run_arguments
 
+    spec = trainer_spec(method)
     key_words = [*words, *(["--model", model] if model else []), *(["--split", split] if split else []),
                  *(["--eval-dataset", eval_source] if eval_source else [])]
     # the key is read from the words as given: finding the bare DATASET among them takes TRL's parser
-    return _cached(method, key_words, lambda: split_run_arguments(method, tuple(words), model, split),
+    return _cached(method, key_words, lambda: split_run_arguments(spec, words, model, split),
                    eval_source=eval_source, use_cache=use_cache, progress_bars=progress_bars)
 
 
@@ -56,7 +58,7 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
         from ..adapters.trl_args import parse_training_args
         from ..warm.identity import beyond_position_embeddings
 
-        args = parse_training_args(method, argv)
+        args = parse_training_args(spec, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
             plan = spec.plan(args, argv, eval_source=eval_source, use_cache=use_cache)
         beyond = beyond_position_embeddings(plan, args)
@@ -65,6 +67,20 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
         if key is not None:
             plan_cache.store(key, plan)
     return plan
+
+
+def histogram_lengths(method: str, words: Sequence[str], *, model: str | None = None, split: str | None = None,
+                      eval_source: str | None = None, use_cache: bool = True) -> tuple[int, ...]:
+    """The untruncated train lengths `analyze --histogram` shows for the run as `shapeplan analyze` names it: what
+    the method's `TrainerSpec.lengths` counts; refused for a method whose lengths it does not read."""
+    from ..adapters.row_lengths import train_lengths
+    from ..adapters.trl_args import split_run_arguments
+
+    spec = trainer_spec(method)
+    if spec.lengths is None:
+        raise UsageError(f"token lengths are read for {', '.join(MEASURED)}, not {method}; drop --histogram")
+    return train_lengths(spec, split_run_arguments(spec, words, model, split), eval_source=eval_source,
+                         use_cache=use_cache)
 
 
 def dataset_progress_bars(on: bool) -> None:

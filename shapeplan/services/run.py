@@ -1,6 +1,6 @@
-"""A run as the command line names it: TRL's argv from the shorthand (`split_run_arguments`); to warm it, its plan
-(read from a plan file, or made from the run's arguments), the arguments checked against the plan, and its warmer
-(`load_run`); and where it compiles (`choose_backend`). The CLI's commands present what these return."""
+"""A run to warm or verify, as the command line names it: its plan (read from a plan file, or made from the run's
+arguments), the arguments checked against the plan, and its warmer (`load_run`); and where it compiles
+(`choose_backend`). The CLI's commands present what these return."""
 
 from __future__ import annotations
 
@@ -69,25 +69,6 @@ def _trl_script(words: list[str], methods: Sequence[str]) -> tuple[str, int] | N
     return None
 
 
-def split_run_arguments(method: str, trl_args: tuple[str, ...], model: str | None, split: str | None) -> list[str]:
-    """TRL's argv for the run: DATASET becomes --dataset_name, --model --model_name_or_path, --split the train split.
-    Each overrides what a `--config` file sets, as TRL's own options on the command line do."""
-    from ..adapters.trl_args import given_options, split_dataset_argument
-
-    dataset, argv = split_dataset_argument(method, trl_args)
-    given = given_options(argv, config=False)
-    sugar = [("DATASET", dataset, "dataset_name"), ("--model", model, "model_name_or_path"),
-             ("--split", split, "dataset_train_split")]
-    prefix: list[str] = []
-    for label, value, field in sugar:
-        if value is None:
-            continue
-        if field in given:
-            raise UsageError(f"both {label} and --{field} are given; pass only one")
-        prefix += [f"--{field}", value]
-    return prefix + argv
-
-
 def device_argv(argv: list[str], device: str) -> list[str]:
     """Training on an accelerator needs `use_cpu` off (argument parsing turns it on to plan anywhere)."""
     from ..adapters.trl_args import given_options
@@ -139,12 +120,11 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     planning, and before any model loads."""
     from ..adapters.data import check_weight_files
     from ..adapters.grpo import with_guide_example
-    from ..adapters.trl_args import given_options, parse_training_args
+    from ..adapters.trl_args import given_options, parse_training_args, split_run_arguments
     from ..plan.io import load_plan
     from ..warm.identity import check_plan_fits_model
-    from ..warm.runner import make_warmer
     from .analyze import analyze
-    from .trainers import DEFAULT_METHOD
+    from .trainers import DEFAULT_METHOD, trainer_spec
 
     plan = None
     named: set[str] = set()
@@ -156,20 +136,20 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         if eval_dataset is not None:
             raise UsageError("--eval-dataset names the eval data to plan, and the plan holds its eval shapes; drop "
                              "--eval-dataset, or re-create the plan with it")
-        method = plan.method
+        spec = trainer_spec(plan.method)
         planned = _planned_args(plan, plan_path, device)
-        given = split_run_arguments(method, trl_args, model, split)
+        given = split_run_arguments(spec, trl_args, model, split)
         named = given_options(given)
         argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
     else:
-        method = method or DEFAULT_METHOD
-        argv = split_run_arguments(method, trl_args, model, split)
+        spec = trainer_spec(method or DEFAULT_METHOD)
+        argv = split_run_arguments(spec, trl_args, model, split)
     run_argv = device_argv(argv, device)
-    args, _ = with_guide_example(parse_training_args(method, run_argv), run_argv)
+    args, _ = with_guide_example(parse_training_args(spec, run_argv), run_argv)
     check_weight_files(args.model.model_name_or_path)  # warm loads the weights; a cut file fails every shape
-    warmer = make_warmer(method, args)
+    warmer = spec.warmer(args)
     if plan is None:
-        plan = analyze(method, argv, eval_source=eval_dataset)
+        plan = analyze(spec.name, argv, eval_source=eval_dataset)
     elif named:
         check_config(plan, args, planned, named)
     check_plan_fits_model(plan, args)
@@ -189,10 +169,11 @@ def _planned_args(plan: Plan, path: str, device: str) -> Any:
     """The plan's own arguments, parsed, with its recorded config checked as a command line's options are."""
     from ..adapters.grpo import with_guide_example
     from ..adapters.trl_args import check_recorded, parse_training_args
+    from .trainers import trainer_spec
 
     argv = device_argv(list(plan.config.get("argv", [])), device)
     try:
-        planned, _ = with_guide_example(parse_training_args(plan.method, argv), argv)
+        planned, _ = with_guide_example(parse_training_args(trainer_spec(plan.method), argv), argv)
         check_recorded(planned, plan.config)
     except UsageError as exc:
         raise PlanFileError(f"plan {path}: {exc}; re-create it with `shapeplan analyze -o PLAN`") from exc

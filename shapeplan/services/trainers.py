@@ -1,7 +1,8 @@
 """The registry of TRL trainers shapeplan plans and warms: one `TrainerSpec` per method.
 
-Every place that needs to know the methods (the CLI's choices, `analyze`, the default datasets, the warm runner,
-the tests) reads `TRAINERS`. The plan functions and warmers are imported only when a spec's `plan()` or `warmer()`
+Every place that needs to know the methods (the CLI's choices, `analyze`, `load_run`, the guard, the tests) reads
+`TRAINERS`; the layers below the services are handed the spec they need (`TrainingArgs.spec`), the class of which
+lives in `adapters/trainer.py`. The plan functions and warmers are imported only when a spec's `plan()` or `warmer()`
 is called, so reading the registry imports neither torch nor TRL (the CLI's `--help` stays fast).
 Adding a trainer: see docs/architecture.md.
 """
@@ -9,95 +10,14 @@ Adding a trainer: see docs/architecture.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from ..adapters.trainer import PhaseRules, PlanFunction, TrainerSpec
 from ..errors import UsageError
-from ..plan.model import LengthKind, Method, Phase, Plan
+from ..plan.model import Phase
 
 if TYPE_CHECKING:
-    from ..adapters.trl_args import TrainingArgs
     from ..warm.runner import Warmer
-
-# `plan(args, argv, *, eval_source, use_cache) -> Plan`, the shape of every adapter's entry point. Only SFT keeps a
-# row-length cache so far (its datasets are the large ones); the others take `use_cache` so that every adapter has
-# the same signature.
-PlanFunction = Callable[..., Plan]
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseRules:
-    """How one trainer's model calls map to the plan's phases (shapeplan/guard/recorder.py applies them)."""
-
-    generates: bool = False  # the policy's `generate` calls are generate / eval_generate
-    logits_helper: str | None = None  # trainer method whose 4th argument, logits_to_keep, tags the forwards inside
-    no_grad_phase: Phase | None = None  # the policy's no-grad forward in train mode (None: it is `train`)
-    kl_helper: str | None = None  # trainer method inside which forwards are KL rows
-    ref_eval_twins: bool = False  # the ref model's forwards in the eval loop are eval_ref (GRPO/RLOO keep `ref`)
-    precompute: bool = False  # forwards before training are the reference precompute pass
-    backbone: bool = False  # the backbones (`base_model`) of student and teacher carry the phases
-    varlen: bool = False  # padding-free kwargs (cu_seq_lens_q, max_length_q) are recorded
-    unpadded: bool = False  # whether each batch holds padding is recorded
-    # the completion-token counts the loss selects by mask (`_compute_loss`'s inputs["completion_mask"]) are
-    # recorded: "halves" (DPO: the chosen and the rejected half of the batch) or "labels" (KTO: the desirable and
-    # the undesirable rows, and how many rows are desirable)
-    loss_masks: Literal["halves", "labels"] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TrainerSpec:
-    """What shapeplan knows about one TRL method.
-
-    `script`: the `trl.scripts` module whose parser reads the run's options (`trl <name>`); `trainer_class` and
-    `config_class`: TRL's names (attributes of `trl`). `default_dataset` and `guide_options`: what TRL's Trainium
-    guide runs, planned when the user gives no dataset / no training option; `guide_reward_funcs`: the guide
-    example's reward functions (Python functions of its script, not TRL registry names: the warm-up keeps only
-    their number, which sizes the rewards tensor). `phases`: every phase its plans can
-    hold. `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
-    completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
-    neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
-    `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart. `collated`: what its
-    collator makes of a batch of examples, which accelerate's dispatch_batches slices by rows: "rows" (one row per
-    example in every tensor), "halves" (every example's chosen sequence, then every rejected one) or "examples" (the
-    list of example dicts itself, strings included, which accelerate can neither concatenate nor broadcast).
-    """
-
-    name: Method
-    script: str
-    trainer_class: str
-    config_class: str
-    default_dataset: str
-    plan_function: Callable[[], PlanFunction]
-    warmer_class: Callable[[], Callable[[Any], Warmer[Any]]]
-    phases: tuple[Phase, ...]
-    guide_options: tuple[str, ...] = ()
-    guide_reward_funcs: tuple[str, ...] = ()
-    generates: bool = False
-    lengths: LengthKind | None = None
-    old_logprobs_always: bool = False
-    phase_rules: PhaseRules = PhaseRules()
-    collated: Literal["rows", "halves", "examples"] = "rows"
-
-    def plan(self, args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
-             use_cache: bool = True) -> Plan:
-        return self.plan_function()(args, argv, eval_source=eval_source, use_cache=use_cache)
-
-    def warmer(self, args: Any) -> Warmer[Any]:
-        """The method's warmer for the run `args` (its TrainingArgs)."""
-        return self.warmer_class()(args)
-
-    def trainer(self) -> Any:
-        """TRL's trainer class."""
-        import trl
-
-        return getattr(trl, self.trainer_class)
-
-    def config(self) -> Any:
-        """TRL's config class."""
-        import trl
-
-        return getattr(trl, self.config_class)
-
 
 # -- plan functions and warmer classes, imported when used ---------------------------------------------------------
 
@@ -223,6 +143,8 @@ _SPECS = (
 TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}
 METHODS: tuple[str, ...] = tuple(TRAINERS)
 DEFAULT_METHOD = _SPECS[0].name  # what `--method` defaults to: SFT, the trainer most runs use
+# the methods whose token lengths `advise` and `analyze --histogram` read (`TrainerSpec.lengths`)
+MEASURED: tuple[str, ...] = tuple(name for name, spec in TRAINERS.items() if spec.lengths is not None)
 
 
 def trainer_spec(method: str) -> TrainerSpec:

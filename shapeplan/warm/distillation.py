@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan.model import Phase
-from ..services.trainers import trainer_spec
 from .generation import GenerationWarmer
 
 # The forwards of a round: on the train side, and in the eval loop.
@@ -45,7 +44,7 @@ class DistillationWarmer(GenerationWarmer):
                                    attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
         teacher_init_kwargs.update(cfg.teacher_model_init_kwargs or {})
         cfg.teacher_model_init_kwargs = teacher_init_kwargs
-        return trainer_spec(self.method).trainer()(
+        return self.args.spec.trainer()(
             model=model_args.model_name_or_path,
             teacher_model=cfg.teacher_model_name_or_path,
             args=cfg,

@@ -40,7 +40,6 @@ from typing import Any, cast
 from ..adapters.lora import inner_model
 from ..errors import UsageError, first_line
 from ..plan.model import Plan
-from ..services.trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .rounds import (
     EVAL_ROUND_PHASES,
@@ -157,7 +156,7 @@ class GenerationWarmer:
         import trl
 
         model_args = self.args.model
-        return trainer_spec(self.method).trainer()(
+        return self.args.spec.trainer()(
             model=model_args.model_name_or_path,
             reward_funcs=self.reward_funcs,
             args=self.config,

@@ -12,7 +12,6 @@ from typing import Any, Protocol
 from ..errors import PlanFileError, UsageError
 from ..plan.io import dumps
 from ..plan.model import Plan
-from ..services.trainers import TRAINERS
 from .backends.base import Backend
 from .manifest import Manifest, check_same_peft, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask
@@ -52,13 +51,6 @@ class Warmer(Protocol[TaskT]):
         """Run `tasks`; `context` is every task of the plan (a warmer may need an already warmed one to carry
         the eval loop). Calls tracker.start() before the first, then charge/finish/fail per task."""
         ...
-
-
-def make_warmer(method: str, args: Any) -> Warmer[Any]:
-    """The warmer of `method` (its `TrainerSpec`) for the run `args`."""
-    if method not in TRAINERS:
-        raise PlanFileError(f"`shapeplan warm` cannot run {method} plans yet; supported: {', '.join(TRAINERS)}")
-    return TRAINERS[method].warmer(args)
 
 
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None,

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
-from ..services.trainers import trainer_spec
 from .identity import check_plan_identity, environment, load_run_tokenizer
 from .model import WarmTask
 from .runner import WARMED_PHASES, tasks_from_plan
@@ -245,7 +244,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
 
     def trainer_type(self) -> Any:
         """The TRL trainer class the warm-up builds."""
-        return trainer_spec(self.method).trainer()
+        return self.args.spec.trainer()
 
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
         """The trainer as `trl <method>`'s main() builds it, on already prepared synthetic rows."""

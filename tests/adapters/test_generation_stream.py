@@ -16,6 +16,7 @@ from shapeplan.adapters.data import load_dataset_source
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.errors import DatasetError, ShapeplanError, UsageError
 from shapeplan.services.analyze import analyze
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 GRPO = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--gradient_accumulation_steps", "2"]
@@ -80,7 +81,7 @@ def _real_passes(source: Any, args: Any, passes: int, micro: int) -> list[list[l
 def test_the_planned_order_is_the_prepared_dataloaders(kind: str, ranks: int, shuffle: bool, split: bool,
                                                         tmp_path: Path) -> None:
     source = load_dataset_source(str(_source(tmp_path, kind)), streaming=True)["train"]
-    args = parse_training_args("grpo", ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *GRPO,
+    args = parse_training_args(TRAINERS["grpo"], ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *GRPO,
                                         "--max_steps", "7", "--seed", "5", "--shuffle_dataset", str(shuffle),
                                         "--num_processes", str(ranks),
                                         "--accelerator_config", json.dumps({"split_batches": split})])
@@ -111,7 +112,7 @@ def test_planning_reads_only_what_the_run_consumes_and_the_shuffle_buffer() -> N
                 yield {"prompt": f"{n} words"}
         return datasets.IterableDataset.from_generator(generate)
 
-    args = parse_training_args("grpo", ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *GRPO,
+    args = parse_training_args(TRAINERS["grpo"], ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *GRPO,
                                         "--max_steps", "5"])
     repeat = generation_stream.Repeat(2, 2, 2)
     counts = []
@@ -157,5 +158,5 @@ def test_histogram_and_advise_refuse_a_stream(method: str) -> None:
     from shapeplan.adapters.row_lengths import train_lengths
 
     with pytest.raises(UsageError, match=r"^--histogram and advise read the length of every train row"):
-        train_lengths(method, ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL),
+        train_lengths(TRAINERS[method], ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL),
                                "--dataset_streaming", "--max_steps", "2"])

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from shapeplan.adapters import length_cache, lengths
 from shapeplan.adapters.sft import prepare_rows
 from shapeplan.cli import cli
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 
@@ -102,5 +103,6 @@ def test_no_cache_collides_with_no_trl_or_accelerate_option() -> None:
 
     from shapeplan.adapters.trl_args import make_parser
 
-    taken = set(make_parser("sft")._option_string_actions) | set(launch_command_parser()._option_string_actions)
+    taken = set(make_parser(TRAINERS["sft"])._option_string_actions) | \
+        set(launch_command_parser()._option_string_actions)
     assert {"--no-cache", "--no_cache"}.isdisjoint(taken)

@@ -11,11 +11,13 @@ from shapeplan.adapters import sft, stream
 from shapeplan.adapters.data import load_dataset_source, load_tokenizer
 from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.services.analyze import analyze
+from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR, write_short_text_rows
 
 
 def _config(argv: list[str]):  # type: ignore[no-untyped-def]
-    return parse_training_args("sft", ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL), *argv]).training
+    return parse_training_args(TRAINERS["sft"], ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL),
+                                                 *argv]).training
 
 
 # (data, TRL options): plain text across TRL's 1000-row pack batches; conversational; prompt-completion rows whose
@@ -77,7 +79,7 @@ def test_preference_stream_rows_equal_the_map_style_preparation(method: str) -> 
     import importlib
 
     data, argv = PREFERENCE[method]
-    config = parse_training_args(method, ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL),
+    config = parse_training_args(TRAINERS[method], ["--dataset_name", "x", "--model_name_or_path", str(TINY_MODEL),
                                           *argv]).training
     adapter = importlib.import_module(f"shapeplan.adapters.{method}")
     tokenizer = load_tokenizer(str(TINY_MODEL))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shapeplan.adapters.trl_args import split_dataset_argument
+from shapeplan.services.trainers import TRAINERS
 
 
 @pytest.mark.parametrize("tokens, dataset", [
@@ -17,6 +18,6 @@ from shapeplan.adapters.trl_args import split_dataset_argument
     (["--reward_funcs", "a", "b", "--max_steps", "3"], None),  # a list option's values
 ])
 def test_the_dataset_is_the_first_token_no_option_takes(tokens: list[str], dataset: str | None) -> None:
-    found, rest = split_dataset_argument("grpo" if "--reward_funcs" in tokens else "sft", tokens)
+    found, rest = split_dataset_argument(TRAINERS["grpo" if "--reward_funcs" in tokens else "sft"], tokens)
     assert found == dataset
     assert rest == [t for t in tokens if t != dataset]

@@ -85,7 +85,7 @@ def test_compile_minutes_option_is_no_trl_or_accelerate_option() -> None:
 
     names = {"--generate-compile-minutes", "--generate_compile_minutes"}
     for method in ("grpo", "rloo"):
-        assert not names & set(make_parser(method)._option_string_actions)
+        assert not names & set(make_parser(TRAINERS[method])._option_string_actions)
     assert not names & set(launch_command_parser()._option_string_actions)
 
 

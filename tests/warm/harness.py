@@ -19,7 +19,7 @@ from shapeplan.warm.backends.inductor import InductorBackend
 from shapeplan.warm.cachedir import check_cache_dir
 from shapeplan.warm.model import WarmReport
 from shapeplan.warm.opsig import OpRecorder, Signature, outside_data_loading
-from shapeplan.warm.runner import make_warmer, warm
+from shapeplan.warm.runner import warm
 from tests.conftest import TINY_MODEL
 
 T = TypeVar("T")
@@ -75,7 +75,7 @@ def warm_plan(plan: Plan, cache_dir: Path, *, verify: bool = False) -> WarmRepor
     backend = InductorBackend("cpu")
     cache_dir = check_cache_dir(cache_dir)
     backend.prepare(cache_dir)
-    warmer = make_warmer(plan.method, parse_training_args(plan.method, plan.config["argv"]))
+    warmer = TRAINERS[plan.method].warmer(parse_training_args(TRAINERS[plan.method], plan.config["argv"]))
     return warm(plan, warmer, backend, cache_dir, verify=verify)
 
 

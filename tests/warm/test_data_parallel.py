@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shapeplan.services.trainers import TRAINERS
 from shapeplan.warm.model import WarmTask
 from tests.conftest import ROOT
 from tests.warm.harness import plan_for, run_argv
@@ -116,7 +117,7 @@ def test_every_rank_runs_as_many_optimizer_steps_and_eval_passes(tmp_path: Path,
     from shapeplan.adapters.trl_args import parse_training_args
     from shapeplan.warm.sft import SFTWarmer
 
-    warmer = SFTWarmer(parse_training_args("sft", run_argv(TEXT, ["--num_processes", "2"], tmp_path)))
+    warmer = SFTWarmer(parse_training_args(TRAINERS["sft"], run_argv(TEXT, ["--num_processes", "2"], tmp_path)))
     warmer.eval_pass = 3  # batches a planned eval pass runs on each rank
     train, other, evals = WarmTask("train", 2, 128), WarmTask("train", 2, 256), WarmTask("eval", 4, 192, per_pass=4)
     warmer.shares = [[train, other, evals], []]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.adapters.trl_args import parse_training_args
+from shapeplan.services.trainers import TRAINERS
 from shapeplan.warm.distillation import DistillationWarmer
 from tests.conftest import TLDR
 from tests.warm.grpo_harness import device_ops, plan_for, real_run, run_argv, warm_plan
@@ -63,7 +64,8 @@ def test_cli_warms_every_generate_task_once_and_verify_passes(tmp_path: Path) ->
     analyzed = _shapeplan("analyze", "--method", "distillation", str(data), *run, "-o", str(plan_path))
     assert analyzed.returncode == 0, analyzed.stderr
     plan = load_plan(plan_path)
-    keys = [t.key for t in DistillationWarmer(parse_training_args(plan.method, plan.config["argv"])).tasks(plan)]
+    args = parse_training_args(TRAINERS[plan.method], plan.config["argv"])
+    keys = [t.key for t in DistillationWarmer(args).tasks(plan)]
     generate = [s for s in plan.shapes if s.phase == "generate"]
     assert len(keys) == len(generate) >= 2
 

@@ -27,7 +27,7 @@ WRITTEN = {
 @pytest.mark.parametrize("method", sorted(WRITTEN))
 def test_the_environment_of_a_run_is_what_earlier_versions_wrote(method: str) -> None:
     argv, config_hash = WRITTEN[method]
-    environment = TRAINERS[method].warmer(parse_training_args(method, [*RUN, *argv])).environment()
+    environment = TRAINERS[method].warmer(parse_training_args(TRAINERS[method], [*RUN, *argv])).environment()
     assert set(environment.pop("versions")) == {"torch", "trl", "transformers", "accelerate"}
     assert environment == {"method": method, "model": "org/model", "world_size": 1, "config_hash": config_hash,
                            "dtype": {"model": "float32", "bf16": False, "fp16": False}}
@@ -35,7 +35,7 @@ def test_the_environment_of_a_run_is_what_earlier_versions_wrote(method: str) ->
 
 def test_only_options_that_change_the_compiled_code_change_the_hash() -> None:
     def config_hash(*argv: str) -> str:
-        args = parse_training_args("sft", [*RUN, *argv])
+        args = parse_training_args(TRAINERS["sft"], [*RUN, *argv])
         return str(TRAINERS["sft"].warmer(args).environment()["config_hash"])
 
     base = config_hash()
@@ -45,7 +45,7 @@ def test_only_options_that_change_the_compiled_code_change_the_hash() -> None:
 
 def test_a_peft_run_records_its_adapter_settings() -> None:
     def environment(*argv: str) -> dict:  # type: ignore[type-arg]
-        return TRAINERS["sft"].warmer(parse_training_args("sft", [*RUN, *argv])).environment()
+        return TRAINERS["sft"].warmer(parse_training_args(TRAINERS["sft"], [*RUN, *argv])).environment()
 
     lora = environment(*LORA)
     assert lora["peft"] == {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear",

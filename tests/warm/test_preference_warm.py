@@ -31,7 +31,8 @@ def test_counted_batch_holds_the_counts_and_the_longest_row() -> None:
 
 
 def _warmer(method: str, argv: list[str]) -> Any:
-    return TRAINERS[method].warmer(parse_training_args(method, ["--model_name_or_path", str(TINY_MODEL), *argv]))
+    spec = TRAINERS[method]
+    return spec.warmer(parse_training_args(spec, ["--model_name_or_path", str(TINY_MODEL), *argv]))
 
 
 @pytest.mark.parametrize("max_length", [None, 300])
