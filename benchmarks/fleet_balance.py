@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shapeplan.warm.model import WarmTask  # noqa: E402
-from shapeplan.warm.parallel import task_cost  # noqa: E402
 from shapeplan.warm.rounds import GenerateTask  # noqa: E402
-from shapeplan.warm.shards import Shard, shard_tasks  # noqa: E402
+from shapeplan.warm.shards import Shard, shard_tasks, task_cost  # noqa: E402
 from tests.conftest import CAPYBARA  # noqa: E402  (offline environment, sample data)
 from tests.warm.harness import run_argv  # noqa: E402
 

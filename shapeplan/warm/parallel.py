@@ -1,5 +1,5 @@
-"""Warming on several cores at once: the tasks split over worker processes (one per NeuronCore group) or over the
-ranks of `accelerate launch`, every process recording into the one manifest under a lock.
+"""Warming on several cores at once: the tasks dealt (`shards.split`) to worker processes (one per NeuronCore
+group) or to the ranks of `accelerate launch`, every process recording into the one manifest under a lock.
 
 A process learns its part from its environment: SHAPEPLAN_WORKER=i/n (set by `shapeplan warm --workers n` for
 each worker it starts), or RANK/WORLD_SIZE (set by `accelerate launch` / torchrun for each rank).
@@ -14,17 +14,14 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..adapters.host import usable_cores
 from ..errors import UsageError
-from ..plan.cost import TRAIN_SHAPE_MINUTES
 
 WORKER_ENV = "SHAPEPLAN_WORKER"
 # Host memory one worker needs, in GiB: the Neuron compiler takes several GiB per graph of a 0.6B model.
 WORKER_MEMORY_GIB = {"neuron": 24.0, "cuda": 8.0, "cpu": 2.0}
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,28 +55,6 @@ def _index(name: str, text: str, count: str) -> int:
         raise UsageError(f"{name}={os.environ.get(name)!r} is not a process index below {count}; set by `shapeplan "
                          "warm --workers` and `accelerate launch`, it is not set by hand: unset it")
     return int(text)
-
-
-def task_cost(task: Any) -> tuple[float, int]:
-    """Estimated compile minutes of a task (its own estimate, else one train shape), then its size."""
-    return float(getattr(task, "cost", TRAIN_SHAPE_MINUTES)), task.batch * task.seq
-
-
-def _longest_first(task: Any) -> tuple[float, int, str]:
-    cost, size = task_cost(task)
-    return -cost, -size, task.key
-
-
-def split(tasks: Sequence[T], count: int) -> list[list[T]]:
-    """Longest first: each task, costliest first (ties by task key, so the split depends on the tasks alone, not
-    their order), goes to the least loaded share (ties: the lowest share); each share keeps plan order."""
-    loads = [0.0] * count
-    owner: dict[int, int] = {}
-    for i in sorted(range(len(tasks)), key=lambda i: _longest_first(tasks[i])):
-        share = min(range(count), key=lambda s: (loads[s], s))
-        owner[i] = share
-        loads[share] += task_cost(tasks[i])[0]
-    return [[t for i, t in enumerate(tasks) if owner[i] == s] for s in range(count)]
 
 
 @contextlib.contextmanager

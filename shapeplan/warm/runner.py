@@ -15,8 +15,8 @@ from ..plan.model import Plan
 from .backends.base import Backend
 from .manifest import Manifest, check_same_peft, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask
-from .parallel import current_part, split
-from .shards import Shard, shard_tasks
+from .parallel import current_part
+from .shards import Shard, shard_tasks, split
 from .tracker import Progress, TaskT, Tracker
 
 # Phases the trainer-loop warmers run as tasks (DPO and KTO add `ref_precompute`); a warmer's `inner_phases` run

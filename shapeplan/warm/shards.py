@@ -1,6 +1,7 @@
 """One plan warmed by many instances: shard I of N takes its share of the plan's tasks, computed from the plan
-alone (`parallel.split`), so the shards of a Slurm array, a Kubernetes Indexed Job or an AWS Batch array job need
-no coordinator and no lock spanning hosts. I/N comes from `--shard`, else from the scheduler's environment.
+alone (`split`, which deals the tasks to `--workers` and to the ranks of `accelerate launch` too), so the shards of
+a Slurm array, a Kubernetes Indexed Job or an AWS Batch array job need no coordinator and no lock spanning hosts.
+I/N comes from `--shard`, else from the scheduler's environment.
 """
 
 from __future__ import annotations
@@ -8,14 +9,36 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import UsageError
-from .parallel import split
+from ..plan.cost import TRAIN_SHAPE_MINUTES
 
 T = TypeVar("T")
 
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+
+
+def task_cost(task: Any) -> tuple[float, int]:
+    """Estimated compile minutes of a task (its own estimate, else one train shape), then its size."""
+    return float(getattr(task, "cost", TRAIN_SHAPE_MINUTES)), task.batch * task.seq
+
+
+def _longest_first(task: Any) -> tuple[float, int, str]:
+    cost, size = task_cost(task)
+    return -cost, -size, task.key
+
+
+def split(tasks: Sequence[T], count: int) -> list[list[T]]:
+    """Longest first: each task, costliest first (ties by task key, so the split depends on the tasks alone, not
+    their order), goes to the least loaded share (ties: the lowest share); each share keeps plan order."""
+    loads = [0.0] * count
+    owner: dict[int, int] = {}
+    for i in sorted(range(len(tasks)), key=lambda i: _longest_first(tasks[i])):
+        share = min(range(count), key=lambda s: (loads[s], s))
+        owner[i] = share
+        loads[share] += task_cost(tasks[i])[0]
+    return [[t for i, t in enumerate(tasks) if owner[i] == s] for s in range(count)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,11 @@ from shapeplan.warm.parallel import (
     Part,
     core_groups,
     current_part,
-    split,
     worker_count,
     worker_env,
 )
 from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep, task_rounds
+from shapeplan.warm.shards import split
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
 from tests.warm.harness import run_argv as sft_argv
