@@ -29,10 +29,12 @@ test: install browser
 test-fast: install browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
 
-# Settings: pyproject.toml ([tool.ruff], [tool.mypy], strict on the planning core), mkdocs.yml (broken links fail).
+# Settings: pyproject.toml ([tool.ruff], [tool.mypy] strict on the planning core, [tool.importlinter] the layers of
+# docs/architecture.md and no import cycle), mkdocs.yml (broken links fail).
 lint: install
 	$(VENV)/bin/ruff check shapeplan tests benchmarks scripts
 	$(VENV)/bin/mypy shapeplan
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The docs site (mkdocs.yml; strict: a broken link or anchor fails), into site/.
