@@ -53,7 +53,7 @@ from .rounds import (
     task_rounds,
 )
 from .tracker import Tracker
-from .trainer_loop import callback_base, last_step_logs, run_logs, script_config
+from .trainer_setup import callback_base, last_step_logs, run_logs, script_config
 
 
 @dataclass
@@ -282,7 +282,7 @@ def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remaind
     remainder."""
     import datasets
 
-    from .trainer_loop import prepared_loader
+    from .trainer_setup import prepared_loader
 
     rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
     batches, start = [], 0

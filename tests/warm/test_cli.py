@@ -103,7 +103,7 @@ def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -
     stale.mkdir()
     (stale / "trainer_state.json").write_text("{}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", "from shapeplan.warm.trainer_loop import _scratch_output_dir as s; "
+    done = subprocess.run([sys.executable, "-c", "from shapeplan.warm.trainer_setup import _scratch_output_dir as s; "
                            "import os; print(os.path.isdir(s()))"], env=env, capture_output=True, text=True,
                           check=True, timeout=300)
     assert done.stdout.strip() == "True"
