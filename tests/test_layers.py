@@ -1,0 +1,26 @@
+"""The package root shows the flow: the public API, `errors` and folders, each folder a layer of the import-linter
+contract that `make lint` checks (docs/architecture.md), so a new folder or a loose module cannot escape it."""
+
+from __future__ import annotations
+
+import tomllib
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "shapeplan"
+
+
+def _layers() -> set[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    return {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+
+
+def test_the_root_holds_no_loose_module() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "errors.py"], "put a service into shapeplan/services/"
+
+
+def test_every_folder_and_module_of_the_root_is_a_layer() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert _layers() == folders | {"errors"}
