@@ -8,23 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..plan.model import Plan
 from .trainers import MEASURED, trainer_spec
 
+if TYPE_CHECKING:
+    from ..adapters.trainer import TrainerSpec
+    from ..adapters.trl_args import TrainingArgs
+
 
 def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
-            progress_bars: bool = True) -> Plan:
+            progress_bars: bool = True, parsed: TrainingArgs | None = None) -> Plan:
     """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`); `eval_source` is
     a dataset to plan the eval loop on instead of the dataset's test split.
 
     `use_cache=False` plans afresh, neither reading nor writing the plan cache and the row-length cache.
     `progress_bars=False` keeps datasets' progress bars (tokenizing) off stderr.
+    `parsed`: the run already parsed from exactly ARGV (`parse_training_args`, as `load_run` has it), planned
+    without parsing it again.
     """
     words = [*argv, *(["--eval-dataset", eval_source] if eval_source else [])]
-    return _cached(method, words, lambda: list(argv), eval_source=eval_source, use_cache=use_cache,
-                   progress_bars=progress_bars)
+    return _cached(trainer_spec(method), words, lambda: list(argv), parsed=parsed, eval_source=eval_source,
+                   use_cache=use_cache, progress_bars=progress_bars)
 
 
 def analyze_command_line(method: str, words: Sequence[str], *, model: str | None = None, split: str | None = None,
@@ -37,19 +44,19 @@ def analyze_command_line(method: str, words: Sequence[str], *, model: str | None
     key_words = [*words, *(["--model", model] if model else []), *(["--split", split] if split else []),
                  *(["--eval-dataset", eval_source] if eval_source else [])]
     # the key is read from the words as given: finding the bare DATASET among them takes TRL's parser
-    return _cached(method, key_words, lambda: split_run_arguments(spec, words, model, split),
+    return _cached(spec, key_words, lambda: split_run_arguments(spec, words, model, split), parsed=None,
                    eval_source=eval_source, use_cache=use_cache, progress_bars=progress_bars)
 
 
-def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]], *, eval_source: str | None,
-            use_cache: bool, progress_bars: bool) -> Plan:
-    """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()`, stored under them."""
+def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list[str]], *,
+            parsed: TrainingArgs | None, eval_source: str | None, use_cache: bool, progress_bars: bool) -> Plan:
+    """The plan cache's plan for `key_words`, or the plan of TRL's `run_argv()` (`parsed`, where the caller has
+    parsed it), stored under them."""
     from ..adapters import plan_cache
     from ..adapters.host import workers_setting
 
     workers_setting()  # a bad $SHAPEPLAN_WORKERS is refused whether or not this run forks
-    spec = trainer_spec(method)
-    key = plan_cache.plan_key(method, key_words) if use_cache else None
+    key = plan_cache.plan_key(spec.name, key_words) if use_cache else None
     plan = plan_cache.load(key) if key is not None else None
     if plan is None:
         argv = run_argv()  # first: a mistyped option is refused in the time TRL's parser takes, before datasets loads
@@ -58,7 +65,7 @@ def _cached(method: str, key_words: list[str], run_argv: Callable[[], list[str]]
         from ..adapters.trl_args import parse_training_args
         from ..warm.identity import beyond_position_embeddings
 
-        args = parse_training_args(spec, argv)
+        args = parsed or parse_training_args(spec, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
             plan = spec.plan(args, argv, eval_source=eval_source, use_cache=use_cache)
         beyond = beyond_position_embeddings(plan, args)

@@ -145,11 +145,17 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         spec = trainer_spec(method or DEFAULT_METHOD)
         argv = split_run_arguments(spec, trl_args, model, split)
     run_argv = device_argv(argv, device)
-    args, _ = with_guide_example(parse_training_args(spec, run_argv), run_argv)
+    if plan is not None and not named:
+        args = planned  # the plan's own arguments, parsed and checked once
+    else:
+        parsed = parse_training_args(spec, run_argv)
+        args, _ = with_guide_example(parsed, run_argv)
     check_weight_files(args.model.model_name_or_path)  # warm loads the weights; a cut file fails every shape
     warmer = spec.warmer(args)
     if plan is None:
-        plan = analyze(spec.name, argv, eval_source=eval_dataset)
+        # parsed once: planning reads the run as parsed unless the device turned `use_cpu` off, which planning
+        # keeps on to run anywhere
+        plan = analyze(spec.name, argv, eval_source=eval_dataset, parsed=parsed if run_argv == argv else None)
     elif named:
         check_config(plan, args, planned, named)
     check_plan_fits_model(plan, args)
