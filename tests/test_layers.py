@@ -24,3 +24,15 @@ def test_the_root_holds_no_loose_module() -> None:
 def test_every_folder_and_module_of_the_root_is_a_layer() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert _layers() == folders | {"errors"}
+
+
+def test_no_module_imports_one_that_imports_it() -> None:
+    """No import cycle between any two modules, a package and its own modules included (the linter's sibling
+    contract does not see those), imports inside functions counted."""
+    import grimp
+
+    graph = grimp.build_graph("shapeplan", cache_dir=None)
+    cycles = sorted((module, imported) for module in graph.modules
+                    for imported in graph.find_modules_directly_imported_by(module)
+                    if graph.find_shortest_chain(importer=imported, imported=module))
+    assert cycles == []

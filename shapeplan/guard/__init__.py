@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-# What a guarded run does with a shape its plan lacks.
-MODES = ("warn", "error", "record")
+from .modes import MODES
 
 
 def __getattr__(name: str) -> object:

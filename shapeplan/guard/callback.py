@@ -22,7 +22,7 @@ from ..errors import UnplannedShapeError, UsageError
 from ..plan.counter import ShapeCounter
 from ..plan.io import load_plan
 from ..plan.model import Plan, Shape
-from . import MODES
+from .modes import MODES
 from .record import CompileEvent, build_record, gather, write_record
 from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
 
