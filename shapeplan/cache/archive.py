@@ -1,25 +1,21 @@
 """Portable compile caches, for baking into machine images: a warmed cache dir with its manifest, a checksum per
-file and the environment its code was compiled in, as one .tar.gz.
+file and the environment its code was compiled in, as one .tar.gz; written (`export_cache`), merged from shards
+(`merge_archives`), and read with bounds on every size (`read_info`, `archived_plans`, `extract`). Importing one
+into a cache dir: cache/archive_import.py.
 
 The archive holds `shapeplan-archive.json` first (schema, environment, sha256 of every file, their expanded total),
-then the cache dir's files under `cache/`. Importing reads that metadata and checks the environment and the size
-limits before extracting anything; it extracts into a staging folder inside the target (so that the last step is a
-rename on one filesystem, which also works on an empty mount point), checks every file against its checksum and
-the manifest, then moves the staged files into the target and writes a completion marker last. An import killed
-before the marker leaves a staging folder without a marker: `warm` refuses such a dir and the next import clears it.
+then the cache dir's files under `cache/`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import gzip
 import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import tarfile
 import tempfile
@@ -29,30 +25,25 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..plan.io import remove_stale, temp_file, write_atomic
-from ..warm.manifest import MANIFEST, check_same_peft, machine_environment, mismatches, read_merged
+from ..plan.io import remove_stale, temp_file
+from ..warm.manifest import MANIFEST, mismatches, read_merged
+from .contents import (
+    CHUNK,
+    IMPORT_MARKER,
+    STAGING_PREFIX,
+    cache_environment,
+    cache_files,
+    is_temporary,
+    refuse_incomplete_import,
+    sha256_of,
+)
 from .limits import DEFAULT_LIMITS, Limits
 
 ARCHIVE_META = "shapeplan-archive.json"
 ARCHIVE_SCHEMA = 2  # 2: records the expanded total
 PREFIX = "cache"
-_CHUNK = 1 << 20
-# In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
-# writes last.
-STAGING_PREFIX = ".shapeplan-importing-"
-IMPORT_MARKER = ".shapeplan-import-complete"
-# A `cache pull` (cache/store.py) stages into `PULL_STAGING<pid>-*` and, once every file is checked, writes
-# `PULL_JOURNAL` there before moving them in: a staging folder with a journal is a pull that must be finished.
-PULL_STAGING = ".shapeplan-pulling-"
-PULL_JOURNAL = "journal.json"
 _HEADER_LIMIT = 1 << 20  # a pax or GNU long-name header holds a path, never more than this
-# In-flight writes: TorchNeuron's `<name>.tmp.XXXXXX` (renamed into place when done), `*.tmp` of its Python compile
-# path and of shapeplan's own atomic writes.
-_TEMPORARY = re.compile(r"(\.tmp\.[A-Za-z0-9_]{6}|\.tmp)$")
 
-
-def is_temporary(name: str) -> bool:
-    return bool(_TEMPORARY.search(name))
 
 @dataclass(frozen=True, slots=True)
 class ArchiveInfo:
@@ -65,47 +56,6 @@ class ArchiveInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"archive": self.path, "environment": self.environment, "files": len(self.files),
                 "shapes": self.shapes}
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def cache_files(cache_dir: Path) -> Iterator[Path]:
-    """The cache's files, sorted; lock files, in-progress temporaries and imports' and pulls' staging are left
-    out."""
-    for path in sorted(cache_dir.rglob("*")):
-        if path.name == IMPORT_MARKER or any(part.startswith((STAGING_PREFIX, PULL_STAGING)) for part in path.parts):
-            continue
-        if path.is_symlink():
-            raise CacheError(f"{path} is a symbolic link; a cache to export must hold only files and folders")
-        name = path.name
-        if path.is_file() and not (name.endswith(".lock") or name.startswith(".shapeplan-probe-")
-                                   or is_temporary(name)):
-            yield path
-
-
-def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
-    """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count,
-    from all its manifest files (a shard's too)."""
-    from ..warm.manifest import read_merged
-
-    merged = read_merged(cache_dir)
-    if not merged.files:
-        raise CacheError(f"{cache_dir} has no {MANIFEST}; warm it with `shapeplan warm --cache-dir {cache_dir}` first")
-    sections = merged.environments.values()
-    found = {json.dumps({"versions": s["environment"].get("versions"), "compiler": s["environment"].get("compiler")},
-                        sort_keys=True) for s in sections}
-    if len(found) != 1:
-        raise CacheError(f"{cache_dir} holds shapes warmed with {len(found)} different package versions or compiler "
-                         "settings; export a cache dir warmed in one environment")
-    warmed = sum(1 for s in sections for entry in s["shapes"].values() if entry["status"] in ("compiled", "cached"))
-    return json.loads(found.pop()), warmed
-
 
 def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     """Write `cache_dir` (a warmed cache) to `archive` atomically."""
@@ -220,7 +170,7 @@ def merge_archives(parts: list[Path], output: Path, limits: Limits = DEFAULT_LIM
         raise CacheError(f"cannot write {output}: {exc.strerror}; choose a writable path with -o") from exc
     try:
         for info in reversed(infos):  # the first part's build of a native object (`_same_build`) is written last
-            missing = set(info.files) - _extract(Path(info.path), info, staging, limits)
+            missing = set(info.files) - extract(Path(info.path), info, staging, limits)
             if any(not is_temporary(name) for name in missing):
                 raise CacheError(f"{info.path} is damaged: {sorted(missing)[0]} is listed but missing; export it "
                                  "again")
@@ -257,7 +207,7 @@ class _Counted(io.RawIOBase):
 
     def drain(self) -> None:
         """Read to the end of the gzip stream, which checks its CRC and length: a truncated stream raises."""
-        while self.read(_CHUNK):
+        while self.read(CHUNK):
             pass
 
 
@@ -358,7 +308,6 @@ def read_info(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ArchiveInfo:
 def archived_plans(archive: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, dict[str, Any]]:
     """The merged manifest sections of the archive's manifest files (read from the stream, nothing extracted but
     them, into a temporary folder), for `cache inspect`."""
-    from ..warm.manifest import read_merged
 
     with tempfile.TemporaryDirectory(prefix="shapeplan-inspect-") as folder, _stream_errors(archive), \
             _open(archive, _cap(limits)) as (tar, _):
@@ -391,156 +340,7 @@ def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:
         raise CacheError(f"{archive} has a link or special file ({member.name}); refusing it")
     return PurePosixPath(*name.parts[1:]).as_posix()
 
-
-def refuse_incomplete_import(cache_dir: Path) -> None:
-    """Refuse a cache dir an import is filling, or was filling when it was killed, or a pull was moving files into
-    (a pull still downloading leaves the cache as it was: it is not refused)."""
-    if cache_dir.is_dir() and not (cache_dir / IMPORT_MARKER).exists() \
-            and any(cache_dir.glob(f"{STAGING_PREFIX}*")):
-        raise CacheError(f"{cache_dir} holds an unfinished `shapeplan cache import` (running, or killed); wait for "
-                         "it, or run the import again, which clears it")
-    if cache_dir.is_dir() and any(cache_dir.glob(f"{PULL_STAGING}*/{PULL_JOURNAL}")):
-        raise CacheError(f"{cache_dir} holds an unfinished `shapeplan cache pull` (moving files in, or killed "
-                         "doing so); wait for it, or run the pull again, which finishes it")
-
-
-def _clear_stale_import(target: Path) -> None:
-    """Under the import lock: remove what a killed import left. Without its completion marker, everything in the
-    folder was written by that import (an import starts on an empty folder and holds the lock throughout)."""
-    stale = list(target.glob(f"{STAGING_PREFIX}*"))
-    if not stale:
-        return
-    complete = (target / IMPORT_MARKER).exists()
-    for path in target.iterdir() if not complete else stale:
-        if path.name == "lost+found" and os.path.ismount(target):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def import_cache(archive: Path, cache_dir: Path, *, device: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                 follow_symlink: bool = False, run: dict[str, Any] | None = None) -> ArchiveInfo:
-    """Extract `archive` into the empty or new `cache_dir` after checking that it matches this machine, and, given
-    the warm environment of a `run`, that it was not warmed for that run's method and model with other PEFT
-    settings only: all or nothing."""
-    if cache_dir.is_symlink() and not follow_symlink:
-        raise CacheError(f"{cache_dir} is a symbolic link (to {os.readlink(cache_dir)}); pass --follow-symlink to "
-                         "import through it, or a real folder as --cache-dir")
-    info = read_info(archive, limits)
-    here = machine_environment(device or info.environment["compiler"].get("device", "cpu"))
-    differences = mismatches(info.environment, here)
-    if differences:
-        raise CacheMismatchError(f"{archive} was compiled for another environment: {'; '.join(differences)}; "
-                                 "warm this machine's own cache with `shapeplan warm` instead",
-                                 differences=differences)
-    target = cache_dir.resolve()
-    if target.exists() and not target.is_dir():
-        raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
-    try:
-        target.mkdir(parents=True)
-        created = True
-    except FileExistsError:
-        created = False
-    except OSError as exc:
-        raise CacheError(f"cannot create {target} ({exc.strerror}); import into a writable --cache-dir") from None
-    try:
-        try:
-            with locked_dir(target, "`shapeplan cache import`"):
-                shapes = _import_locked(archive, info, target, limits, run)
-        except PermissionError as exc:
-            raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") \
-                from None
-    except BaseException:
-        if created:
-            with contextlib.suppress(OSError):  # not empty: a racing import took it over
-                target.rmdir()
-        raise
-    return ArchiveInfo(info.path, info.environment, info.files, shapes, info.expanded)
-
-
-@contextlib.contextmanager
-def locked_dir(target: Path, holder: str) -> Iterator[None]:
-    """An exclusive lock on the target folder itself (no lock file: a refused import leaves the folder as it was),
-    released by the kernel if the process dies. `holder` names the command, for the refusal."""
-    busy = CacheError(f"another {holder} is filling {target}; wait for it to finish")
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise busy from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(target))
-        except FileNotFoundError:
-            same = False
-        if not same:  # the import we waited on failed and removed the folder it had created
-            raise busy
-        yield
-    finally:
-        os.close(fd)
-
-
-def _import_locked(archive: Path, info: ArchiveInfo, target: Path, limits: Limits,
-                   run: dict[str, Any] | None) -> int:
-    """The import, holding the target's lock; returns the number of warmed shapes imported."""
-    _clear_stale_import(target)
-    # a freshly formatted ext4 volume holds lost+found at its root: that mount point counts as empty
-    if any(p.name != "lost+found" or not os.path.ismount(target) for p in target.iterdir()):
-        raise CacheError(f"{target} is not an empty folder; import into a new or empty --cache-dir")
-    free = shutil.disk_usage(target).free
-    if info.expanded > free:
-        raise CacheError(f"{target} has {free} bytes free, {archive} needs {info.expanded}; free space or import "
-                         "elsewhere")
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
-    except OSError as exc:  # a read-only file system, a folder without write permission
-        raise CacheError(f"cannot write into {target} ({exc.strerror}); import into a writable --cache-dir") from exc
-    try:
-        seen = _extract(archive, info, staging, limits)
-        missing = sorted(name for name in set(info.files) - seen if not is_temporary(name))
-        if missing:
-            raise CacheError(f"{archive} is damaged: {missing[0]} is listed but missing; export it again")
-        try:
-            environment, shapes = cache_environment(staging)
-        except CacheError:
-            raise CacheError(f"{archive} is damaged: its {MANIFEST} is missing, unreadable or holds several "
-                             "environments; export it again") from None
-        if environment != {"versions": info.environment["versions"], "compiler": info.environment["compiler"]}:
-            raise CacheError(f"{archive} is damaged: its {MANIFEST} records another environment than the archive; "
-                             "export it again")
-        if run is not None:
-            check_same_peft(read_merged(staging), run, str(archive))
-        _move_in(staging, target, info)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return shapes
-
-
-def _move_in(staging: Path, target: Path, info: ArchiveInfo) -> None:
-    """Rename the staged entries into the target (one filesystem), then write the marker that makes them one step;
-    on failure take back what was moved. (A kill -9 in between leaves the staging folder, which marks the import
-    unfinished.)"""
-    moved: list[Path] = []
-    try:
-        for entry in sorted(staging.iterdir()):
-            os.rename(entry, target / entry.name)
-            moved.append(target / entry.name)
-        write_atomic(target / IMPORT_MARKER, json.dumps({"archive": info.path, "files": len(info.files)}) + "\n")
-    except BaseException as exc:
-        for path in moved:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise CacheError(f"cannot finish the import into {target} ({exc.strerror}); nothing was imported, "
-                             "check the folder and import again") from None
-        raise
-
-
-def _extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) -> set[str]:
+def extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) -> set[str]:
     """Every file member, written under `staging` with its mode, checked against its checksum; never more bytes
     than the archive declares or more members than the limit."""
     seen: set[str] = set()
@@ -570,7 +370,7 @@ def _extract(archive: Path, info: ArchiveInfo, staging: Path, limits: Limits) ->
                 source = tar.extractfile(member)
                 assert source is not None
                 with open(destination, "wb") as out:
-                    while chunk := source.read(_CHUNK):
+                    while chunk := source.read(CHUNK):
                         digest.update(chunk)
                         out.write(chunk)
                 if digest.hexdigest() != expected:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..warm.manifest import WARMED, read_merged
-from .archive import cache_files
+from .contents import cache_files
 
 
 @dataclass(frozen=True, slots=True)

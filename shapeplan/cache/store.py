@@ -50,7 +50,7 @@ from ..warm.manifest import (
     mismatches,
     read_merged,
 )
-from .archive import (
+from .contents import (
     IMPORT_MARKER,
     PULL_JOURNAL,
     PULL_STAGING,

@@ -83,7 +83,7 @@ def import_command(archive: str, cache_dir: str, device: str | None, as_json: bo
     file is missing, added or does not match its checksum, its manifest is unusable, a member would land outside
     DIR, it exceeds the limits below, or another import is filling DIR (1).
     """
-    from ..cache.archive import import_cache
+    from ..cache.archive_import import import_cache
 
     limits = _limits(max_gib, max_files, max_metadata_mib)
     run = None

@@ -21,7 +21,7 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
     if the cache's manifest holds only shapes warmed in another environment (versions, compiler settings,
     TorchNeuron's execution mode NEURON_LAUNCH_BLOCKING).
     """
-    from ..cache.archive import refuse_incomplete_import
+    from ..cache.contents import refuse_incomplete_import
     from ..services.run import choose_backend, load_run
     from ..warm.cachedir import existing_cache_dir, scratch_view
     from ..warm.manifest import refuse_other_environment

@@ -19,7 +19,7 @@ from .output import ProgressBar, emit_caveats, emit_warm, quiet_libraries
 def prepare(backend: Any, cache: Path) -> None:
     """Set the backend up before torch is imported (backends read env vars at import). The cache dir is created
     (`check_cache_dir`) only once the run is known to be valid: a refused command leaves none behind."""
-    from ..cache.archive import refuse_incomplete_import
+    from ..cache.contents import refuse_incomplete_import
     from ..warm.cachedir import check_cache_dir_can_exist
 
     check_cache_dir_can_exist(cache)

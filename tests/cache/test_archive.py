@@ -16,16 +16,11 @@ from types import MappingProxyType
 
 import pytest
 
-from shapeplan.cache.archive import (
-    ARCHIVE_META,
-    IMPORT_MARKER,
-    STAGING_PREFIX,
-    machine_environment,
-    read_info,
-)
+from shapeplan.cache.archive import ARCHIVE_META, read_info
+from shapeplan.cache.contents import IMPORT_MARKER, STAGING_PREFIX
 from shapeplan.cli import main
 from shapeplan.testing import FakeNeuron
-from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key
+from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key, machine_environment
 from shapeplan.warm.model import ManifestEntry
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.harness import run_argv
@@ -494,7 +489,7 @@ def test_killed_import_is_refused_by_warm_and_cleared_by_the_next_import(
     next import clears it and imports."""
     _export(_warmed_cache(tmp_path / "cache"), tmp_path / "a.tar.gz")
     target = tmp_path / "t"
-    killer = ("import os, sys; import shapeplan.cache.archive as a\n"
+    killer = ("import os, sys; import shapeplan.cache.archive_import as a\n"
               "def killed(*args, **kwargs): os.kill(os.getpid(), 9)\n"
               "a.write_atomic = killed\n"
               "from shapeplan.cli import main; sys.exit(main(sys.argv[1:]))")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.cache.archive import export_cache, machine_environment, merge_archives, read_info
+from shapeplan.cache.archive import export_cache, merge_archives, read_info
 from shapeplan.errors import CacheError, CacheMismatchError
-from shapeplan.warm.manifest import Manifest, environment_key, manifest_name, read_merged
+from shapeplan.warm.manifest import Manifest, environment_key, machine_environment, manifest_name, read_merged
 from shapeplan.warm.model import ManifestEntry
 from shapeplan.warm.shards import Shard
 from tests.conftest import ROOT

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from shapeplan.cache.archive import PULL_STAGING
+from shapeplan.cache.contents import PULL_STAGING
 from shapeplan.cli import main
 from shapeplan.warm.manifest import MANIFEST, machine_environment, read_merged
 from tests.cache.s3_server import S3Server, s3_server
@@ -270,7 +270,7 @@ def test_pull_killed_while_moving_files_in_is_refused_by_warm_and_finished_by_th
     files moved in): `export` (and `warm`, `verify`) refuse the dir; the next pull finishes the move."""
     import hashlib
 
-    from shapeplan.cache.archive import PULL_JOURNAL
+    from shapeplan.cache.contents import PULL_JOURNAL
 
     source = _bigger_cache(tmp_path / "source", files=5, size=100)
     assert main(["cache", "push", "--cache-dir", str(source), url]) == 0
