@@ -1,4 +1,2 @@
-"""Adapters: the only modules that import TRL, transformers, accelerate, datasets or torch.
-
-They turn command-line arguments, datasets and tokenizers into the plain values the planning core takes.
-"""
+"""Adapters: TRL's parser and dataset preparation, datasets, tokenizers, accelerate's samplers, PEFT and the host,
+turned into the plain values the planning core takes. Below the warm-up and the services; above only the core."""

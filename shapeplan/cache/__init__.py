@@ -1,1 +1,3 @@
-"""`shapeplan cache`: export a warmed compile cache as a portable archive, import it on another machine (archive.py)."""
+"""`shapeplan cache`: what a warmed cache dir holds (contents.py), a portable archive of one (archive.py) and its
+import on another machine (archive_import.py), a shared store of them (store.py), and what cache dirs hold for
+`cache ls` / `prune` (listing.py)."""

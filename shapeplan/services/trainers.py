@@ -71,19 +71,19 @@ def _generation_warmer() -> Callable[[Any], Warmer[Any]]:
 
 
 def _dpo_warmer() -> Callable[[Any], Warmer[Any]]:
-    from ..warm.preference import DPOWarmer
+    from ..warm.dpo import DPOWarmer
 
     return DPOWarmer
 
 
 def _kto_warmer() -> Callable[[Any], Warmer[Any]]:
-    from ..warm.preference import KTOWarmer
+    from ..warm.kto import KTOWarmer
 
     return KTOWarmer
 
 
 def _reward_warmer() -> Callable[[Any], Warmer[Any]]:
-    from ..warm.preference import RewardWarmer
+    from ..warm.reward import RewardWarmer
 
     return RewardWarmer
 

@@ -1,14 +1,11 @@
-"""The DPO, KTO and Reward warmers: the real trainers, built as `trl dpo|kto|reward` build them, train on synthetic
-prepared rows through `Trainer.train()`, with the trainer-loop warm-up (shapeplan/warm/trainer_loop.py: fixed
-batches, per-shape accounting, the eval pass carried by `eval_on_start`).
+"""What the DPO, KTO and Reward warmers share (warm/dpo.py, warm/kto.py, warm/reward.py): the real trainers, built
+as `trl dpo|kto|reward` build them, train on synthetic prepared rows through `Trainer.train()`, with the
+trainer-loop warm-up (shapeplan/warm/trainer_loop.py: fixed batches, per-shape accounting, the eval pass carried by
+`eval_on_start`).
 
 The DPO and Reward collators stack a batch's chosen sequences, then its rejected ones, and pad them together: a
-planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic layout of that shape. DPO's step
-runs the policy and the reference model on the same tensors, so a planned `ref` (`eval_ref`) shape is warmed by
-the `train` (`eval`) task of the same shape. DPO's metrics select the completion tokens of each half of the batch
-with a boolean mask, so every planned completion-token count gets a batch whose chosen (or rejected) half has that
-many; KTO's (see `KTOWarmer`) likewise, with its desirable-row counts. Not warmed yet: Reward's optional `margin`
-column.
+planned `(2B, seq)` shape is `B` rows whose 2B sequence lengths are a synthetic layout of that shape. Not warmed
+yet: Reward's optional `margin` column.
 
 With `precompute_ref_log_probs`, DPO and KTO compute the reference log-probs in one pass over the data before training
 (`_precompute_ref_logps`, run by the trainer's `__init__`); the train step then reads them from the batch. The
@@ -28,17 +25,16 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ..errors import PlanFileError
 from ..plan.model import Phase, Plan
 from .model import WarmTask
-from .runner import WARMED_PHASES
-from .synthetic import SyntheticBatch, padded_batches, token_ids
+from .synthetic import SyntheticBatch, padded_batches
 from .tracker import Tracker
 from .trainer_loop import TrainerLoopWarmer
 
-_PRECOMPUTE: Phase = "ref_precompute"
+PRECOMPUTE: Phase = "ref_precompute"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,26 +51,6 @@ def paired_layouts(batch: SyntheticBatch) -> PairedBatch:
     half = len(batch.documents) // 2
     chosen, rejected = batch.documents[:half], batch.documents[half:]
     return PairedBatch(tuple((1, c - 1, r - 1) for c, r in zip(chosen, rejected, strict=False)))
-
-
-def counted_batch(rows: int, longest: int, chosen: int, rejected: int) -> PairedBatch | None:
-    """B rows whose chosen halves hold `chosen` completion tokens and rejected halves `rejected`, none longer than
-    `longest` and one exactly that long; None when they do not fit."""
-    room = longest - 1  # a one-token prompt at least
-    if max(chosen, rejected) > rows * room:
-        return None
-
-    def fill(total: int) -> list[int]:
-        out = []
-        for _ in range(rows):
-            out.append(min(room, total))
-            total -= out[-1]
-        return out
-
-    chosen_rows, rejected_rows = fill(chosen), fill(rejected)
-    # the first row's prompt makes its longer side `longest` (the others keep a one-token prompt)
-    first = (longest - max(chosen_rows[0], rejected_rows[0]), chosen_rows[0], rejected_rows[0])
-    return PairedBatch((first, *((1, c, r) for c, r in zip(chosen_rows[1:], rejected_rows[1:], strict=True))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +122,7 @@ def taking_prepared_rows(trainer: Any) -> Any:
     return Prepared
 
 
-class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
+class PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
     """What DPO and Reward share: paired rows, two sequences per row, no padding-free batches."""
 
     # TRL 1.16's preference collators always pad (DPO's padding_free falls back to padding): the base's
@@ -238,7 +214,7 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
         trainer's `__init__` runs the first train-side round, so there is one even when none is pending."""
         if not self._precomputes():
             return []
-        planned = self._precompute_passes([t for t in context if t.phase == _PRECOMPUTE])
+        planned = self._precompute_passes([t for t in context if t.phase == PRECOMPUTE])
         if not any(p.name == "train" for p in planned):
             raise PlanFileError("the plan has no train-side ref_precompute shape; re-create it with `shapeplan "
                                 "analyze`")
@@ -322,149 +298,3 @@ class _PreferenceWarmer(TrainerLoopWarmer[PairedBatch]):
 
         Precomputing.__name__ = Precomputing.__qualname__ = f"Precomputing{trainer.__name__}"
         return Precomputing
-
-
-class DPOWarmer(_PreferenceWarmer):
-    inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "eval_ref": "eval"}
-    phases = (*WARMED_PHASES, _PRECOMPUTE)
-    ref_columns = ("ref_chosen_logps", "ref_rejected_logps")
-
-    def layouts(self, task: WarmTask) -> list[PairedBatch]:
-        """One batch per two planned completion-token counts (chosen half, rejected half), as long as the padded
-        layout's longest row (or `seq` where the counts need full rows), then the padded layouts."""
-        padded = super().layouts(task)
-        longest = max(max(p + c, p + r) for p, c, r in padded[0].rows)
-        counts = list(task.completion_tokens)
-        counted = []
-        for chosen, rejected in zip(counts[::2], counts[1::2] + counts[-1:], strict=False):
-            batch = counted_batch(len(padded[0].rows), longest, chosen, rejected)
-            counted.append(batch or counted_batch(len(padded[0].rows), task.seq, chosen, rejected))
-        return [b for b in counted if b is not None] + padded
-
-    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
-        prompt, chosen, rejected = counts
-        vocab = self.tokenizer.vocab_size
-        return {"prompt_ids": token_ids(prompt, vocab, offset), "chosen_ids": token_ids(chosen, vocab, offset + 1),
-                "rejected_ids": token_ids(rejected, vocab, offset + 2)}
-
-    def trainer_type(self) -> Any:
-        return taking_prepared_rows(super().trainer_type())
-
-
-def kto_batch(rows: int, longest: int, kl_longest: int | None, desirable: int, counts: tuple[int, int]
-              ) -> PairedBatch | None:
-    """B KTO rows, the first `desirable` of them desirable, whose completions hold `counts` tokens (desirable,
-    undesirable), whose longest row is `longest` and longest KL row `kl_longest` (None: no KL rows); None when
-    they do not fit.
-
-    One row (the carrier) is both longest: prompt `longest - c` and KL completion `kl_longest - prompt`, which needs
-    its completion c >= longest - kl_longest; the other rows have a one-token prompt and an empty KL completion.
-    """
-    kl = kl_longest if kl_longest is not None else longest
-    room = longest - 1  # completion tokens a row can hold: a one-token prompt at least
-    forced = max(0, longest - kl)
-    sizes = (desirable, rows - desirable)
-    for side in (0, 1):
-        if sizes[side] == 0 or any(sizes[s] * room < counts[s] for s in (0, 1)) or counts[side] < forced:
-            continue
-        need = list(counts)
-        carried = min(room, need[side])
-        need[side] -= carried
-        out = []
-        carrier = 0 if side == 0 else desirable
-        for i in range(rows):
-            s = 0 if i < desirable else 1
-            if i == carrier:
-                prompt = longest - carried
-                out.append((prompt, carried, kl - prompt, int(s == 0)))
-                continue
-            take = min(room, need[s])
-            need[s] -= take
-            out.append((1, take, 0, int(s == 0)))
-        return PairedBatch(tuple(out))
-    return None
-
-
-class KTOWarmer(_PreferenceWarmer):
-    """KTO: each step runs the policy on the KL rows and on the rows, then the reference model on both. A planned
-    `kl` (`eval_kl`) shape is run by the `train` (`eval`) step of a shape with as many rows: each such shape's
-    batches take the KL lengths in turn."""
-
-    inner_phases: ClassVar[dict[str, str]] = {"ref": "train", "kl": "train", "ref_kl": "train", "eval_ref": "eval",
-                                              "eval_kl": "eval", "eval_ref_kl": "eval"}
-    phases = (*WARMED_PHASES, _PRECOMPUTE)
-    ref_columns = ("ref_logps", "ref_KL_logps")
-    rows_per_example = 1
-
-    def bind(self, plan: Plan) -> None:
-        # (host phase, batch, seq) -> the KL seqs its batches carry: every KL shape goes to a host shape of its rows
-        self._kl: dict[tuple[str, int, int], list[int]] = {}
-        hosts_of: tuple[tuple[Phase, Phase], ...] = (("train", "kl"), ("eval", "eval_kl"))
-        for host, kl_phase in hosts_of:
-            for batch in {s.batch for s in plan.by_phase(host)}:
-                hosts = sorted(s.seq for s in plan.by_phase(host) if s.batch == batch)
-                kls = sorted(s.seq for s in plan.by_phase(kl_phase) if s.batch == batch)
-                for i, seq in enumerate(kls):
-                    self._kl.setdefault((host, batch, hosts[i % len(hosts)]), []).append(seq)
-        super().bind(plan)
-
-    def layouts(self, task: WarmTask) -> list[PairedBatch]:
-        """Batches that meet every planned desirable-row count, completion-token count and KL length of the task:
-        the counts in pairs (the large with the small, so that the carrier row's completion fits), then a batch for
-        each value no pair could place."""
-        cap = self.config.max_length
-        multiple = self.config.pad_to_multiple_of
-
-        def longest(seq: int) -> int:
-            padded = seq - 1 if multiple not in (None, 1) and seq > 1 else seq
-            return min(padded, cap) if cap is not None else padded
-
-        kl_seqs: list[int | None] = list(self._kl.get((task.phase, task.batch, task.seq), [])) or [None]
-        chosen = list(task.chosen_rows) or [0]
-        values = sorted(task.completion_tokens, reverse=True) or [0]
-        pairs = [(values[i], values[-1 - i]) for i in range((len(values) + 1) // 2)]
-        out: list[PairedBatch] = []
-        used: set[object] = set()
-
-        def place(kl_seq: int | None, ks: list[int], counts: list[tuple[int, int]]) -> None:
-            for k in ks:
-                for pair in counts:
-                    batch = kto_batch(task.batch, longest(task.seq), None if kl_seq is None else longest(kl_seq),
-                                      k, pair)
-                    if batch is not None:
-                        out.append(batch)
-                        used.update({("kl", kl_seq), ("k", k), ("v", pair[0]), ("v", pair[1])})
-                        return
-
-        for j in range(max(len(kl_seqs), len(chosen), len(pairs))):
-            big, small = pairs[j % len(pairs)]
-            place(kl_seqs[j % len(kl_seqs)], [chosen[j % len(chosen)], *chosen], [(big, small), (small, big)])
-        for kl_seq in kl_seqs:
-            if ("kl", kl_seq) not in used:
-                place(kl_seq, chosen, [(v, w) for v in values for w in values])
-        for k in chosen:
-            if ("k", k) not in used:
-                place(kl_seqs[0], [k], [(v, w) for v in values for w in values])
-        for v in values:
-            if ("v", v) not in used:
-                place(kl_seqs[0], chosen, [(v, w) for w in values] + [(w, v) for w in values])
-        return out
-
-    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
-        prompt, completion, kl_completion, desirable = counts
-        vocab = self.tokenizer.vocab_size
-        return {"prompt_ids": token_ids(prompt, vocab, offset), "completion_ids": token_ids(completion, vocab, offset),
-                "KL_completion_ids": token_ids(kl_completion, vocab, offset + 1), "label": bool(desirable)}
-
-    def trainer_type(self) -> Any:
-        return taking_prepared_rows(super().trainer_type())
-
-
-class RewardWarmer(_PreferenceWarmer):
-    """Reward: TRL's RewardTrainer skips its preparation for rows that have chosen_ids/rejected_ids."""
-
-    def example(self, counts: tuple[int, ...], offset: int) -> dict[str, Any]:
-        prompt, chosen, rejected = counts
-        vocab = self.tokenizer.vocab_size
-        return {"chosen_ids": token_ids(prompt + chosen, vocab, offset),
-                "rejected_ids": token_ids(prompt + rejected, vocab, offset + 1)}

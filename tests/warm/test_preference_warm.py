@@ -13,8 +13,9 @@ from shapeplan.adapters.trl_args import parse_training_args
 from shapeplan.cli import main
 from shapeplan.plan.io import write_plan
 from shapeplan.services.trainers import TRAINERS
+from shapeplan.warm.dpo import counted_batch
+from shapeplan.warm.kto import kto_batch
 from shapeplan.warm.model import WarmTask
-from shapeplan.warm.preference import counted_batch, kto_batch
 from tests.conftest import ROOT, TINY_MODEL
 from tests.warm.harness import plan_for
 
