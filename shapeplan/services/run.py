@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PlanFileError, UsageError
 
 if TYPE_CHECKING:
+    from ..adapters.trainer import TrainerSpec
     from ..plan.model import Plan
     from ..warm.backends.base import Backend
     from ..warm.runner import Warmer
@@ -137,7 +138,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
             raise UsageError("--eval-dataset names the eval data to plan, and the plan holds its eval shapes; drop "
                              "--eval-dataset, or re-create the plan with it")
         spec = trainer_spec(plan.method)
-        planned = _planned_args(plan, plan_path, device)
+        planned = _planned_args(spec, plan, plan_path, device)
         given = split_run_arguments(spec, trl_args, model, split)
         named = given_options(given)
         argv = [*plan.config.get("argv", []), *given]  # argparse keeps an option's last value: the given one
@@ -171,15 +172,14 @@ def plan_tasks(plan_path: str, device: str, method: str | None = None, model: st
     return list(warmer.tasks(plan))
 
 
-def _planned_args(plan: Plan, path: str, device: str) -> Any:
+def _planned_args(spec: TrainerSpec, plan: Plan, path: str, device: str) -> Any:
     """The plan's own arguments, parsed, with its recorded config checked as a command line's options are."""
     from ..adapters.grpo import with_guide_example
     from ..adapters.trl_args import check_recorded, parse_training_args
-    from .trainers import trainer_spec
 
     argv = device_argv(list(plan.config.get("argv", [])), device)
     try:
-        planned, _ = with_guide_example(parse_training_args(trainer_spec(plan.method), argv), argv)
+        planned, _ = with_guide_example(parse_training_args(spec, argv), argv)
         check_recorded(planned, plan.config)
     except UsageError as exc:
         raise PlanFileError(f"plan {path}: {exc}; re-create it with `shapeplan analyze -o PLAN`") from exc
