@@ -1,7 +1,8 @@
 """shapeplan: plan and pre-compile every input shape a TRL run feeds the model on AWS Trainium.
 
-The planning core (`shapeplan.plan`) is pure Python; TRL, transformers, datasets and torch are imported
-only by `shapeplan.adapters` and `shapeplan.warm`, and only when a command needs them.
+The public API: the plan types and file functions; `analyze(method, argv)`, a run's plan as `shapeplan analyze`
+makes it; `ShapeGuard`, the callback that checks a real run against its plan. The planning core (`shapeplan.plan`)
+is pure Python; TRL, transformers, datasets and torch are imported only inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # ShapeGuard is a transformers TrainerCallback: imported on first use, so `import shapeplan` stays light
+    # imported on first use, so that `import shapeplan` stays light (ShapeGuard is a transformers TrainerCallback)
     if name == "ShapeGuard":
         from .guard.callback import ShapeGuard
 
         return ShapeGuard
+    if name == "analyze":
+        from .services.analyze import analyze
+
+        return analyze
     raise AttributeError(f"module 'shapeplan' has no attribute {name!r}")
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "ShapeGuard",
     "ShapeplanError",
     "__version__",
+    "analyze",
     "load_plan",
     "plan_from_dict",
     "plan_to_dict",

@@ -3,6 +3,9 @@ contract that `make lint` checks (docs/architecture.md), so a new folder or a lo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import tomllib
 
 from tests.conftest import ROOT
@@ -36,3 +39,15 @@ def test_no_module_imports_one_that_imports_it() -> None:
                     for imported in graph.find_modules_directly_imported_by(module)
                     if graph.find_shortest_chain(importer=imported, imported=module))
     assert cycles == []
+
+
+def test_the_public_api_is_the_root_and_importing_it_stays_light() -> None:
+    """`import shapeplan` names the plan types, `analyze` and `ShapeGuard` without importing TRL, torch or the
+    services; `shapeplan.analyze` is the service the CLI's `analyze` runs."""
+    code = ("import sys, shapeplan\n"
+            "light = sorted(n for n in ('torch', 'trl', 'transformers', 'datasets', 'shapeplan.services') "
+            "if n in sys.modules)\n"
+            "from shapeplan.services.analyze import analyze\n"
+            "print(light, shapeplan.analyze is analyze, sorted(set(shapeplan.__all__) - set(dir(shapeplan))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "[] True ['ShapeGuard', 'analyze']\n"), result.stderr
