@@ -199,7 +199,7 @@ def pull_command(url: str, cache_dir: str | None, plan_path: str | None, device:
     cache dir, the limits below, a missing bucket, no credentials (1). A killed pull leaves the cache dir as it
     was; run it again to complete it.
     """
-    from ..cache.store import pull
+    from ..cache.store_pull import pull
 
     result = pull(url, _cache_dir(device, cache_dir), device=device, tasks=_plan_tasks(plan_path, device),
                   limits=_limits(max_gib, max_files, max_metadata_mib))

@@ -136,7 +136,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
 
 def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> None:
     """`warm --pull`: what the store holds of the plan's shapes, compiled for this machine (nothing if none)."""
-    from ..cache.store import pull
+    from ..cache.store_pull import pull
 
     warmer.bind(plan)
     pulled = pull(url, cache, device=device, tasks={t.key for t in warmer.tasks(plan)}, allow_empty=True)
