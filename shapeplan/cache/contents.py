@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError
-from ..warm.manifest import MANIFEST
+from ..warm.manifest import MANIFEST, read_merged
 
 CHUNK = 1 << 20  # bytes read at a time, hashing or copying
 # In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
@@ -61,8 +61,6 @@ def cache_files(cache_dir: Path) -> Iterator[Path]:
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
     """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count,
     from all its manifest files (a shard's too)."""
-    from ..warm.manifest import read_merged
-
     merged = read_merged(cache_dir)
     if not merged.files:
         raise CacheError(f"{cache_dir} has no {MANIFEST}; warm it with `shapeplan warm --cache-dir {cache_dir}` first")
