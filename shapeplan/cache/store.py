@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError, UsageError, first_line
@@ -56,8 +56,7 @@ from .limits import DEFAULT_LIMITS, Limits
 STORE_SCHEMA = 1
 OBJECTS = "objects"
 MANIFESTS = "manifests"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_LOCAL_MANIFEST = re.compile(r"shapeplan-manifest(\.\d+-of-\d+)?\.json")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,20 +149,102 @@ def store_errors(url: str) -> Iterator[None]:
         raise
 
 
+# The protocols a store may use: a shared, persistent, writable filesystem (a process-local `memory://` store, a
+# read-only `http://` one or a chained `zip::...` URL would exit 0 for a push nobody can read back).
+_LOCAL_PROTOCOLS = ("file", "local")
+_S3_PROTOCOLS = ("s3", "s3a")
+_PROTOCOLS = (*_LOCAL_PROTOCOLS, *_S3_PROTOCOLS, "gs", "gcs", "az", "abfs", "abfss")
+# Seconds an S3 request may wait to connect or for the next bytes (SHAPEPLAN_STORE_TIMEOUT overrides): an endpoint
+# that accepts and never answers ends in a one-line error, not a hang.
+STORE_TIMEOUT_S = 30.0
+
+
+def _protocol_of(url: str) -> str | None:
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    return match[1].lower() if match else None
+
+
+def check_store_url(url: str) -> None:
+    """UsageError (exit 2) for a URL no store can live at, before anything is opened."""
+    if not url.strip():
+        raise UsageError("the store URL is empty; pass s3://BUCKET/PREFIX or a folder")
+    if "::" in url:
+        raise UsageError(f"{url!r} chains filesystems (`::`), which a store does not support; pass "
+                         "s3://BUCKET/PREFIX or a folder")
+    protocol = _protocol_of(url)
+    if protocol == "memory":
+        raise UsageError(f"{url}: a memory:// store lives only in this process and is gone when it exits; pass "
+                         "s3://BUCKET/PREFIX or a shared folder")
+    if protocol is not None and protocol not in _PROTOCOLS:
+        raise UsageError(f"{url}: {protocol}:// is not a protocol a store supports ({', '.join(_PROTOCOLS)}); pass "
+                         "s3://BUCKET/PREFIX or a folder")
+    if protocol in _S3_PROTOCOLS:
+        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            if os.environ.get(name):
+                _check_endpoint(name, os.environ[name])
+
+
+def _check_endpoint(name: str, value: str) -> None:
+    from urllib.parse import urlsplit
+
+    bad = UsageError(f"{name}={value!r} is not an endpoint URL; set it to e.g. https://s3.example.com:9000 or unset "
+                     "it")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  # raises ValueError on a port out of range or not a number
+    except ValueError:
+        raise bad from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        raise bad
+
+
+def _timeout() -> float:
+    text = os.environ.get("SHAPEPLAN_STORE_TIMEOUT", "")
+    if not text:
+        return STORE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise UsageError(f"SHAPEPLAN_STORE_TIMEOUT={text!r} is not a number of seconds from 0 to 3600; set e.g. 30")
+    return value
+
+
 def open_store(url: str) -> Store:
     """The store at `url`, through fsspec (a plain path is a local folder)."""
+    check_store_url(url)
     try:
         import fsspec
     except ImportError:
         raise UsageError("the store needs fsspec; install shapeplan[s3]") from None
+    options: dict[str, Any] = {}
+    if _protocol_of(url) in _S3_PROTOCOLS:
+        timeout = _timeout()
+        options["config_kwargs"] = {"connect_timeout": timeout, "read_timeout": timeout,
+                                    "retries": {"max_attempts": 2, "mode": "standard"}}
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise UsageError(f"{url}: {str(exc).splitlines()[0]}; for s3:// install shapeplan[s3] (s3fs)") from None
     except ValueError as exc:  # an unknown protocol
         raise UsageError(f"{url} is not a URL fsspec can open ({exc}); pass s3://BUCKET/PREFIX or a folder") \
             from None
     return Store(url, fs, root)
+
+
+def refuse_overlap(store: Store, cache_dir: Path) -> None:
+    """A local store may not be the cache dir, nor lie inside it (its objects would become cache files), nor hold
+    the cache dir among its own objects or manifests."""
+    if not store.local:
+        return
+    root, cache = Path(os.path.realpath(store.root)), Path(os.path.realpath(cache_dir))
+    if root == cache or cache in root.parents:
+        raise UsageError(f"the store {store.url} is {'the cache dir' if root == cache else 'inside the cache dir'} "
+                         f"{cache}; pass a store folder outside it")
+    if any(folder == cache or folder in cache.parents for folder in (root / OBJECTS, root / MANIFESTS)):
+        raise UsageError(f"the cache dir {cache} lies inside the store {store.url}'s own files; pass a cache dir "
+                         "outside it")
 
 
 # --- push -------------------------------------------------------------------------------------------------------
@@ -177,11 +258,12 @@ def push(cache_dir: Path, url: str) -> PushResult:
     sections = {key: {"environment": s["environment"],
                       "shapes": {t: {k: v for k, v in e.items() if k != "shard"} for t, e in s["shapes"].items()}}
                 for key, s in read_merged(cache_dir).environments.items()}
-    paths = [p for p in cache_files(cache_dir) if not _LOCAL_MANIFEST.fullmatch(p.name)
-             or p.parent != cache_dir]
+    # its manifests travel as the push's sections; a name no pull would write (shapeplan's own) stays here
+    paths = [p for p in cache_files(cache_dir) if safe_cache_path(p.relative_to(cache_dir).as_posix())]
     files = {p.relative_to(cache_dir).as_posix(): StoreFile(sha256_of(p), p.stat().st_size, p.stat().st_mode & 0o777)
              for p in paths}
     store = open_store(url)
+    refuse_overlap(store, cache_dir)
     with store_errors(url):
         held = _objects(store)
         todo: dict[str, Path] = {}
@@ -212,7 +294,7 @@ def _objects(store: Store) -> set[str]:
         if not store.local:
             raise  # S3: the bucket does not exist
         return set()
-    return {name.rsplit("/", 1)[-1] for name in names if _SHA256.fullmatch(name.rsplit("/", 1)[-1])}
+    return {name.rsplit("/", 1)[-1] for name in names if SHA256.fullmatch(name.rsplit("/", 1)[-1])}
 
 
 def _upload(store: Store, pairs: list[tuple[Path, str]]) -> None:
@@ -274,14 +356,40 @@ def manifests_of(store: Store, limits: Limits) -> list[StoreManifest]:
     if len(names) > limits.max_files:
         raise CacheError(f"{store.url} holds {len(names)} manifests, over the limit of {limits.max_files}; raise "
                          "--max-files if it is genuine")
+    prefix = store.path(MANIFESTS) + "/"
     for name in names:
+        regular_object(store, name, listing[name], f"manifest {name.removeprefix(prefix)}")
         if int(listing[name].get("size") or 0) > limits.max_metadata:
             raise CacheError(f"{store.url}: manifest {name} is over the {limits.max_metadata}-byte limit; raise "
                              "--max-metadata-mib if it is genuine")
-    bodies = store.fs.cat(names) if names else {}
-    prefix = store.path(MANIFESTS) + "/"
-    manifests = [_parse(store.url, name.removeprefix(prefix), bodies[name]) for name in names]
+    manifests = [_parse(store.url, name.removeprefix(prefix), _read_bounded(store, name, limits.max_metadata))
+                 for name in names]
     return sorted(manifests, key=lambda m: (m.pushed_at, m.name))
+
+
+def regular_object(store: Store, path: str, info: dict[str, Any], what: str) -> None:
+    """Refuse a store entry that is not a regular file (in a local store: a link, a FIFO, a device), before it is
+    opened: a link to /dev/zero would be read without end, a FIFO would block forever."""
+    if store.local:
+        import stat
+
+        mode = os.lstat(path).st_mode
+        regular = stat.S_ISREG(mode)
+    else:
+        regular = info.get("type", "file") == "file"
+    if not regular:
+        raise CacheError(f"{store.url}: {what} is not a regular file (a link, FIFO or device); delete it from the "
+                         "store and push again")
+
+
+def _read_bounded(store: Store, path: str, limit: int) -> bytes:
+    """A manifest's bytes, at most `limit` of them whatever the listing said (it may change under us)."""
+    with store.fs.open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise CacheError(f"{store.url}: manifest {path} is over the {limit}-byte limit; raise --max-metadata-mib if "
+                         "it is genuine")
+    return bytes(data)
 
 
 def _parse(url: str, name: str, data: bytes) -> StoreManifest:
@@ -302,7 +410,7 @@ def _parse(url: str, name: str, data: bytes) -> StoreManifest:
         raise bad
     parsed: dict[str, StoreFile] = {}
     for path, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and SHA256.fullmatch(entry["sha256"])
                 and type(entry.get("size")) is int and entry["size"] >= 0 and type(entry.get("mode")) is int):
             raise bad
         _check_path(url, name, path)
@@ -317,12 +425,28 @@ def _parse(url: str, name: str, data: bytes) -> StoreManifest:
 
 def _check_path(url: str, name: str, path: str) -> None:
     """A path a pull may write: inside the cache dir, no name shapeplan reserves, no manifest or temporary."""
-    parts = PurePosixPath(path).parts
-    if not parts or path.startswith("/") or any(p in ("..", ".", "") for p in path.split("/")) \
-            or any(p.startswith((STAGING_PREFIX, PULL_STAGING)) or p == IMPORT_MARKER for p in parts) \
-            or (len(parts) == 1 and _LOCAL_MANIFEST.fullmatch(parts[0])) or is_temporary(parts[-1]):
+    if not safe_cache_path(path):
         raise CacheError(f"{url}: manifest {name} names a path a pull refuses to write ({path!r}); delete it from "
                          "the store and push again")
+
+
+def safe_cache_path(path: str) -> bool:
+    """Whether a pull (or a pull's journal) may write `path` under a cache dir: relative, below it, no part that is
+    one of shapeplan's own names (manifests and their locks, staging folders, markers, probes), a lock or an
+    in-flight temporary, no control character, within the file system's name limits."""
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and len(path.encode("utf-8", "replace")) <= 1024 \
+        and not any(ord(c) < 0x20 or c == "\x7f" for c in path) \
+        and all(p not in ("..", ".", "") and len(p.encode("utf-8", "replace")) <= 255
+                and not p.startswith(("shapeplan-manifest", ".shapeplan-", STAGING_PREFIX, PULL_STAGING))
+                and p != IMPORT_MARKER and not p.endswith(".lock") and not is_temporary(p) for p in parts)
+
+
+def path_conflicts(paths: list[str]) -> list[tuple[str, str]]:
+    """Pairs of paths of which one would be the other's folder (`a` and `a/b`): no pull could write both."""
+    names = set(paths)
+    return [(folder, path) for path in paths
+            for folder in ("/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)) if folder in names]
 
 
 # --- the store as a manifest ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ one killed after it is finished by the next pull, and `warm`, `verify` and `expo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,10 +21,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError, CacheMismatchError
-from ..warm.manifest import MANIFEST, Manifest, machine_environment, mismatches
-from .contents import PULL_JOURNAL, PULL_STAGING, locked_dir, refuse_incomplete_import, sha256_of
+from ..warm.manifest import MANIFEST, Manifest, machine_environment, manifest_well_formed, mismatches
+from .contents import CHUNK, PULL_JOURNAL, PULL_STAGING, locked_dir, refuse_incomplete_import
 from .limits import DEFAULT_LIMITS, Limits
-from .store import OBJECTS, Store, StoreFile, StoreManifest, manifests_of, open_store, store_errors
+from .store import (
+    OBJECTS,
+    SHA256,
+    Store,
+    StoreFile,
+    StoreManifest,
+    manifests_of,
+    open_store,
+    path_conflicts,
+    refuse_overlap,
+    regular_object,
+    safe_cache_path,
+    store_errors,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +81,7 @@ def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str
     `tasks`, of those holding one of the plan's shapes), all or nothing. `allow_empty`: a store with nothing for
     this machine pulls nothing instead of refusing (`warm --pull` then warms everything)."""
     store = open_store(url)
+    refuse_overlap(store, cache_dir)
     with store_errors(url):
         manifests = manifests_of(store, limits)
     if not manifests and not allow_empty:
@@ -80,8 +95,13 @@ def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str
             raise
         chosen = []
     wanted: dict[str, StoreFile] = {}
+    named_by: dict[str, str] = {}  # checksum -> the push naming it, for a refusal
     for manifest in chosen:  # the newest push's copy of a path wins
         wanted.update(manifest.files)
+        named_by.update({f.sha256: manifest.name for f in manifest.files.values()})
+    for folder, path in path_conflicts(sorted(wanted))[:1]:
+        raise CacheError(f"{url}: the pushes name both {folder!r} and {path!r} (a file and a folder of one name); "
+                         "delete the damaged manifest from the store and push again")
     sections: dict[str, dict[str, Any]] = {}
     for manifest in chosen:
         for key, section in manifest.shapes.items():
@@ -99,7 +119,8 @@ def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str
         with locked_dir(target, "`shapeplan cache pull` or `cache import`"):
             _finish_killed_pulls(target)
             refuse_incomplete_import(target)
-            missing = {path: f for path, f in wanted.items() if not (target / path).exists()}
+            missing = {path: f for path, f in wanted.items() if not os.path.lexists(target / path)}
+            _refuse_blocked(target, missing)
             objects = {f.sha256: f for f in missing.values()}
             size = sum(f.size for f in objects.values())
             if len(missing) > limits.max_files or size > limits.max_bytes:
@@ -109,7 +130,8 @@ def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str
             if size > free:
                 raise CacheError(f"{target} has {free} bytes free, the pull needs {size}; free space or pull "
                                  "elsewhere")
-            added = _pull_locked(store, target, missing, objects, sections) if missing or sections else 0
+            added = _pull_locked(store, target, missing, objects, sections, named_by) \
+                if missing or sections else 0
     except BaseException as exc:
         if created:
             with contextlib.suppress(OSError):  # not empty: a racing pull took it over
@@ -122,22 +144,30 @@ def pull(url: str, cache_dir: Path, *, device: str | None = None, tasks: set[str
                       len(objects), size, added)
 
 
+def _refuse_blocked(target: Path, missing: dict[str, StoreFile]) -> None:
+    """Every folder a pulled file goes into must be a folder (or absent): checked before anything is downloaded, so
+    that moving in cannot fail half-way on a file of the cache dir in the way."""
+    folders = {"/".join(path.split("/")[:i]) for path in missing for i in range(1, path.count("/") + 1)}
+    for folder in sorted(folders):
+        place = target / folder
+        if os.path.lexists(place) and (place.is_symlink() or not place.is_dir()):
+            raise CacheError(f"{place} is in the way of the files the pull writes under it (not a folder); move it "
+                             "away, or pull into another --cache-dir")
+
+
 def _pull_locked(store: Store, target: Path, missing: dict[str, StoreFile], objects: dict[str, StoreFile],
-                 sections: dict[str, dict[str, Any]]) -> int:
+                 sections: dict[str, dict[str, Any]], named_by: dict[str, str]) -> int:
     staging = Path(tempfile.mkdtemp(prefix=f"{PULL_STAGING}{os.getpid()}-", dir=target))
     journaled = False
     try:
-        if objects:
-            with store_errors(store.url):
-                store.fs.get([store.path(OBJECTS, digest) for digest in objects],
-                             [str(staging / digest) for digest in objects])
-        for digest in objects:
-            staged = staging / digest
-            if not staged.is_file() or sha256_of(staged) != digest:
-                raise CacheError(f"{store.url}: object {OBJECTS}/{digest} does not match its checksum (tampered or "
-                                 "damaged); nothing was pulled: delete it from the store and push again")
+        _download(store, staging, objects, named_by)
         journal = {"links": sorted([f.sha256, path, f.mode] for path, f in missing.items()), "sections": sections}
-        (staging / PULL_JOURNAL).write_text(json.dumps(journal), encoding="utf-8")
+        fd, tmp = tempfile.mkstemp(prefix=f".{PULL_JOURNAL}.", suffix=".tmp", dir=staging)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:  # whole or absent: a killed write leaves no journal
+            json.dump(journal, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, staging / PULL_JOURNAL)
         journaled = True
         return _move_in(staging, target)
     finally:
@@ -145,13 +175,84 @@ def _pull_locked(store: Store, target: Path, missing: dict[str, StoreFile], obje
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _download(store: Store, staging: Path, objects: dict[str, StoreFile], named_by: dict[str, str]) -> None:
+    """Each object into `staging`, its size and sha256 checked as its bytes arrive: one that runs past the size its
+    manifest states stops there (the limits and the free-space check were made of those sizes)."""
+    if not objects:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple[str, StoreFile]) -> None:
+        digest, entry = item
+        source = store.path(OBJECTS, digest)
+        bad = CacheError(f"{store.url}: object {OBJECTS}/{digest} does not match its checksum or its size (tampered "
+                         "or damaged); nothing was pulled: delete it from the store and push again")
+        with store_errors(store.url):
+            try:
+                if store.local:
+                    regular_object(store, source, {}, f"object {OBJECTS}/{digest}")
+                handle = store.fs.open(source, "rb")
+            except FileNotFoundError:
+                raise CacheError(f"{store.url}: object {OBJECTS}/{digest}, named by push {named_by.get(digest)}, is "
+                                 "missing from the store; nothing was pulled: push again from a cache dir that holds "
+                                 "it, or delete that manifest") from None
+            checksum, size = hashlib.sha256(), 0
+            with handle, open(staging / digest, "xb") as out:
+                while chunk := handle.read(min(CHUNK, entry.size + 1 - size)):
+                    size += len(chunk)
+                    if size > entry.size:
+                        raise bad
+                    checksum.update(chunk)
+                    out.write(chunk)
+        if size != entry.size or checksum.hexdigest() != digest:
+            raise bad
+
+    workers = 1 if store.local else 8  # S3: requests in flight at once, as `fs.get` had
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(one, sorted(objects.items())):
+            pass
+
+
+def _journal(staging: Path) -> tuple[list[tuple[str, str, int]], dict[str, Any]] | None:
+    """A staging folder's journal, checked as nothing from disk is trusted: its links (checksum, path, mode) and
+    sections, or None when it is unreadable, damaged, names a path a pull may not write or a staged file that is
+    gone (a pull killed then cannot be finished: the staging is discarded and the next pull starts over)."""
+    try:
+        journal = json.loads((staging / PULL_JOURNAL).read_bytes().decode("utf-8"))
+        links, sections = journal["links"], journal["sections"]
+        if not (isinstance(links, list) and isinstance(sections, dict)
+                and manifest_well_formed({"environments": sections})):
+            return None
+        checked = []
+        for link in links:
+            digest, path, mode = link
+            if not (isinstance(digest, str) and SHA256.fullmatch(digest) and isinstance(path, str)
+                    and safe_cache_path(path) and type(mode) is int):
+                return None
+            checked.append((digest, path, mode & 0o777))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return checked, sections
+
+
 def _move_in(staging: Path, target: Path) -> int:
     """Carry out a staging folder's journal: link every staged file to its paths (a path the cache holds is kept),
-    record the shapes, remove the staging folder. Repeatable: a pull killed here is finished by the next one."""
-    journal = json.loads((staging / PULL_JOURNAL).read_text(encoding="utf-8"))
-    for digest, path, mode in journal["links"]:
+    record the shapes, remove the staging folder. Repeatable: a pull killed here is finished by the next one; one
+    whose journal cannot be carried out is discarded (0 shapes added) and the pull starts over."""
+    journal = _journal(staging)
+    links, sections = journal if journal is not None else ([], {})
+    if journal is None or any(not (staging / digest).is_file() for digest, path, _ in links
+                            if not os.path.lexists(target / path)):
+        shutil.rmtree(staging, ignore_errors=True)
+        return 0
+    try:
+        _refuse_blocked(target, {path: StoreFile(digest, 0, mode) for digest, path, mode in links})
+    except CacheError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return 0
+    for digest, path, mode in links:
         destination = target / path
-        if destination.exists():
+        if os.path.lexists(destination):
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
         staged = staging / digest
@@ -165,7 +266,7 @@ def _move_in(staging: Path, target: Path) -> int:
             os.close(fd)
             shutil.copy2(staged, tmp)
             os.replace(tmp, destination)
-    added = Manifest(target / MANIFEST).add_sections(journal["sections"])
+    added = Manifest(target / MANIFEST).add_sections(sections)
     shutil.rmtree(staging)
     return added
 
@@ -173,7 +274,9 @@ def _move_in(staging: Path, target: Path) -> int:
 def _finish_killed_pulls(target: Path) -> None:
     """Under the pull lock: finish what killed pulls journaled, and remove what they only staged."""
     for staging in sorted(target.glob(f"{PULL_STAGING}*")):
-        if (staging / PULL_JOURNAL).is_file():
+        if staging.is_symlink() or not staging.is_dir():
+            staging.unlink(missing_ok=True)
+        elif (staging / PULL_JOURNAL).is_file():
             _move_in(staging, target)
         else:
             shutil.rmtree(staging, ignore_errors=True)

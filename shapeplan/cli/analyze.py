@@ -10,6 +10,7 @@ from ..errors import PlanFileError, UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.io import write_plan
 from ..plan.model import Plan
+from ..plan.targets import check_output, named_files
 from .options import FiniteFloat, run_options
 from .output import emit_caveats, emit_plan
 
@@ -56,6 +57,9 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
 
     if compare is not None and as_json:
         raise UsageError("--compare prints a table for people; drop --json (the run record is JSON already)")
+    inputs = named_files([*trl_args, eval_dataset, compare, model])
+    if output is not None:  # before the planning's minutes: an output that cannot be written is refused now
+        check_output(output, "-o", inputs=inputs)
     observed = load_observed(compare) if compare is not None else None
     plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
                                 use_cache=not no_cache, progress_bars=sys.stderr.isatty())
@@ -63,7 +67,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         from ..services.report import render_comparison
 
         if output is not None:
-            write_plan(plan, output)
+            write_plan(plan, output, inputs)
         click.echo(render_comparison(plan, observed))
         return
     lengths = None
@@ -72,7 +76,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
 
         lengths = histogram_lengths(method, trl_args, model=model, split=split, eval_source=eval_dataset,
                                     use_cache=not no_cache)
-    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes)
+    emit_plan(plan, as_json=as_json, output=output, generate_minutes=generate_minutes, inputs=inputs)
     if lengths is not None:
         from ..services.advice_report import histogram as render_histogram
         from ..services.advice_report import length_cap

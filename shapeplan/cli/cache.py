@@ -53,7 +53,9 @@ def _summary(info: Any) -> str:
 def export_command(cache_dir: str, output: str, as_json: bool) -> None:
     """Write a warmed cache dir, its manifest, a sha256 per file and its environment to ARCHIVE."""
     from ..cache.archive import export_cache
+    from ..plan.targets import check_output
 
+    check_output(output, "-o", cache_dirs=[cache_dir], regular_only=True, probe=False)
     info = export_cache(Path(cache_dir), Path(output))
     _emit(info, f"exported {_summary(info)} to {info.path}", as_json)
 
@@ -110,7 +112,9 @@ def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: f
     different environments (exit 3); one path with different contents in two parts, a damaged part (1).
     """
     from ..cache.archive import merge_archives
+    from ..plan.targets import check_output
 
+    check_output(output, "-o", inputs=parts, regular_only=True, probe=False)
     info = merge_archives([Path(p) for p in parts], Path(output), _limits(max_gib, max_files, max_metadata_mib))
     _emit(info, f"merged {len(parts)} archive(s): {_summary(info)} into {info.path}", as_json)
 

@@ -64,11 +64,13 @@ def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, rep
 
     if report_path is not None:
         from ..errors import UsageError
+        from ..plan.targets import check_output
         from ..warm.backends.neuron import require_torch_neuronx
         from ..warm.backends.neuron_probe import write_report
 
         if device != "neuron":
             raise UsageError("--report probes TorchNeuron: pass --device neuron on a Trainium host")
+        check_output(report_path, "--report", cache_dirs=[cache_dir])  # before the probes' minutes
         require_torch_neuronx()
         report = write_report(Path(report_path), versions())
         click.echo(json.dumps(report["answers"], indent=2, sort_keys=True))

@@ -40,6 +40,10 @@ def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | N
 
     if plan_path is not None:
         load_plan(plan_path)  # a missing or malformed plan is refused before the run starts
+    if record_path is not None:  # so is a record that could not be written, or would replace an input
+        from ..plan.targets import check_output, named_files
+
+        check_output(record_path, "--record", inputs=named_files([plan_path, *command]))
     run = command_runner(list(command))
 
     def make_guard() -> object:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -17,9 +18,9 @@ from ..warm.model import WarmReport, WarmResult
 
 
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
-              generate_minutes: float = GENERATE_SHAPE_MINUTES) -> None:
+              generate_minutes: float = GENERATE_SHAPE_MINUTES, inputs: Sequence[str] = ()) -> None:
     if output is not None:
-        write_plan(plan, output)
+        write_plan(plan, output, inputs)
     if as_json:
         click.echo(dumps(plan), nl=False)
     else:

@@ -12,6 +12,7 @@ import click
 from click.core import ParameterSource
 
 from ..errors import ShapeplanError, UsageError
+from ..plan.targets import check_output, named_files, write_output
 from .options import FiniteFloat, device_option, run_options
 from .output import ProgressBar, emit_caveats, emit_warm, quiet_libraries
 
@@ -106,9 +107,10 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         _status(plan_path, method, model, eval_dataset, split, trl_args, device, cache_dir, as_json, status or None)
         return
     shard = resolve_shard(shard_option, shard_count, os.environ)
-    if env_file is not None and not Path(env_file).resolve().parent.is_dir():
-        raise UsageError(f"--env-file {env_file}: its folder does not exist; create it or choose another path")
     backend, cache = choose_backend(device, cache_dir)
+    inputs = named_files([plan_path, *trl_args, eval_dataset, model])
+    if env_file is not None:  # before the warm-up's hours
+        check_output(env_file, "--env-file", inputs=inputs, cache_dirs=[cache])
     with refused_leaves_no_cache_dir(cache):
         prepare(backend, cache)
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)
@@ -130,7 +132,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         pushed = push(cache, push_url)
         click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
     if env_file is not None:
-        _write_env_file(report, env_file)
+        _write_env_file(report, env_file, inputs, cache)
     emit_warm(report, as_json=as_json, verify=False)
 
 
@@ -144,12 +146,11 @@ def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> No
                f"downloaded, {pulled.shapes} shape(s) added", err=True)
 
 
-def _write_env_file(report: Any, path: str) -> None:
-    from ..plan.io import write_atomic
+def _write_env_file(report: Any, path: str, inputs: list[str], cache: Path) -> None:
     from ..services.report import render_env_file
 
     try:
-        write_atomic(path, render_env_file(report))
+        write_output(path, render_env_file(report), "--env-file", inputs=inputs, cache_dirs=[cache])
     except OSError as exc:
         raise ShapeplanError(f"cannot write --env-file {path}: {exc.strerror}; choose a writable path") from exc
     click.echo(f"environment written to {path} (source it before training)", err=True)

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..errors import PlanFileError
 from ..plan.counter import shape_sort_key
-from ..plan.io import plan_to_dict, shape_to_dict, write_atomic
+from ..plan.io import plan_to_dict, shape_to_dict
 from ..plan.model import Plan, PlanStats, Shape
+from ..plan.targets import write_output
 from .recorder import shape_key, trainer_method
 
 Key = tuple[Any, ...]
@@ -104,7 +105,7 @@ def build_record(trainer: Any, plan: Plan | None, shapes: tuple[Shape, ...], com
 
 def write_record(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     try:
-        write_atomic(path, json.dumps(data, indent=2) + "\n")
+        write_output(path, json.dumps(data, indent=2) + "\n", "--record")
     except OSError as exc:
         raise PlanFileError(f"cannot write the run record to {path}: {exc.strerror}; choose a writable path for "
                             "--record") from exc

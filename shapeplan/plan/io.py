@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -264,9 +265,12 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
-def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+def write_plan(plan: Plan, path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
+    """`-o PLAN`: through `targets.write_output` (a device or FIFO in place, never a file the command reads)."""
+    from .targets import write_output
+
     try:
-        write_atomic(path, dumps(plan))
+        write_output(path, dumps(plan), "-o", inputs=inputs)
     except OSError as exc:
         raise PlanFileError(f"cannot write plan to {path}: {exc.strerror}; choose a writable path with -o") from exc
 

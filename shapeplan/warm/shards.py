@@ -16,7 +16,11 @@ from ..plan.cost import TRAIN_SHAPE_MINUTES
 
 T = TypeVar("T")
 
-_SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+_SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
+_NUMBER = re.compile(r"\s*[0-9]+\s*")
+# More shards than any fleet warms one plan with; a count beyond it is a typo or a mis-set variable, refused before
+# anything is sized by it.
+MAX_SHARDS = 10_000
 
 
 def task_cost(task: Any) -> tuple[float, int]:
@@ -31,14 +35,17 @@ def _longest_first(task: Any) -> tuple[float, int, str]:
 
 def split(tasks: Sequence[T], count: int) -> list[list[T]]:
     """Longest first: each task, costliest first (ties by task key, so the split depends on the tasks alone, not
-    their order), goes to the least loaded share (ties: the lowest share); each share keeps plan order."""
-    loads = [0.0] * count
+    their order), goes to the least loaded share (ties: the lowest share); each share keeps plan order. Shares past
+    the number of tasks stay empty (each of the first tasks takes an empty share, the lowest first), so they are
+    not searched."""
+    used = min(count, len(tasks))
+    loads = [0.0] * used
     owner: dict[int, int] = {}
     for i in sorted(range(len(tasks)), key=lambda i: _longest_first(tasks[i])):
-        share = min(range(count), key=lambda s: (loads[s], s))
+        share = min(range(used), key=lambda s: (loads[s], s))
         owner[i] = share
         loads[share] += task_cost(tasks[i])[0]
-    return [[t for i, t in enumerate(tasks) if owner[i] == s] for s in range(count)]
+    return [[t for i, t in enumerate(tasks) if owner[i] == s] for s in range(used)] + [[] for _ in range(count - used)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,9 @@ class Shard:
 def _checked(index: int, count: int, source: str) -> Shard:
     if count < 1:
         raise UsageError(f"shard count {count} from {source} must be at least 1")
+    if count > MAX_SHARDS:
+        raise UsageError(f"shard count {count} from {source} is over {MAX_SHARDS}, more instances than a plan is "
+                         "warmed with; check it, or warm with fewer shards")
     if not 0 <= index < count:
         raise UsageError(f"shard index {index} from {source} must be in 0..{count - 1} (shards count from 0)")
     return Shard(index, count, source)
@@ -65,9 +75,19 @@ def _checked(index: int, count: int, source: str) -> Shard:
 
 def _integer(env: Mapping[str, str], name: str) -> int:
     value = env[name]
-    if not value.strip().isdigit():
+    if not _NUMBER.fullmatch(value):
         raise UsageError(f"{name}={value!r} is not a non-negative integer; pass --shard I/N")
-    return int(value)
+    return _bounded(value, name)
+
+
+def _bounded(text: str, source: str) -> int:
+    """Digits as an int, refused past any shard index or count before the conversion (Python refuses over 4300
+    digits itself, with a traceback); `_checked` bounds the count."""
+    digits = text.strip()
+    if len(digits.lstrip("0")) > 12:
+        raise UsageError(f"{source} {digits[:20]}{'...' if len(digits) > 20 else ''} is far over {MAX_SHARDS} "
+                         "shards; check it, or pass --shard I/N")
+    return int(digits)
 
 
 def parse_shard(text: str) -> Shard:
@@ -75,7 +95,7 @@ def parse_shard(text: str) -> Shard:
     match = _SHARD.fullmatch(text)
     if match is None:
         raise UsageError(f"--shard {text!r} is not I/N (e.g. --shard 0/8)")
-    return _checked(int(match[1]), int(match[2]), "--shard")
+    return _checked(_bounded(match[1], "--shard index"), _bounded(match[2], "--shard count"), "--shard")
 
 
 def shard_from_env(env: Mapping[str, str], shard_count: int | None) -> Shard | None:

@@ -1,6 +1,6 @@
 """A real S3 server on loopback for the store's tests: moto's standalone server (`moto[server]`), started by the
 tests on 127.0.0.1 with a port of its choosing, stopped when they end (and by `timeout` if they die first). Its
-request log lets a test count the objects a push or pull transferred."""
+request log lets a test count the objects a push or pull transferred (a ranged GET, 206, is logged in two colours)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _RUNNING = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
-_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)?(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1(?:\x1b\[0m)?" (\d+)')
+_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1(?:\x1b\[0m)?" (\d+)')
 LIFETIME_S = 1800  # the server stops itself after this, whatever happens to the tests
 
 

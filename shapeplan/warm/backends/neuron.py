@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,9 @@ UNSET = "<unset>"  # a key variable that is not set: upstream reads an empty val
 DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
 # Physical NeuronCores per Neuron device (/dev/neuronN).
 CORES_PER_DEVICE = {"trn2": 8, "trn3": 8}
+# A bound on core ids and counts read from the environment, far above the largest host (a trn2u.48xlarge has 128
+# logical cores at LNC=1), so that a typo is refused before a list of that size is made.
+MAX_CORES = 4096
 # Where TorchNeuron writes NEFFs and takes its locks without a setting of its own: fixed paths, whatever TMPDIR says
 # (PersistentCacheBackend.cpp, kernels/cache_utils.py, CompilationCache.cpp).
 DEFAULT_CACHE_DIR = Path("/tmp/neff_cache")
@@ -105,13 +109,21 @@ def logical_nc_config(target: str) -> str:
 def parse_cores(text: str) -> list[int]:
     """NEURON_RT_VISIBLE_CORES as a sorted list of core ids: one index ("3") or an inclusive range ("4-7"), the
     forms the runtime guide documents (comma lists of those are read too)."""
+    shown = repr(text if len(text) <= 40 else text[:40] + "...")
     cores: set[int] = set()
-    try:
-        for item in text.replace(" ", "").split(","):
-            first, _, last = item.partition("-")
-            cores.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise UsageError(f"NEURON_RT_VISIBLE_CORES={text!r} is not a core index or range; use e.g. 0-3") from None
+    for item in text.replace(" ", "").split(","):
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", item)
+        if match is None:
+            raise UsageError(f"NEURON_RT_VISIBLE_CORES={shown} is not a core index or range; use e.g. 0-3")
+        # clipped to the bound before int(): a 5000-digit id is refused, not converted
+        first, last = (int(m) if len(m) <= 6 else MAX_CORES for m in (match[1], match[2] or match[1]))
+        if last >= MAX_CORES:
+            raise UsageError(f"NEURON_RT_VISIBLE_CORES={shown} names a core past the {MAX_CORES} logical "
+                             "NeuronCores any host has; use the indexes `neuron-ls` shows")
+        if last < first:
+            raise UsageError(f"NEURON_RT_VISIBLE_CORES={shown} holds a range that ends before it starts; use e.g. "
+                             "0-3")
+        cores.update(range(first, last + 1))
     return sorted(cores)
 
 
@@ -123,6 +135,11 @@ def visible_cores() -> list[int] | None:
         return parse_cores(os.environ["NEURON_RT_VISIBLE_CORES"])
     if os.environ.get("NEURON_RT_NUM_CORES"):
         text = os.environ["NEURON_RT_NUM_CORES"]
+        if not text.isascii():  # str.isdigit() takes digits int() refuses ("²")
+            raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is not a number of cores; use e.g. 4")
+        if text.isdigit() and (len(text.lstrip("0")) > len(str(MAX_CORES)) or int(text) > MAX_CORES):
+            raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is more than the {MAX_CORES} logical NeuronCores any "
+                             "host has; use e.g. 4")
         if not text.isdigit() or int(text) < 1:
             raise UsageError(f"NEURON_RT_NUM_CORES={text!r} is not a number of cores; use e.g. 4")
         return list(range(int(text)))

@@ -217,11 +217,11 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_report(path: Path, versions: Mapping[str, str]) -> dict[str, Any]:
     """Run every probe and write the report, with the host's `versions`, to `path` atomically."""
-    from ...plan.io import write_atomic
+    from ...plan.targets import write_output
 
     with tempfile.TemporaryDirectory(prefix="shapeplan-probe-") as folder:
         report = {"versions": dict(versions), **probe(Path(folder))}
-    write_atomic(path, json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    write_output(path, json.dumps(report, indent=2, sort_keys=True, default=str) + "\n", "--report")
     return report
 
 
