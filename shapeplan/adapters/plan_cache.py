@@ -69,14 +69,13 @@ def _path_candidates(words: Sequence[str]) -> Iterator[str]:
 
 def _config(path: str) -> dict[str, Any]:
     """The `--config` YAML file's mapping; empty when it is unreadable (TRL's parser will say why)."""
-    import yaml
+    from ..errors import UsageError
+    from .config_file import read_config
 
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+        return read_config(path)  # bounded (alias expansion too: the key walks every string) and read once
+    except UsageError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _strings(item: Any) -> Iterator[str]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
 from ..plan.io import MAX_BATCH, MAX_SEQ
+from .config_file import config_path, materialized, read_config
 from .host import max_forks, process_count
 
 if TYPE_CHECKING:
@@ -67,29 +68,18 @@ def given_options(argv: Sequence[str], *, config: bool = True) -> set[str]:
     """TRL field names set on the command line or (`config`) in a `--config` YAML file."""
     names: set[str] = set()
     args = list(argv)
-    for i, token in enumerate(args):
-        if token == "--config" and i + 1 < len(args):
-            if config:
-                names |= set(_read_yaml(args[i + 1])) - {"env"}
+    path = config_path(args)
+    for token in args:
+        if token == "--config":
+            if config and path is not None:
+                names |= set(read_config(path)) - {"env"}
         elif token.startswith("--"):
             names.add(token[2:].split("=", 1)[0].replace("-", "_"))
     return names
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}; pass an existing YAML file to --config") \
-            from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"config file {path} is not valid YAML; fix it or pass another file to --config") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"config file {path} must be a YAML mapping of TRL option names to values")
-    return data
+    return read_config(path)
 
 
 def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
@@ -120,17 +110,19 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         with _world_size(num_processes), warnings.catch_warnings():
             # TRL's own defaults trip transformers' deprecation notices (gradient_checkpointing); none is the user's.
             warnings.simplefilter("ignore", FutureWarning)
-            *parsed, _, _ = parser.parse_args_and_config(
-                argv, return_remaining_strings=True, separate_remaining_strings=True
-            )
+            with materialized(argv) as words:  # TRL opens the config itself: a pipe is read once, here
+                *parsed, _, _ = parser.parse_args_and_config(
+                    words, return_remaining_strings=True, separate_remaining_strings=True
+                )
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"invalid {_option_behind(argv, exc)}: {first_line(exc)}; see `trl {method} --help`") \
-            from exc
+        raise UsageError(f"invalid {_option_behind(argv, exc)}: {_plain(first_line(exc))}; see `trl {method} "
+                         "--help`") from exc
     script, training, model, *rest = parsed
     _check_values(method, parsed)
     _check_positive(training)
+    _check_peft(model)
     return TrainingArgs(
         spec=spec,
         script=script,
@@ -140,6 +132,15 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         num_processes=num_processes,
         given=frozenset(given),
     )
+
+
+def _plain(detail: str) -> str:
+    """Python's conversion errors ("invalid literal for int() with base 10: 'abc'") in the user's words."""
+    if detail.startswith("invalid literal for int()"):
+        return "not a whole number"
+    if detail.startswith("could not convert string to float"):
+        return "not a number"
+    return detail
 
 
 def _option_behind(argv: Sequence[str], exc: Exception) -> str:
@@ -161,9 +162,9 @@ def _launch_options(spec: TrainerSpec, argv: list[str]) -> list[str]:
     parser = make_parser(spec)
     args = list(argv)
     config_remaining: list[str] = []
-    if "--config" in args:
+    if (path := config_path(args)) is not None:
         i = args.index("--config")
-        config = _read_yaml(args[i + 1]) if i + 1 < len(args) else {}
+        config = _read_yaml(path)
         config.pop("env", None)
         config_remaining = parser.set_defaults_with_config(**config)
         del args[i:i + 2]
@@ -225,6 +226,27 @@ def _check_positive(training: Any) -> None:
     # without max_steps the epochs set the run's length: none (or fewer) trains nothing
     if getattr(training, "max_steps", -1) <= 0 and training.num_train_epochs <= 0:
         raise UsageError(f"--num_train_epochs must be positive (or --max_steps set), got {training.num_train_epochs}")
+
+
+# A LoRA rank past any model's hidden size: the adapter matrices of such a rank exhaust memory before peft notices.
+_MAX_LORA_R = 65536
+
+
+def _check_peft(model: Any) -> None:
+    """The LoRA settings as peft refuses them when it builds the adapters (every shape of a warm-up would fail on
+    it), refused once, before any shape: a rank of at least 1, a dropout probability from 0 to 1."""
+    if not getattr(model, "use_peft", False):
+        return
+    r, dropout = getattr(model, "lora_r", 1), getattr(model, "lora_dropout", 0.0)
+    if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= _MAX_LORA_R:
+        raise UsageError(f"--lora_r must be a whole number from 1 to {_MAX_LORA_R} (peft refuses a rank below 1), "
+                         f"got {r!r}")
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
+        raise UsageError(f"--lora_dropout must be a probability from 0 to 1 (torch's Dropout refuses others), got "
+                         f"{dropout!r}")
+    alpha = getattr(model, "lora_alpha", 1)
+    if isinstance(alpha, float) and not math.isfinite(alpha):
+        raise UsageError(f"--lora_alpha must be a finite number, got {alpha}")
 
 
 def _check_values(method: str, configs: Sequence[Any]) -> None:

@@ -97,14 +97,16 @@ def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before
     from ..warm.manifest import Manifest, manifest_files
 
     cache_dir = cache_dir.resolve()
+    manifests = manifest_files(cache_dir) if cache_dir.is_dir() else []
+    plans = frozenset(_one_plan_each(cache_dir, plans, manifests))
     entries, kept = [], 0
-    for path in manifest_files(cache_dir) if cache_dir.is_dir() else []:
+    for path in manifests:
         written = path.stat().st_mtime
         for key, section in Manifest(path).data["environments"].items():
             for task, entry in section["shapes"].items():
                 plan, at = entry.get("plan"), entry.get("warmed_at")
                 when = at if isinstance(at, (int, float)) else written
-                if (plan is not None and any(plan.startswith(p) for p in plans)) or \
+                if plan in plans or \
                         (before is not None and when < before):
                     entries.append((path.name, key, task))
                 elif entry["status"] in WARMED:
@@ -114,6 +116,29 @@ def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before
     files = compiled if entries and not kept else []
     return Pruning(str(cache_dir), tuple(entries), tuple(f.relative_to(cache_dir).as_posix() for f in files),
                    sum(f.stat().st_size for f in files), kept)
+
+
+def _one_plan_each(cache_dir: Path, prefixes: frozenset[str], manifests: list[Path]) -> set[str]:
+    """The fingerprints `prefixes` name, each exactly one of the plans warmed into the dir: an empty prefix (every
+    plan) and a prefix of two plans are refused, naming them, before anything is removed."""
+    from ..errors import UsageError
+    from ..warm.manifest import Manifest
+
+    if not prefixes:
+        return set()
+    held = {entry.get("plan") for path in manifests for section in Manifest(path).data["environments"].values()
+            for entry in section["shapes"].values()} - {None}
+    chosen = set()
+    for prefix in sorted(prefixes):
+        if not prefix.strip():
+            raise UsageError("an empty plan fingerprint matches every plan; pass one from the PLAN column of "
+                             "`shapeplan cache ls` (or --older-than AGE)")
+        found = sorted(p for p in held if p.startswith(prefix))
+        if len(found) > 1:
+            raise UsageError(f"fingerprint {prefix!r} matches {len(found)} plans in {cache_dir} "
+                             f"({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); pass more of it")
+        chosen.update(found)
+    return chosen
 
 
 def prune(pruning: Pruning) -> None:

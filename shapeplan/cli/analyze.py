@@ -8,9 +8,8 @@ import click
 
 from ..errors import PlanFileError, UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..plan.io import write_plan
 from ..plan.model import Plan
-from ..plan.targets import check_output, named_files
+from ..plan.targets import check_output, named_files, write_plan_output
 from .options import FiniteFloat, run_options
 from .output import emit_caveats, emit_plan
 
@@ -67,7 +66,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         from ..services.report import render_comparison
 
         if output is not None:
-            write_plan(plan, output, inputs)
+            write_plan_output(plan, output, inputs)
         click.echo(render_comparison(plan, observed))
         return
     lengths = None

@@ -250,6 +250,12 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
     from ..warm.backends import DEVICES
     from ..warm.cachedir import default_cache_dir
 
+    for given in cache_dirs:
+        if not Path(given).is_dir():
+            from ..errors import CacheError
+
+            raise CacheError(f"cache dir {given} does not exist; pass one `shapeplan warm --cache-dir` wrote (or "
+                             "none, to list the default ones)")
     paths = [Path(d) for d in cache_dirs] or [p for p in map(default_cache_dir, DEVICES) if p.is_dir()]
     infos = [scan_cache_dir(path) for path in paths]
     if as_json:
@@ -289,6 +295,23 @@ def _ls_store(url: str, as_json: bool) -> None:
         click.echo(f"environment {key}:\n{_environment_lines(environment)}")
 
 
+def _fingerprint_of(plan_file: str) -> str:
+    """The fingerprint `warm` recorded for the plan in `plan_file`. A value that is no file but a fingerprint (hex,
+    as `cache ls` prints it) is taken as one, as `--plan` took before `--fingerprint` existed."""
+    import re
+
+    from ..errors import UsageError
+    from ..plan.io import load_plan
+    from ..warm.runner import plan_id
+
+    if not Path(plan_file).exists() and re.fullmatch(r"[0-9a-f]{4,64}", plan_file):
+        return plan_file
+    if not Path(plan_file).exists():
+        raise UsageError(f"--plan {plan_file!r}: no such plan file; pass a plan from `shapeplan analyze -o`, or a "
+                         "fingerprint from `shapeplan cache ls` with --fingerprint")
+    return plan_id(load_plan(plan_file))
+
+
 def _age(text: str) -> float:
     """'30d', '12h', '90m' or a number of days, in seconds."""
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -305,14 +328,17 @@ def _age(text: str) -> float:
 @cache_group.command("prune")
 @click.option("--cache-dir", "cache_dir", type=click.Path(file_okay=False, exists=True), default=None,
               metavar="DIR", help="The cache dir (default: the one `warm` uses).")
-@click.option("--plan", "plans", multiple=True, metavar="FINGERPRINT",
-              help="Remove this plan's shapes (its PLAN column in `cache ls`, or a unique prefix); repeatable.")
+@click.option("--plan", "plan_files", multiple=True, metavar="PLAN",
+              help="Remove the shapes warmed for this plan file (from `shapeplan analyze -o`); repeatable.")
+@click.option("--fingerprint", "fingerprints", multiple=True, metavar="FINGERPRINT",
+              help="Remove this plan's shapes by its fingerprint (the PLAN column of `cache ls`, or a prefix of it "
+                   "that no other plan shares); repeatable.")
 @click.option("--older-than", "older_than", default=None, metavar="AGE",
               help="Remove the shapes last warmed longer ago than AGE (30d, 12h, 90m; a bare number is days).")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed, remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print what is (or would be) removed as JSON.")
-def prune_command(cache_dir: str | None, plans: tuple[str, ...], older_than: str | None, dry_run: bool,
-                  as_json: bool) -> None:
+def prune_command(cache_dir: str | None, plan_files: tuple[str, ...], fingerprints: tuple[str, ...],
+                  older_than: str | None, dry_run: bool, as_json: bool) -> None:
     """Remove a plan's shapes, or the shapes older than AGE, from a cache dir's manifests.
 
     `warm` then warms them again. The compiled files go too once no warmed shape remains: the cache does not
@@ -323,10 +349,12 @@ def prune_command(cache_dir: str | None, plans: tuple[str, ...], older_than: str
     from ..cache.listing import plan_pruning, prune
     from ..errors import UsageError
 
-    if not plans and older_than is None:
-        raise UsageError("cache prune needs --plan FINGERPRINT or --older-than AGE (see `shapeplan cache ls`)")
+    if not plan_files and not fingerprints and older_than is None:
+        raise UsageError("cache prune needs --plan PLAN, --fingerprint FINGERPRINT or --older-than AGE (see "
+                         "`shapeplan cache ls`)")
     before = None if older_than is None else time.time() - _age(older_than)
-    pruning = plan_pruning(_cache_dir(None, cache_dir), plans=frozenset(plans), before=before)
+    pruning = plan_pruning(_cache_dir(None, cache_dir), before=before,
+                           plans=frozenset([*map(_fingerprint_of, plan_files), *fingerprints]))
     if not dry_run:
         prune(pruning)
     if as_json:

@@ -11,8 +11,9 @@ from typing import Any
 import click
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES
-from ..plan.io import dumps, write_plan
+from ..plan.io import dumps
 from ..plan.model import Plan
+from ..plan.targets import write_plan_output
 from ..services.report import render_plan, render_warm, result_row
 from ..warm.model import WarmReport, WarmResult
 
@@ -20,7 +21,7 @@ from ..warm.model import WarmReport, WarmResult
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
               generate_minutes: float = GENERATE_SHAPE_MINUTES, inputs: Sequence[str] = ()) -> None:
     if output is not None:
-        write_plan(plan, output, inputs)
+        write_plan_output(plan, output, inputs)
     if as_json:
         click.echo(dumps(plan), nl=False)
     else:

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -141,6 +140,8 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
 
 def plan_from_dict(data: Any) -> Plan:
     """The plan `data` describes, every field checked for type, sign and range."""
+    if isinstance(data, dict) and "schema" not in data and {"method", "shapes", "config"} & data.keys():
+        raise _malformed("the plan", "has no 'schema'")  # a plan that lost a field, not another kind of file
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PlanFileError(f"not a shapeplan plan (schema {found!r}, expected {PLAN_SCHEMA}); "
@@ -265,12 +266,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
-def write_plan(plan: Plan, path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
-    """`-o PLAN`: through `targets.write_output` (a device or FIFO in place, never a file the command reads)."""
-    from .targets import write_output
-
+def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     try:
-        write_output(path, dumps(plan), "-o", inputs=inputs)
+        write_atomic(path, dumps(plan))
     except OSError as exc:
         raise PlanFileError(f"cannot write plan to {path}: {exc.strerror}; choose a writable path with -o") from exc
 

@@ -18,8 +18,9 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import ShapeplanError, UsageError
-from .io import temp_file, write_atomic
+from ..errors import PlanFileError, ShapeplanError, UsageError
+from .io import dumps, temp_file, write_atomic
+from .model import Plan
 
 # The names of shapeplan's own files in a cache dir: `shapeplan-manifest.json` (warm/manifest.py), its shard files,
 # their locks, and the `.shapeplan-*` staging folders and markers of imports and pulls (cache/contents.py).
@@ -145,3 +146,13 @@ def write_output(path: str | os.PathLike[str], text: str, option: str, *,
             out.write(text)
     finally:
         os.close(fd)
+
+
+def write_plan_output(plan: Plan, path: str | os.PathLike[str],
+                      inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
+    """`-o PLAN`: the plan through `write_output`."""
+    try:
+        write_output(path, dumps(plan), "-o", inputs=inputs)
+    except OSError as exc:
+        raise PlanFileError(f"cannot write plan to {os.fspath(path)}: {exc.strerror}; choose a writable path with "
+                            "-o") from exc

@@ -38,8 +38,10 @@ def analyze_command_line(method: str, words: Sequence[str], *, model: str | None
                          eval_source: str | None = None, use_cache: bool = True, progress_bars: bool = True) -> Plan:
     """`analyze` for the run as `shapeplan analyze` names it: `words` are TRL's options and at most one bare DATASET,
     `model` and `split` stand for --model_name_or_path and --dataset_train_split."""
+    from ..adapters.config_file import checked_config
     from ..adapters.trl_args import split_run_arguments
 
+    checked_config(words)  # a bad --config file is refused before TRL is imported
     spec = trainer_spec(method)
     key_words = [*words, *(["--model", model] if model else []), *(["--split", split] if split else []),
                  *(["--eval-dataset", eval_source] if eval_source else [])]
@@ -80,9 +82,11 @@ def histogram_lengths(method: str, words: Sequence[str], *, model: str | None = 
                       eval_source: str | None = None, use_cache: bool = True) -> tuple[int, ...]:
     """The untruncated train lengths `analyze --histogram` shows for the run as `shapeplan analyze` names it: what
     the method's `TrainerSpec.lengths` counts; refused for a method whose lengths it does not read."""
+    from ..adapters.config_file import checked_config
     from ..adapters.row_lengths import train_lengths
     from ..adapters.trl_args import split_run_arguments
 
+    checked_config(words)  # a bad --config file is refused before TRL is imported
     spec = trainer_spec(method)
     if spec.lengths is None:
         raise UsageError(f"token lengths are read for {', '.join(MEASURED)}, not {method}; drop --histogram")

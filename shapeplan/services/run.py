@@ -32,6 +32,10 @@ def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None
 
     words = list(words)
     head = Path(words[0]).name if words else ""
+    if head == "trl" and (len(words) == 1 or words[1].startswith("-")) and not Path(words[0]).exists():
+        raise UsageError(f"`{' '.join(words[:3])}` names no training command; wrap one of "
+                         f"{', '.join(f'`trl {m}`' for m in METHODS)} with its options, e.g. `-- trl sft --config "
+                         "sft.yaml`")
     if head == "trl" and len(words) > 1 and not words[1].startswith("-"):
         if words[1] not in METHODS:
             raise UsageError(f"`trl {words[1]}` is not a training command shapeplan plans; wrap one of "
