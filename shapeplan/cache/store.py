@@ -252,6 +252,7 @@ def refuse_overlap(store: Store, cache_dir: Path) -> None:
 
 def push(cache_dir: Path, url: str) -> PushResult:
     """Upload the warmed `cache_dir`'s files the store lacks, then its manifest (a new object, never rewritten)."""
+    check_store_url(url)  # before the cache dir's files are hashed
     cache_dir = cache_dir.resolve()
     refuse_incomplete_import(cache_dir)
     environment, shapes = cache_environment(cache_dir)

@@ -176,8 +176,9 @@ def push_command(url: str, cache_dir: str | None, device: str | None, as_json: b
     them: pushes from several hosts at once (fleet shards) are safe. Credentials are the filesystem's own (s3fs:
     AWS_PROFILE, AWS_ENDPOINT_URL, the instance role).
     """
-    from ..cache.store import push
+    from ..cache.store import check_store_url, push
 
+    check_store_url(url)  # before anything is looked up
     result = push(_cache_dir(device, cache_dir), url)
     _emit(result, f"pushed {result.shapes} warmed shape(s), {result.files} file(s) to {url}: {result.uploaded} "
                   f"new object(s), {_size(result.uploaded_bytes)} uploaded (manifest {result.manifest})", as_json)
@@ -203,8 +204,10 @@ def pull_command(url: str, cache_dir: str | None, plan_path: str | None, device:
     cache dir, the limits below, a missing bucket, no credentials (1). A killed pull leaves the cache dir as it
     was; run it again to complete it.
     """
+    from ..cache.store import check_store_url
     from ..cache.store_pull import pull
 
+    check_store_url(url)  # before the plan is read
     result = pull(url, _cache_dir(device, cache_dir), device=device, tasks=_plan_tasks(plan_path, device),
                   limits=_limits(max_gib, max_files, max_metadata_mib))
     _emit(result, f"pulled {url} into {result.cache_dir}: {result.used} of {result.manifests} push(es) for this "

@@ -187,13 +187,15 @@ UNBOUNDED = {
     "pad abc": (["--pad_to_multiple_of", "abc"], "--pad_to_multiple_of 'abc'"),
     "pad 1.5": (["--pad_to_multiple_of=1.5"], "--pad_to_multiple_of '1.5'"),
     "accelerator_config not JSON": (["--accelerator_config", "{split"], "JSON of --accelerator_config"),
+    "lora_r 0": (["--use_peft", "--lora_r", "0"], "--lora_r must be a whole number from 1"),
 }
 
 
 @pytest.mark.parametrize("case", list(UNBOUNDED))
 def test_unbounded_or_absurd_run_is_refused(case: str, tmp_path: Path) -> None:
     option, named = UNBOUNDED[case]
-    assert named in _one_line([*ANALYZE, *option, "-o", "plan.json"], tmp_path, 2)
+    line = _one_line([*ANALYZE, *option, "-o", "plan.json"], tmp_path, 2)
+    assert named in line and "invalid literal" not in line
 
 
 @pytest.mark.parametrize("config", ["per_device_train_batch_size: [1, 2]\n",
@@ -376,3 +378,391 @@ def test_seq_beyond_the_model_is_a_warning(tmp_path: Path) -> None:
     done = _console(["analyze", str(CAPYBARA), "--model", "short", "--max_length", "256", "--no-cache"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "beyond short's max_position_embeddings 128: lower --max_length" in done.stdout
+
+
+# -- issue 32: the store, outputs, config files, counts --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pushed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `warmed` (a warmed cache dir) and `store` (it pushed), pushed once for the module."""
+    from tests.cache.test_archive import _warmed_cache
+
+    folder = tmp_path_factory.mktemp("pushed")
+    _warmed_cache(folder / "warmed")
+    done = _console(["cache", "push", "--cache-dir", "warmed", "store"], folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return folder
+
+
+def _pushed(pushed_store: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A copy of the pushed store and warmed cache dir in `tmp_path`: the store's one manifest, its path and body."""
+    import shutil
+
+    for name in ("warmed", "store"):
+        shutil.copytree(pushed_store / name, tmp_path / name, symlinks=True)
+    (manifest,) = (tmp_path / "store" / "manifests").rglob("*.json")
+    return manifest, json.loads(manifest.read_text())
+
+
+def _first(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    path = sorted(body["files"])[0]
+    return path, body["files"][path]
+
+
+def _added(path: str) -> Any:
+    def edit(body: dict[str, Any]) -> None:
+        body["files"][path] = _first(body)[1]
+    return edit
+
+
+def _resized(delta: int) -> Any:
+    def edit(body: dict[str, Any]) -> None:
+        _first(body)[1]["size"] += delta
+    return edit
+
+
+# Each edit of a pushed manifest makes `cache pull` refuse it in one line, before anything is written into a cache
+# dir that lacks one of the pushed files (it stays usable: `export` does not refuse it).
+STORE_EDITS = {
+    "a path under the manifest's lock": _added("shapeplan-manifest.json.lock/x"),
+    "a path up and out": _added("../outside"),
+    "a file and a folder of one name": lambda body: _added(_first(body)[0] + "/x")(body),
+    "a size below the object's": _resized(-1),
+    "a size above the object's": _resized(+1),
+    "a missing object": lambda body: _first(body)[1].update(sha256="0" * 64),
+}
+
+
+@pytest.mark.parametrize("case", list(STORE_EDITS))
+def test_hostile_store_manifest_is_refused_before_anything_is_written(case: str, pushed_store: Path,
+                                                                      tmp_path: Path) -> None:
+    import shutil
+
+    manifest, body = _pushed(pushed_store, tmp_path)
+    shutil.copytree(tmp_path / "warmed", tmp_path / "mine")
+    (tmp_path / "mine" / _first(body)[0]).unlink()  # the pull has an object to download
+    STORE_EDITS[case](body)
+    manifest.write_text(json.dumps(body))
+    line = _one_line(["cache", "pull", "store", "--cache-dir", "mine", "--device", "cpu"], tmp_path, 1)
+    assert "store" in line
+    if case == "a missing object":
+        assert "is missing from the store" in line and "push again" in line and "bucket" not in line
+    if case == "a path under the manifest's lock":
+        assert _console(["cache", "export", "--cache-dir", "mine", "-o", "a.tar.gz"], tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("path", ["shapeplan-manifest.json.lock/x", "shapeplan-manifest.0-of-2.json",
+                                  "sub/shapeplan-manifest.json", "../x", "a/../../x", "/tmp/x", "a//b", "./a", "",
+                                  "a/\x00b", "a/\nb", ".shapeplan-pulling-1/journal.json", ".shapeplan-import-complete",
+                                  "a/b.lock", "a/b.tmp", "a/b.tmp.AbC123", "a/" + "x" * 300, "a/" * 600 + "b"])
+def test_store_path_a_pull_may_not_write(path: str) -> None:
+    from shapeplan.cache.store import safe_cache_path
+
+    assert not safe_cache_path(path)
+    assert safe_cache_path("fxgraph/ab/graph.bin") and safe_cache_path("neuronxcc-2.x/MODULE_1/model.neff")
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO", "a folder"])
+def test_store_manifest_that_is_no_regular_file_is_refused_in_seconds(kind: str, pushed_store: Path,
+                                                                      tmp_path: Path) -> None:
+    manifest, _ = _pushed(pushed_store, tmp_path)
+    manifest.unlink()
+    if kind == "a FIFO":
+        os.mkfifo(manifest)
+    elif kind == "a folder":
+        manifest.mkdir()
+        (manifest / "x.json").write_text("{}")
+    else:
+        manifest.symlink_to("/dev/zero")
+    line = _one_line(["cache", "ls", "store"], tmp_path, 1)
+    assert ("not a regular file" in line) or ("not a shapeplan store manifest" in line)
+
+
+def _journal(links: list[list[Any]], sections: dict[str, Any]) -> bytes:
+    return json.dumps({"links": links, "sections": sections}).encode()
+
+
+JOURNALS = {"cut short": lambda text: text[: len(text) // 2], "not UTF-8": lambda text: b"\xff" + text,
+            "names a path outside": lambda text: text.replace(b'"aotautograd/', b'"../aotautograd/'),
+            "names a missing staged file": lambda text: text}
+
+
+@pytest.mark.parametrize("case", list(JOURNALS))
+def test_killed_pull_with_a_broken_journal_is_discarded_and_the_pull_completes(case: str, pushed_store: Path,
+                                                                               tmp_path: Path) -> None:
+    import hashlib
+
+    from shapeplan.cache.contents import PULL_JOURNAL, PULL_STAGING
+    from shapeplan.warm.manifest import read_merged
+    from tests.cache.test_archive import FILES
+
+    _pushed(pushed_store, tmp_path)
+    staging = tmp_path / "target" / f"{PULL_STAGING}999999-killed"
+    staging.mkdir(parents=True)
+    links = []
+    for name, data in FILES.items():
+        digest = hashlib.sha256(data).hexdigest()
+        if case != "names a missing staged file":
+            (staging / digest).write_bytes(data)
+        links.append([digest, name, 0o644])
+    sections = {k: {"environment": s["environment"], "shapes": s["shapes"]}
+                for k, s in read_merged(tmp_path / "warmed").environments.items()}
+    (staging / PULL_JOURNAL).write_bytes(JOURNALS[case](_journal(links, sections)))
+    done = _console(["cache", "pull", "store", "--cache-dir", "target", "--device", "cpu"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {n: (tmp_path / "target" / n).read_bytes() for n in FILES} == FILES
+    assert not list((tmp_path / "target").glob(f"{PULL_STAGING}*")) and not (tmp_path / "aotautograd").exists()
+    assert sorted(read_merged(tmp_path / "target").environments.popitem()[1]["shapes"]) == ["train 2x128"]
+
+
+@pytest.mark.parametrize("url", ["", "warmed", "warmed/store", "memory://store", "zip::file://a.zip", "ftp://h/x",
+                                 "http://h/x"])
+def test_store_url_no_store_can_live_at_is_a_usage_error(url: str, tmp_path: Path) -> None:
+    from tests.cache.test_archive import _warmed_cache
+
+    _warmed_cache(tmp_path / "warmed")
+    line = _one_line(["cache", "push", "--cache-dir", "warmed", url], tmp_path, 2)
+    assert "store" in line or "URL" in line or "chains" in line
+
+
+@pytest.mark.parametrize("endpoint", ["not a url", "http://[::1", "ftp://s3.example.com", "http://h:99999"])
+def test_malformed_endpoint_is_a_usage_error(endpoint: str, tmp_path: Path) -> None:
+    assert "AWS_ENDPOINT_URL" in _one_line(["cache", "ls", "s3://bucket/x"], tmp_path, 2, AWS_ENDPOINT_URL=endpoint)
+
+
+def test_endpoint_that_never_answers_times_out(tmp_path: Path) -> None:
+    """An endpoint that accepts connections and never answers: one line once the read timeout passes, not a
+    hang."""
+    import socket
+    import time
+
+    pytest.importorskip("s3fs")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        started = time.monotonic()
+        line = _one_line(["cache", "ls", "s3://bucket/x"], tmp_path, 1,
+                         AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
+                         AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1",
+                         AWS_EC2_METADATA_DISABLED="true", SHAPEPLAN_STORE_TIMEOUT="1")
+    assert time.monotonic() - started < 60
+    assert "s3://bucket/x" in line and "network" in line
+
+
+def test_cache_ls_of_a_missing_dir_is_one_line(tmp_path: Path) -> None:
+    assert "does not exist" in _one_line(["cache", "ls", "--cache-dir", "nowhere"], tmp_path, 1)
+
+
+# Outputs refused before the command's work: (args, exit code, what the line names). `plan.json` is a valid plan,
+# `run.yaml` a config, `warmed` a warmed cache dir, `fifo` a FIFO nobody reads.
+WARM = ["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "warmed"]
+OUTPUTS = {
+    "--env-file is the plan": ([*WARM, "--env-file", "plan.json"], 2, "which this command reads"),
+    "--env-file is the manifest": ([*WARM, "--env-file", "warmed/shapeplan-manifest.json"], 2, "manifest"),
+    "--env-file in the cache dir": ([*WARM, "--env-file", "warmed/env.sh"], 2, "inside the cache dir"),
+    "--env-file a folder": ([*WARM, "--env-file", "warmed"], 2, "is a directory"),
+    "--env-file in no folder": ([*WARM, "--env-file", "no/env.sh"], 1, "does not exist"),
+    "-o is the config": (["analyze", "--config", "run.yaml", "-o", "run.yaml"], 2, "which this command reads"),
+    "-o is the dataset": (["analyze", str(CAPYBARA), "-o", str(CAPYBARA)], 2, "which this command reads"),
+    "-o is the compared record": (["analyze", "--compare", "plan.json", "-o", "plan.json"], 2, "reads"),
+    "-o empty": (["analyze", "-o", ""], 2, "-o is empty"),
+    "--record is the plan": (["guard", "--plan", "plan.json", "--record", "plan.json", "--", "python", "-c", "0"], 2,
+                             "which this command reads"),
+    "--record in the cache dir": (["guard", "--record", "warmed/run.json", "--", "python", "-c", "0"], 2,
+                                  "compile cache"),
+    "--report unwritable": (["doctor", "--device", "neuron", "--report", "/proc/report.json"], 1,
+                            "cannot write --report"),
+    "--report a folder": (["doctor", "--device", "neuron", "--report", "warmed"], 2, "is a directory"),
+    "export -o a FIFO": (["cache", "export", "--cache-dir", "warmed", "-o", "fifo"], 2, "not a regular file"),
+    "export -o inside the cache dir": (["cache", "export", "--cache-dir", "warmed", "-o", "warmed/a.tar.gz"], 2,
+                                       "inside the cache dir"),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_output_that_would_destroy_is_refused_before_the_work(case: str, tmp_path: Path) -> None:
+    from tests.cache.test_archive import _warmed_cache
+
+    args, code, named = OUTPUTS[case]
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    (tmp_path / "run.yaml").write_text(f"model_name_or_path: {TINY_MODEL}\ndataset_name: {CAPYBARA}\n")
+    _warmed_cache(tmp_path / "warmed")
+    os.mkfifo(tmp_path / "fifo")
+    assert named in _one_line(args, tmp_path, code, SHAPEPLAN_CACHE_DIR=str(tmp_path / "plans"))
+
+
+def test_outputs_go_into_devices_and_fifos_in_place(tmp_path: Path) -> None:
+    """A character device or a FIFO is written, never replaced by a regular file; a FIFO nobody reads is refused
+    instead of blocking; a link is written through."""
+    import stat
+    import threading
+
+    from shapeplan.errors import ShapeplanError
+    from shapeplan.plan.targets import write_output
+
+    write_output("/dev/null", "x\n", "-o")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ShapeplanError, match="FIFO nobody reads"):
+        write_output(fifo, "x\n", "-o")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    for _ in range(200):  # until the reader has the FIFO open
+        try:
+            write_output(fifo, "plan\n", "-o")
+            break
+        except ShapeplanError:
+            threading.Event().wait(0.01)
+    reader.join(10)
+    assert got == [b"plan\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("real.json")
+    write_output(tmp_path / "link.json", "new", "-o")
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"
+
+
+# Counts refused before anything is sized by them: (args, environment, what the line names).
+COUNTS = {
+    "--shard 0/30000000": (["--shard", "0/30000000"], {}, "--shard"),
+    "--shard of 5000 digits": (["--shard", "0/" + "9" * 5000], {}, "--shard"),
+    "Slurm count 10^12": ([], {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": str(10 ** 12)}, "SLURM"),
+    "Slurm max 10^9": ([], {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "0",
+                            "SLURM_ARRAY_TASK_MAX": str(10 ** 9)}, "SLURM"),
+    "Batch size of 5000 digits": ([], {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ARRAY_SIZE": "9" * 5000},
+                                  "AWS_BATCH_JOB_ARRAY_SIZE"),
+    "Kubernetes --shard-count 10^9": (["--shard-count", str(10 ** 9)], {"JOB_COMPLETION_INDEX": "0"},
+                                      "JOB_COMPLETION_INDEX"),
+    "Slurm id of superscript digits": ([], {"SLURM_ARRAY_TASK_ID": "²", "SLURM_ARRAY_TASK_COUNT": "2"}, "SLURM"),
+}
+
+
+@pytest.mark.parametrize("case", list(COUNTS))
+def test_absurd_count_is_refused_before_allocation(case: str, tmp_path: Path) -> None:
+    args, env, named = COUNTS[case]
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    assert named in _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache", *args],
+                              tmp_path, 2, **env)
+
+
+@pytest.mark.parametrize("cores", ["0-1000000000", "0-" + "9" * 5000, "3-1", "²", "0,a"])
+def test_visible_core_list_is_bounded(cores: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shapeplan.errors import UsageError
+    from shapeplan.warm.backends.neuron import parse_cores, visible_cores
+
+    with pytest.raises(UsageError, match="NEURON_RT_VISIBLE_CORES"):
+        parse_cores(cores)
+    assert parse_cores("0-3,6") == [0, 1, 2, 3, 6]
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    for count in (str(10 ** 9), "9" * 5000, "²"):
+        monkeypatch.setenv("NEURON_RT_NUM_CORES", count)
+        with pytest.raises(UsageError, match="NEURON_RT_NUM_CORES"):
+            visible_cores()
+
+
+def test_split_past_the_task_count_is_cheap_and_leaves_the_rest_empty() -> None:
+    from types import SimpleNamespace
+
+    from shapeplan.warm.shards import MAX_SHARDS, split
+
+    tasks = [SimpleNamespace(cost=float(i), batch=1, seq=128, key=f"t{i}") for i in range(5)]
+    shares = split(tasks, MAX_SHARDS)
+    assert len(shares) == MAX_SHARDS and sum(map(len, shares)) == 5 and shares[5:] == [[]] * (MAX_SHARDS - 5)
+    assert shares[:5] == split(tasks, 5)
+
+
+def _pruned_cache(tmp_path: Path, plans: list[str]) -> Path:
+    from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key, machine_environment
+    from shapeplan.warm.model import ManifestEntry
+    from tests.cache.test_archive import _warmed_cache
+
+    environment = {"method": "sft", **machine_environment("cpu")}
+    cache = _warmed_cache(tmp_path / "cache", shapes=())
+    for i, plan in enumerate(plans):
+        Manifest(cache / MANIFEST).record(ManifestEntry(environment_key(environment), f"train 2x{128 * (i + 1)}",
+                                                        "compiled", 1.0, plan=plan), environment)
+    return cache
+
+
+@pytest.mark.parametrize("pattern", ["", " ", "ab"])
+def test_prune_pattern_of_no_single_plan_is_refused(pattern: str, tmp_path: Path) -> None:
+    _pruned_cache(tmp_path, ["ab1111111111", "ab2222222222"])
+    line = _one_line(["cache", "prune", "--cache-dir", "cache", "--fingerprint", pattern], tmp_path, 2)
+    assert ("ab1111111111" in line and "ab2222222222" in line) if pattern == "ab" else "empty" in line
+
+
+def test_prune_plan_takes_a_plan_file(tmp_path: Path) -> None:
+    from shapeplan.warm.manifest import read_merged
+    from shapeplan.warm.runner import plan_id
+
+    (tmp_path / "plan.json").write_bytes(_text(_plan()))
+    mine = plan_id(load_plan(tmp_path / "plan.json"))
+    _pruned_cache(tmp_path, [mine, "ff0000000000"])
+    done = _console(["cache", "prune", "--cache-dir", "cache", "--plan", "plan.json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (section,) = read_merged(tmp_path / "cache").environments.values()
+    assert [e["plan"] for e in section["shapes"].values()] == ["ff0000000000"]
+    assert "no such plan file" in _one_line(["cache", "prune", "--cache-dir", "cache", "--plan", "gone.json"],
+                                            tmp_path, 2)
+
+
+def _laughs(levels: int = 9) -> str:
+    lines = ['l0: &l0 "ha"'] + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+CONFIGS: dict[str, tuple[bytes, str]] = {
+    "billion laughs": (_laughs().encode(), "aliases"),
+    "5000 levels deep": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "levels deep"),
+    "non-UTF-8": (b"max_length: 128\nchat_template: \"\xff\xfe\"\n", "not UTF-8"),
+    "over 4 MiB": (b"a: " + b"x" * (5 << 20) + b"\n", "MiB"),
+    "a list": (b"- 1\n- 2\n", "YAML mapping"),
+    "bad YAML": (b"a: [1, 2\n", "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_hostile_config_file_is_one_line_in_seconds(case: str, tmp_path: Path) -> None:
+    import time
+
+    data, named = CONFIGS[case]
+    (tmp_path / "run.yaml").write_bytes(data)
+    started = time.monotonic()
+    assert named in _one_line(["analyze", "--config", "run.yaml", "--no-cache"], tmp_path, 2)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("args", [["--config"], ["--config", "a.yaml", "--config", "a.yaml"], ["--", "trl"],
+                                  ["--", "trl", "--config", "a.yaml"]])
+def test_wrong_cause_messages_name_the_real_problem(args: list[str], tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("max_length: 128\n")
+    line = _one_line(["analyze", *args, "--no-cache"], tmp_path, 2)
+    assert "fsdp_config" not in line and "Hub" not in line and "dataset" not in line.lower()
+    assert ("--config" in line) if args[0] == "--config" else ("trl sft" in line)
+
+
+def test_config_from_a_pipe_is_read_once(tmp_path: Path) -> None:
+    """`--config <(...)`, `--config /dev/stdin`: TRL's parser opens the path again; it gets the bytes read the
+    first time."""
+    config = f"model_name_or_path: {TINY_MODEL}\ndataset_name: {CAPYBARA}\nmax_length: 256\n"
+    done = subprocess.run([SHAPEPLAN, "analyze", "--config", "/dev/stdin", "--no-cache", "--json"], cwd=tmp_path,
+                          input=config, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["shapes"][0]["seq"] <= 256
+
+
+@pytest.mark.parametrize("values", [{"lora_r": 0}, {"lora_r": -3}, {"lora_r": 10 ** 9}, {"lora_dropout": 2.0},
+                                    {"lora_dropout": -0.1}, {"lora_alpha": float("nan")}])
+def test_lora_values_peft_refuses_are_refused_before_any_shape(values: dict[str, Any]) -> None:
+    from types import SimpleNamespace
+
+    from shapeplan.adapters.trl_args import _check_peft
+    from shapeplan.errors import UsageError
+
+    model = SimpleNamespace(**{"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, **values})
+    with pytest.raises(UsageError, match=f"--{next(iter(values))}"):
+        _check_peft(model)
+    _check_peft(SimpleNamespace(**{**vars(model), "use_peft": False}))  # without --use_peft they are not read
