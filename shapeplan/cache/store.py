@@ -398,7 +398,7 @@ def _parse(url: str, name: str, data: bytes) -> StoreManifest:
                      "from the store and push again")
     try:
         body = json.loads(data.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past what json's parser recurses into
         raise bad from None
     if not isinstance(body, dict) or body.get("schema") != STORE_SCHEMA:
         raise bad

@@ -230,7 +230,7 @@ def _journal(staging: Path) -> tuple[list[tuple[str, str, int]], dict[str, Any]]
                     and safe_cache_path(path) and type(mode) is int):
                 return None
             checked.append((digest, path, mode & 0o777))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return checked, sections
 

@@ -243,7 +243,7 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
     """List the plans warmed into cache dirs, or, given URL, the pushes a store holds.
 
     Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
-    (what `cache prune --plan` takes), environment key, shapes warmed and failed, and when it was last warmed
+    (what `cache prune --fingerprint` takes), environment key, shapes warmed and failed, and when it was last warmed
     (UTC). Per store push: when and from which host, model, method, environment key, shapes, files and size.
     """
     if url is not None:

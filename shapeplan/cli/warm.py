@@ -111,6 +111,11 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
     inputs = named_files([plan_path, *trl_args, eval_dataset, model])
     if env_file is not None:  # before the warm-up's hours
         check_output(env_file, "--env-file", inputs=inputs, cache_dirs=[cache])
+    for url in (pull_url, push_url):  # so are the stores
+        if url is not None:
+            from ..cache.store import open_store, refuse_overlap
+
+            refuse_overlap(open_store(url), cache)
     with refused_leaves_no_cache_dir(cache):
         prepare(backend, cache)
         plan, warmer = load_run(plan_path, method, model, eval_dataset, split, trl_args, backend.device)

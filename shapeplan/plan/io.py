@@ -290,6 +290,9 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     except ValueError as exc:  # a duplicate key, NaN/Infinity, or an integer too long to convert
         raise PlanFileError(f"plan {path} is not valid plan JSON ({exc}); re-create it with "
                             "`shapeplan analyze -o`") from exc
+    except RecursionError:
+        raise PlanFileError(f"plan {path} nests values deeper than a plan does; re-create it with "
+                            "`shapeplan analyze -o`") from None
     return plan_from_dict(data)
 
 

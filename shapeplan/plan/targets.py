@@ -47,14 +47,15 @@ def check_output(path: str | os.PathLike[str], option: str, *, inputs: Iterable[
         raise UsageError(f"{option} is empty; pass the path of a file to write")
     if "\0" in text:
         raise UsageError(f"{option} {text!r} holds a NUL byte; pass the path of a file to write")
-    real = Path(os.path.realpath(text))
     refuse = f"{option} {text}"
     try:
-        found = os.stat(real)
+        found = os.stat(text)  # through links, as the kernel opens it (/dev/stdout on a pipe has no real path)
     except FileNotFoundError:
         found = None
     except OSError as exc:
         raise ShapeplanError(f"cannot write {refuse}: {exc.strerror}; choose a writable path") from None
+    # a regular file is renamed onto: the file a link names, not the link; a device or FIFO is opened as given
+    real = Path(os.path.realpath(text)) if found is None or stat.S_ISREG(found.st_mode) else Path(text)
     if found is not None:
         if stat.S_ISDIR(found.st_mode):
             raise UsageError(f"{refuse} is a folder; pass the path of a file in it")

@@ -83,7 +83,7 @@ class Manifest:
         except OSError as exc:
             raise CacheError(f"manifest {self.path} is unreadable ({exc.strerror}); delete it to re-warm this cache "
                              "dir") from exc
-        except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
+        except (ValueError, RecursionError) as exc:  # bad JSON, bytes that are not UTF-8, nested past the parser
             raise CacheError(f"manifest {self.path} is not UTF-8 JSON ({exc}); delete it to re-warm this cache dir") \
                 from exc
         if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:

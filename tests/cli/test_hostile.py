@@ -62,6 +62,8 @@ PLANS: dict[str, bytes] = {
                                                                       "per_device_train_batch_size": [2]}}),
     "shape without seq": _text({**_plan(), "shapes": [{"phase": "train", "batch": 2, "count": 1,
                                                         "first_step": 1}]}),
+    "nested 100000 deep": _text(_plan()).replace(b'"warnings": []', b'"warnings": ' + b"[" * 100_000 + b"]" * 100_000),
+    "no schema": _text({k: v for k, v in _plan().items() if k != "schema"}),
 }
 
 
@@ -575,6 +577,8 @@ OUTPUTS = {
                             "cannot write --report"),
     "--report a folder": (["doctor", "--device", "neuron", "--report", "warmed"], 2, "is a directory"),
     "export -o a FIFO": (["cache", "export", "--cache-dir", "warmed", "-o", "fifo"], 2, "not a regular file"),
+    "--push into the cache dir": ([*WARM, "--push", "warmed"], 2, "is the cache dir"),
+    "--pull of memory://": ([*WARM, "--pull", "memory://store"], 2, "memory://"),
     "export -o inside the cache dir": (["cache", "export", "--cache-dir", "warmed", "-o", "warmed/a.tar.gz"], 2,
                                        "inside the cache dir"),
 }
