@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import UsageError
+from ..plan.io import TooLarge, read_bounded
 
 MAX_CONFIG_BYTES = 4 << 20  # a TRL config is a few KiB; a chat template inline is some more
 MAX_DEPTH = 64
@@ -45,15 +46,15 @@ def _load(path: str) -> tuple[bytes, dict[str, Any]]:
 
 def _read(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "Is a directory")
+        return read_bounded(path, MAX_CONFIG_BYTES)
+    except TooLarge:
+        raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB, more than a TRL config holds; "
+                         "pass the YAML file of the run to --config") from None
     except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}; pass an existing YAML file to --config") \
             from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB, more than a TRL config holds; "
-                         "pass the YAML file of the run to --config")
-    return data
 
 
 def _parse(path: str, data: bytes) -> tuple[bytes, dict[str, Any]]:

@@ -240,6 +240,25 @@ def remove_stale(directory: Path, prefix: str) -> None:
                 path.unlink()
 
 
+class TooLarge(Exception):
+    """`read_bounded` found more than its limit."""
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of an input file, at most `limit` of them (TooLarge past it: /dev/zero, or a link to it, ends
+    there). A FIFO nobody writes reads as empty instead of blocking: it is opened without waiting for a writer,
+    then read as usual (a pipe of `<(...)` has its writer already)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb", closefd=True) as handle:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(path)
+    return data
+
+
 def temp_file(target: Path) -> tuple[int, str]:
     """A new temporary file next to `target` (fd, path), to be renamed onto it: named after this process so that
     the next writer of `target` removes it if this process is killed first, and with the mode a plain open()
@@ -273,9 +292,17 @@ def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
         raise PlanFileError(f"cannot write plan to {path}: {exc.strerror}; choose a writable path with -o") from exc
 
 
+MAX_PLAN_BYTES = 64 << 20  # a plan of 100,000 shapes is some 10 MiB
+
+
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "Is a directory")
+        text = read_bounded(path, MAX_PLAN_BYTES).decode("utf-8")
+    except TooLarge:
+        raise PlanFileError(f"plan {path} is over {MAX_PLAN_BYTES >> 20} MiB, more than any plan holds; pass a file "
+                            "written by `shapeplan analyze -o`") from None
     except OSError as exc:
         raise PlanFileError(f"cannot read plan {path}: {exc.strerror}; pass a file written by "
                             "`shapeplan analyze -o`") from exc

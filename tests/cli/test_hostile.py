@@ -770,3 +770,13 @@ def test_lora_values_peft_refuses_are_refused_before_any_shape(values: dict[str,
     with pytest.raises(UsageError, match=f"--{next(iter(values))}"):
         _check_peft(model)
     _check_peft(SimpleNamespace(**{**vars(model), "use_peft": False}))  # without --use_peft they are not read
+
+
+@pytest.mark.parametrize("args", [["warm", "--plan", "/dev/zero"], ["warm", "--plan", "fifo"],
+                                  ["analyze", "--config", "/dev/zero"], ["analyze", "--config", "fifo"]])
+def test_input_that_is_no_regular_file_is_read_bounded_without_blocking(args: list[str], tmp_path: Path) -> None:
+    """/dev/zero ends at the size bound; a FIFO nobody writes reads as empty instead of blocking."""
+    os.mkfifo(tmp_path / "fifo")
+    line = _one_line([*args, "--device", "cpu", "--cache-dir", "cache"] if args[0] == "warm" else args, tmp_path,
+                     1 if args[0] == "warm" else 2)
+    assert args[-1] in line
