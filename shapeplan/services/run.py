@@ -32,8 +32,8 @@ def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None
 
     words = list(words)
     head = Path(words[0]).name if words else ""
-    if head == "trl" and (len(words) == 1 or words[1].startswith("-")) and not Path(words[0]).exists():
-        raise UsageError(f"`{' '.join(words[:3])}` names no training command; wrap one of "
+    if words == ["trl"] and not Path(words[0]).exists():  # `-- trl` alone; `trl --opt` may be a dataset named trl
+        raise UsageError(f"`{words[0]}` names no training command; wrap one of "
                          f"{', '.join(f'`trl {m}`' for m in METHODS)} with its options, e.g. `-- trl sft --config "
                          "sft.yaml`")
     if head == "trl" and len(words) > 1 and not words[1].startswith("-"):

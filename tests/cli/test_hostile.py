@@ -738,11 +738,10 @@ def test_hostile_config_file_is_one_line_in_seconds(case: str, tmp_path: Path) -
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("args", [["--config"], ["--config", "a.yaml", "--config", "a.yaml"], ["--", "trl"],
-                                  ["--", "trl", "--config", "a.yaml"]])
+@pytest.mark.parametrize("args", [["--config"], ["--config", "a.yaml", "--config", "a.yaml"], ["--", "trl"]])
 def test_wrong_cause_messages_name_the_real_problem(args: list[str], tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("max_length: 128\n")
-    line = _one_line(["analyze", *args, "--no-cache"], tmp_path, 2)
+    line = _one_line(["analyze", "--no-cache", *args], tmp_path, 2)
     assert "fsdp_config" not in line and "Hub" not in line and "dataset" not in line.lower()
     assert ("--config" in line) if args[0] == "--config" else ("trl sft" in line)
 
