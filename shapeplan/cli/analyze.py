@@ -58,7 +58,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         raise UsageError("--compare prints a table for people; drop --json (the run record is JSON already)")
     inputs = named_files([*trl_args, eval_dataset, compare, model])
     if output is not None:  # before the planning's minutes: an output that cannot be written is refused now
-        check_output(output, "-o", inputs=inputs)
+        check_output(output, "-o", inputs=inputs, what="plan")
     observed = load_observed(compare) if compare is not None else None
     plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
                                 use_cache=not no_cache, progress_bars=sys.stderr.isatty())

@@ -37,23 +37,25 @@ def _is_store_manifests(folder: Path) -> bool:
 
 def check_output(path: str | os.PathLike[str], option: str, *, inputs: Iterable[str | os.PathLike[str] | None] = (),
                  cache_dirs: Iterable[str | os.PathLike[str] | None] = (), regular_only: bool = False,
-                 probe: bool = True) -> Path:
+                 probe: bool = True, what: str | None = None) -> Path:
     """The file `option`'s output goes to (a link resolved), checked before any work; see the module's docstring.
     `inputs` are the files the command reads, `cache_dirs` the cache dirs it uses (None entries are skipped).
     `regular_only`: a device or FIFO is refused too (an archive is renamed into place, never streamed); `probe`:
-    check that the folder takes a new file (off where the writer makes the folder itself)."""
+    check that the folder takes a new file (off where the writer makes the folder itself); `what` names the output
+    in a failed write ("plan": "cannot write plan to PATH")."""
     text = os.fspath(path)
     if not text.strip():
         raise UsageError(f"{option} is empty; pass the path of a file to write")
     if "\0" in text:
         raise UsageError(f"{option} {text!r} holds a NUL byte; pass the path of a file to write")
     refuse = f"{option} {text}"
+    unwritable = f"{what} to {text}" if what else refuse
     try:
         found = os.stat(text)  # through links, as the kernel opens it (/dev/stdout on a pipe has no real path)
     except FileNotFoundError:
         found = None
     except OSError as exc:
-        raise ShapeplanError(f"cannot write {refuse}: {exc.strerror}; choose a writable path") from None
+        raise ShapeplanError(f"cannot write {unwritable}: {exc.strerror}; choose a writable path") from None
     # a regular file is renamed onto: the file a link names, not the link; a device or FIFO is opened as given
     real = Path(os.path.realpath(text)) if found is None or stat.S_ISREG(found.st_mode) else Path(text)
     if found is not None:
@@ -80,7 +82,7 @@ def check_output(path: str | os.PathLike[str], option: str, *, inputs: Iterable[
             raise UsageError(f"{refuse} is inside the compile cache {held}, among its own files; write it outside "
                              "the cache dir")
         if probe:
-            _probe_folder(real, refuse)
+            _probe_folder(real, unwritable)
     return real
 
 
@@ -123,10 +125,10 @@ def _probe_folder(real: Path, refuse: str) -> None:
 
 def write_output(path: str | os.PathLike[str], text: str, option: str, *,
                  inputs: Iterable[str | os.PathLike[str] | None] = (),
-                 cache_dirs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
+                 cache_dirs: Iterable[str | os.PathLike[str] | None] = (), what: str | None = None) -> None:
     """Write `text` to the output `path` names (checked again: it may have changed during the work). OSError from
     the write itself is left to the caller, which names its option's fix."""
-    real = check_output(path, option, inputs=inputs, cache_dirs=cache_dirs)
+    real = check_output(path, option, inputs=inputs, cache_dirs=cache_dirs, what=what)
     try:
         special = not stat.S_ISREG(os.stat(real).st_mode)
     except FileNotFoundError:
@@ -138,8 +140,8 @@ def write_output(path: str | os.PathLike[str], text: str, option: str, *,
         fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
-            raise ShapeplanError(f"cannot write {option} {os.fspath(path)}: it is a FIFO nobody reads; start its "
-                                 "reader first") from None
+            raise ShapeplanError(f"cannot write {what + ' to' if what else option} {os.fspath(path)}: it is a FIFO "
+                                 "nobody reads; start its reader first") from None
         raise
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
@@ -153,7 +155,7 @@ def write_plan_output(plan: Plan, path: str | os.PathLike[str],
                       inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
     """`-o PLAN`: the plan through `write_output`."""
     try:
-        write_output(path, dumps(plan), "-o", inputs=inputs)
+        write_output(path, dumps(plan), "-o", inputs=inputs, what="plan")
     except OSError as exc:
         raise PlanFileError(f"cannot write plan to {os.fspath(path)}: {exc.strerror}; choose a writable path with "
                             "-o") from exc
