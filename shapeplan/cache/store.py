@@ -155,8 +155,9 @@ _LOCAL_PROTOCOLS = ("file", "local")
 _S3_PROTOCOLS = ("s3", "s3a")
 _PROTOCOLS = (*_LOCAL_PROTOCOLS, *_S3_PROTOCOLS, "gs", "gcs", "az", "abfs", "abfss")
 # Seconds an S3 request may wait to connect or for the next bytes (SHAPEPLAN_STORE_TIMEOUT overrides): an endpoint
-# that accepts and never answers ends in a one-line error, not a hang.
-STORE_TIMEOUT_S = 30.0
+# that accepts and never answers ends in a one-line error after at most four waits (two tries of s3fs, two attempts
+# of botocore each), not a hang.
+STORE_TIMEOUT_S = 20.0
 
 
 def _protocol_of(url: str) -> str | None:
@@ -230,6 +231,8 @@ def open_store(url: str) -> Store:
     except ValueError as exc:  # an unknown protocol
         raise UsageError(f"{url} is not a URL fsspec can open ({exc}); pass s3://BUCKET/PREFIX or a folder") \
             from None
+    if "config_kwargs" in options:
+        fs.retries = 2  # s3fs's own retry loop (5 by default) around botocore's attempts: each waits the timeout
     return Store(url, fs, root)
 
 
