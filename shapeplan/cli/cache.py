@@ -41,6 +41,8 @@ def _emit(info: Any, text: str, as_json: bool) -> None:
 def _summary(info: Any) -> str:
     compiler = info.environment.get("compiler", {})
     settings = ", ".join(f"{k}={v}" for k, v in sorted(compiler.items()) if v not in ("", None))
+    if not info.shapes:  # eager (or failed) shapes only: no code was compiled in these settings
+        return f"0 warmed shape(s) (nothing compiled), {len(info.files)} file(s); environment {settings}"
     return f"{info.shapes} warmed shape(s), {len(info.files)} file(s); compiled with {settings}"
 
 
@@ -55,6 +57,9 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
     from ..cache.archive import export_cache
 
     info = export_cache(Path(cache_dir), Path(output))
+    if not info.shapes:  # written all the same (an archive is also a record of the run), never silently
+        click.echo(f"warning: {info.path} warms nothing: {cache_dir} holds no compiled shape (eager cpu/cuda runs "
+                   "compile nothing); warm with --torch_compile true or on --device neuron, then export", err=True)
     _emit(info, f"exported {_summary(info)} to {info.path}", as_json)
 
 
@@ -236,8 +241,9 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
     """List the plans warmed into cache dirs, or, given URL, the pushes a store holds.
 
     Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
-    (what `cache prune --plan` takes), environment key, shapes warmed and failed, and when it was last warmed
-    (UTC). Per store push: when and from which host, model, method, environment key, shapes, files and size.
+    (what `cache prune --plan` takes), environment key, shapes warmed (compiled or read from the cache), eager
+    (ran on cpu/cuda without torch_compile: nothing cached) and failed, and when it was last warmed (UTC). Per
+    store push: when and from which host, model, method, environment key, shapes, files and size.
     """
     if url is not None:
         _ls_store(url, as_json)
@@ -259,9 +265,9 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
 
 
 def _plans_table(plans: Sequence[Any]) -> str:
-    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
-             _when(p.last_warmed)) for p in plans]
-    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows) \
+    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.eager),
+             str(p.failed), _when(p.last_warmed)) for p in plans]
+    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "EAGER", "FAILED", "LAST WARMED"), rows) \
         if rows else "  no warmed plans"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,9 @@ from ..plan.io import dumps, write_plan
 from ..plan.model import Plan
 from ..services.report import render_plan, render_warm, result_row
 from ..warm.model import WarmReport, WarmResult
+
+if TYPE_CHECKING:
+    from ..services.trl_command import TrlCommand
 
 
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
@@ -74,12 +77,17 @@ class ProgressBar:
         self._bar.close()
 
 
-def emit_warm(report: WarmReport, *, as_json: bool, verify: bool) -> None:
-    """The warm (or verify) report on stdout; exit code 1 if a shape failed, or under `verify` compiled."""
+def emit_warm(report: WarmReport, *, as_json: bool, verify: bool, command: TrlCommand | None = None,
+              env_file: str | None = None) -> None:
+    """The warm (or verify) report on stdout, with the training `command` to run next; exit code 1 if a shape
+    failed, or under `verify` compiled."""
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        out = report.to_dict()
+        if command is not None:
+            out["command"] = list(command.words)
+        click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(render_warm(report, verify=verify))
+        click.echo(render_warm(report, verify=verify, command=command, env_file=env_file))
     if report.failed or (verify and report.compiled):
         raise click.exceptions.Exit(1)
 

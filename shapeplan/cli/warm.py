@@ -131,7 +131,11 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
     if env_file is not None:
         _write_env_file(report, env_file)
-    emit_warm(report, as_json=as_json, verify=False)
+    from ..services.trl_command import trl_command
+
+    argv = plan.config.get("argv")  # a plan written by hand may lack it: then no command is printed
+    command = trl_command(plan.method, argv, eval_source=eval_dataset) if isinstance(argv, list) else None
+    emit_warm(report, as_json=as_json, verify=False, command=command, env_file=env_file)
 
 
 def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> None:

@@ -317,7 +317,9 @@ def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list
                                      "--env-file", env_file)))
     assert [r["status"] for r in warmed["results"]] == ["compiled"]
     # what a Packer/systemd step sources is what --json reports
-    assert warmed["environment_variables"] == {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    assert warmed["environment_variables"] == {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
     sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', env_file],
                              capture_output=True, text=True, check=True)
     assert sourced.stdout == f"{cache}\n"

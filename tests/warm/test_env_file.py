@@ -22,3 +22,23 @@ def test_sourcing_the_file_sets_every_exported_variable_exactly(tmp_path: Path) 
     sourced = subprocess.run(["bash", "-c", '. "$0"; printf "%s\\n" "$TORCH_NEURONX_NEFF_CACHE_DIR" "$NEURON_CC_FLAGS"',
                               env_file], capture_output=True, text=True, check=True)
     assert sourced.stdout.splitlines() == ["/var/cache/a b", "--model-type transformer"]
+
+
+def test_sourcing_runs_nothing_else_whatever_the_cache_dir_holds(tmp_path: Path) -> None:
+    """A cache dir with a newline and a command substitution: the file sets the variables and runs nothing; the
+    Python-only setting is a comment, the one an exported variable carries is left out."""
+    cache = f"{tmp_path}/a\n$(touch {tmp_path}/ran)`touch {tmp_path}/ran2`'\""
+    lines = (f"export TORCHINDUCTOR_CACHE_DIR={cache}", "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0",
+             "torch._dynamo.config.automatic_dynamic_shapes = False", "torch._dynamo.config.recompile_limit = 12")
+    report = WarmReport(results=(), cache_dir=cache, device="cpu", environment={}, script_lines=lines)
+    text = render_env_file(report)
+    env_file = tmp_path / "shapeplan.env"
+    env_file.write_text(text)
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert "# torch._dynamo.config.recompile_limit = 12" in comments
+    assert not any("automatic_dynamic_shapes = False" in line for line in comments)
+    sourced = subprocess.run(["bash", "-c", '. "$0"; printf "%s\\0" "$TORCHINDUCTOR_CACHE_DIR" '
+                              '"$TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES"', env_file],
+                             capture_output=True, text=True, check=True)
+    assert sourced.stdout.split("\0")[:2] == [cache, "0"]
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "ran2").exists()

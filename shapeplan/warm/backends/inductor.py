@@ -35,6 +35,30 @@ def dynamo_settings(graphs: int) -> dict[str, object]:
             "recompile_limit": max(graphs, int(torch._dynamo.config.recompile_limit))}
 
 
+# The dynamo settings torch also reads from the environment (when torch._dynamo is first imported): `trl <method>`
+# users, who cannot run a line of Python before training, need them as variables.
+DYNAMO_ENVIRONMENT = {"automatic_dynamic_shapes": ("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES", "0")}
+# Inductor's FX graph and AOTAutograd caches, which warm switches on, as training must have them.
+CACHE_ENVIRONMENT = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
+def dynamo_lines(graphs: int) -> list[str]:
+    """What a `torch_compile` run must set to hit the graphs warmed here: the `export` lines of the settings torch
+    reads from the environment, then every setting as the training script's Python line."""
+    settings = dynamo_settings(graphs)
+    exports = [f"export {name}={value}" for key, (name, value) in DYNAMO_ENVIRONMENT.items()
+               if settings.get(key) is False]
+    return [*exports, *(f"torch._dynamo.config.{name} = {value!r}" for name, value in settings.items())]
+
+
+def python_only(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """The training-script lines of `lines` that no `export` line among them sets."""
+    exported = {line.removeprefix("export ").partition("=")[0] for line in lines if line.startswith("export ")}
+    covered = {f"torch._dynamo.config.{key} " for key, (name, _) in DYNAMO_ENVIRONMENT.items() if name in exported}
+    return [line for line in lines
+            if not line.startswith("export ") and not any(line.startswith(prefix) for prefix in covered)]
+
+
 def apply_dynamo_settings(graphs: int) -> None:
     import torch._dynamo
 
@@ -88,5 +112,5 @@ class InductorBackend:
         if not torch_compile:
             return ()
         lines = [f"export TORCHINDUCTOR_CACHE_DIR={cache_dir}"]
-        lines += [f"torch._dynamo.config.{name} = {value!r}" for name, value in dynamo_settings(graphs).items()]
-        return tuple(lines)
+        lines += [f"export {name}={value}" for name, value in CACHE_ENVIRONMENT.items()]
+        return (*lines, *dynamo_lines(graphs))
