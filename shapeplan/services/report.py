@@ -120,12 +120,20 @@ def result_row(result: WarmResult) -> str:
 
 
 def render_warm(report: WarmReport, *, verify: bool, command: TrlCommand | None = None,
-                env_file: str | None = None) -> str:
-    """A warm-up's (or, with `verify`, a verification's) rows, summary, warnings and the script lines; with
-    `command`, the training command to run next (after sourcing `env_file`, when one was written)."""
-    lines = [result_row(r) for r in report.results]
+                env_file: str | None = None, rows: bool = True) -> str:
+    """A warm-up's (or, with `verify`, a verification's) rows (unless `rows` is False: shown already), summary,
+    warnings and the script lines; with `command`, the training command to run next (after sourcing `env_file`,
+    when one was written)."""
+    lines = [result_row(r) for r in report.results] if rows else []
+    if report.covered:  # every planned shape is reported: these ran inside the steps of the rows' tasks
+        phases: dict[str, list[str]] = {}
+        for phase, batch, seq in report.covered:
+            phases.setdefault(phase, []).append(f"({batch}, {seq})")
+        lines.append("also warmed, inside the steps of the shapes above:")
+        lines += [f"  {phase:<13} {' '.join(shapes)}" for phase, shapes in phases.items()]
+    if lines:
+        lines.append("")
     summary = report.to_dict()["summary"]
-    lines.append("")
     lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
     if report.shard:
         lines.append(f"shard {report.shard.label} (from {report.shard.source})")
