@@ -12,13 +12,15 @@ from typing import Any
 import click
 
 from ..cache.limits import Limits
+from ..errors import UsageError
 from ..warm.backends import DEVICES
 from .options import limit_options
 
 
 @click.group("cache")
 def cache_group() -> None:
-    """Export a warmed compile cache as a checked archive, and import it on another machine.
+    """Move, share and tidy warmed compile caches: archives (export, import, merge, inspect), stores (push, pull)
+    and cache dirs (ls, prune).
 
     \b
     shapeplan cache export --cache-dir /var/cache/shapeplan -o cache.tar.gz
@@ -121,13 +123,16 @@ def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: f
 
 
 @cache_group.command("inspect")
-@click.argument("archive", type=click.Path(dir_okay=False))
+@click.argument("archive", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the archive's environment and files as JSON.")
 def inspect_command(archive: str, as_json: bool) -> None:
     """Show the environment an archive was compiled in (package versions, compiler settings), without extracting
     it."""
     from ..cache.archive import read_info
 
+    if Path(archive).is_dir():  # a cache dir where its archive goes: say how to look into a cache dir
+        raise UsageError(f"{archive} is a folder, not an archive; `shapeplan cache ls --cache-dir {archive}` lists "
+                         "what a cache dir holds")
     info = read_info(Path(archive))
     if as_json:
         click.echo(json.dumps({"archive": info.path, "environment": info.environment, "files": info.files},

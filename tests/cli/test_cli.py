@@ -157,6 +157,16 @@ def test_refusals_that_need_no_trl_come_before_importing_it(name: str, tmp_path:
     assert json.loads(probe) == {"code": exit_code, "heavy": []}
 
 
+def test_the_default_dataset_is_named_as_such_when_it_cannot_load(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
+    code, out, err = _run(["analyze", "--method", "grpo", *MODEL], capsys)
+    assert (code, out, err.count("\n")) == (1, "", 1), err
+    assert err.startswith("Error: dataset trl-lib/tldr is a Hub id") and \
+        "(no dataset was given: trl-lib/tldr is `--method grpo`'s default" in err
+
+
 def test_python_dash_m_reports_one_line_without_traceback() -> None:
     result = subprocess.run([sys.executable, "-m", "shapeplan", "analyze", str(TLDR), *MODEL, "--max_lenght", "5"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)

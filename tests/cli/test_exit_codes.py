@@ -371,3 +371,5 @@ def test_cache_import_and_inspect(tmp_path: Path) -> None:
             f"{CAPYBARA} is not a shapeplan cache archive (not a gzip file); pass a file written by "
             "`shapeplan cache export`")
     refused(shapeplan("cache", "inspect"), 2, "Missing argument 'ARCHIVE'; see `shapeplan cache inspect --help`")
+    refused(shapeplan("cache", "inspect", tmp_path), 2, f"{tmp_path} is a folder, not an archive; `shapeplan cache "
+            f"ls --cache-dir {tmp_path}` lists what a cache dir holds")
