@@ -155,8 +155,10 @@ def render_warm(report: WarmReport, *, verify: bool, command: TrlCommand | None 
         lines += [f"  {line}" for line in report.script_lines if not line.startswith("export ")]
     if command is not None:
         lines.append("")
-        lines.append("Then train (on this machine's accelerator) with:")
-        source = f". {shlex.quote(env_file)} && " if env_file is not None else ""
+        lines.append("Then train with:")
+        # `.` looks a name without a slash up in PATH, not in the current folder
+        where = env_file if env_file is None or "/" in env_file else f"./{env_file}"
+        source = f". {shlex.quote(where)} && " if where is not None else ""
         lines.append(f"  {source}{command.line()}")
         lines += [f"note: {note}" for note in command.notes]
     return "\n".join(lines)

@@ -42,3 +42,18 @@ def test_sourcing_runs_nothing_else_whatever_the_cache_dir_holds(tmp_path: Path)
                              capture_output=True, text=True, check=True)
     assert sourced.stdout.split("\0")[:2] == [cache, "0"]
     assert not (tmp_path / "ran").exists() and not (tmp_path / "ran2").exists()
+
+
+def test_the_next_step_sources_the_file_where_it_is() -> None:
+    """`. NAME` looks a name without a slash up in PATH: the printed next step names the file by a path."""
+    from shapeplan.services.report import render_warm
+    from shapeplan.services.trl_command import TrlCommand
+
+    report = WarmReport(results=(), cache_dir="/c", device="cpu", environment={},
+                        script_lines=("export TORCHINDUCTOR_CACHE_DIR=/c d",))
+    command = TrlCommand(words=("trl", "sft", "--dataset_name", "/data dir"), notes=("a note",))
+    lines = render_warm(report, verify=False, command=command, env_file="shapeplan.env").splitlines()
+    assert "  export TORCHINDUCTOR_CACHE_DIR='/c d'" in lines  # the printed block is quoted as the file is
+    assert lines[-2:] == ["  . ./shapeplan.env && trl sft --dataset_name '/data dir'", "note: a note"]
+    assert "  . /etc/s.env && trl sft --dataset_name '/data dir'" in render_warm(
+        report, verify=False, command=command, env_file="/etc/s.env").splitlines()
