@@ -81,6 +81,9 @@ def test_counters_need_metrics_and_a_miss_is_not_a_compile(monkeypatch: pytest.M
                         lambda graphs: {"automatic_dynamic_shapes": False, "recompile_limit": max(graphs, 8)})
     compiled = backend.script_lines(tmp_path, torch_compile=True, graphs=3)
     assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0" in compiled
+    assert not any("recompile_limit" in line for line in compiled)  # 3 graphs: torch's default limit holds them
+    assert "torch._dynamo.config.recompile_limit = 12" in backend.script_lines(tmp_path, torch_compile=True,
+                                                                                graphs=12)
     assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0" not in backend.script_lines(tmp_path, torch_compile=False,
                                                                                          graphs=3)
 
