@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 # only where it is missing and apt-get can install it (root on Debian, as CI runs); elsewhere a no-op.
 browser:
 	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
-		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+		{ echo "make browser: installing Debian's chromium with apt-get (as root) for tests/cli/test_advise_page.py"; \
+		  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 test: install browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q

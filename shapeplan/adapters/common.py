@@ -139,7 +139,14 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
         source = "dataset mixture"
     else:
         source = script.dataset_name
-        data = load_dataset_source(source, name=script.dataset_config, streaming=streaming)
+        try:
+            data = load_dataset_source(source, name=script.dataset_config, streaming=streaming)
+        except DatasetError as exc:
+            if "dataset_name" in args.given:
+                raise
+            # no dataset given: the user may not know this one was chosen for them
+            raise DatasetError(f"{exc} (no dataset was given: {source} is `--method {args.method}`'s default, the "
+                               "one TRL's Trainium guide uses; pass DATASET to plan your own)") from exc
     train = select_split(data, script.dataset_train_split, source)
     check_rows(train, source)
     check_text_only(train, source, args.method)

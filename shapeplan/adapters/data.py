@@ -52,9 +52,9 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
                 if file.suffix.lower() in (".json", ".jsonl") and file.is_file():
                     check_nesting(file)
             return datasets.load_dataset(str(path), name=name, streaming=streaming)
-        if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
-            raise DatasetError(f"dataset {source} not found: no such file or folder; pass an existing path or a "
-                               "Hub dataset id")
+        missing = missing_local_dataset(source)
+        if missing is not None:
+            raise DatasetError(missing)
         hub_offline()  # an unreachable Hub: offline mode, so that datasets answers at once instead of retrying
         try:
             return datasets.load_dataset(source, name=name, streaming=streaming)
@@ -76,6 +76,24 @@ def load_dataset_source(source: str, *, name: str | None = None, streaming: bool
             from exc
     finally:
         datasets_logger.setLevel(level)
+
+
+def missing_local_dataset(source: str) -> str | None:
+    """The one line for a dataset named as a local path (a path's shape or a data file's suffix) that does not
+    exist, None otherwise."""
+    path = Path(source)
+    if path.exists():
+        return None
+    if source.count("/") > 1 or source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
+        return f"dataset {source} not found: no such file or folder; pass an existing path or a Hub dataset id"
+    return None
+
+
+def missing_model_folder(model: str) -> str | None:
+    """The one line for a model named as a local folder (`.`, `/` or `~` first) that does not exist."""
+    if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
+        return f"model folder {model} not found; pass an existing model folder or a Hub id with --model"
+    return None
 
 
 def select_split(data: Any, split: str, source: str) -> Any:
@@ -115,8 +133,9 @@ def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remo
 
     if not model:  # TRL's ModelConfig leaves it None when neither --model nor --model_name_or_path is given
         raise ModelError("no model is given; pass --model (TRL: --model_name_or_path)")
-    if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
-        raise ModelError(f"model folder {model} not found; pass an existing model folder or a Hub id with --model")
+    missing = missing_model_folder(model)
+    if missing is not None:
+        raise ModelError(missing)
     folder = Path(model).expanduser()
     if folder.is_dir() and not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise ModelError(f"model folder {model} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:2])}, ...); copy "

@@ -38,8 +38,11 @@ def plan_key(method: str, words: Sequence[str]) -> str | None:
     """The key of the plan `shapeplan analyze --method METHOD WORDS...` makes, or None when it depends on something
     only the Hub can tell."""
     paths: dict[str, Any] = {}
+    outputs = _output_paths(words)
     for word in _path_candidates(words):
-        signature = _signature(word)
+        if word in outputs:  # what the run writes (checkpoints, logs) is not what planning reads
+            continue
+        signature = _signature(word, skip=tuple(outputs.values()))
         if signature is not None:
             paths[word] = signature
     if not _names_only_local(words, paths):
@@ -90,8 +93,9 @@ def _strings(item: Any) -> Iterator[str]:
             stack.extend(item)
 
 
-def _signature(path: str) -> Any:
-    """(size, mtime) of a file, or of every file below a folder; None if `path` is no local path."""
+def _signature(path: str, *, skip: tuple[Path, ...] = ()) -> Any:
+    """(size, mtime) of a file, or of every file below a folder but those under `skip`; None if `path` is no local
+    path."""
     p = Path(path)
     try:
         if p.is_file():
@@ -99,7 +103,8 @@ def _signature(path: str) -> Any:
             return [st.st_size, st.st_mtime_ns]
         if p.is_dir():
             out = []
-            for n, file in enumerate(sorted(f for f in p.rglob("*") if f.is_file())):
+            files = (f for f in p.rglob("*") if f.is_file() and not any(f.resolve().is_relative_to(s) for s in skip))
+            for n, file in enumerate(sorted(files)):
                 if n >= _MAX_FILES:
                     return "too-many-files"
                 st = file.stat()
@@ -113,6 +118,23 @@ def _signature(path: str) -> Any:
 _MODEL_OPTIONS = ("--model", "--model_name_or_path", "--model-name-or-path")
 # where a run names what it writes, never a Hub id it reads
 _OUTPUT_FIELDS = ("output_dir", "logging_dir", "run_name", "hub_model_id")
+_WRITTEN_FOLDERS = ("output_dir", "logging_dir")  # folders training writes into
+
+
+def _output_paths(words: Sequence[str]) -> dict[str, Path]:
+    """The folders the run writes into (command line, else the `--config` file), each as given -> resolved."""
+    out: dict[str, Path] = {}
+    for i, word in enumerate(words):
+        name, _, inline = word.partition("=")
+        following = inline or (words[i + 1] if i + 1 < len(words) else "")
+        given = [following] if name.startswith("--") and name[2:].replace("-", "_") in _WRITTEN_FOLDERS else []
+        if name == "--config":
+            config = _config(following)
+            given += [v for k in _WRITTEN_FOLDERS if isinstance(v := config.get(k), str)]
+        for value in given:
+            if value:
+                out[value] = Path(value).resolve()
+    return out
 
 
 def _names_only_local(words: Sequence[str], paths: dict[str, Any]) -> bool:

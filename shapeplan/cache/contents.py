@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError
-from ..warm.manifest import MANIFEST, read_merged
+from ..warm.manifest import COMPILED, MANIFEST, read_merged
 
 CHUNK = 1 << 20  # bytes read at a time, hashing or copying
 # In an imported cache dir: the folder a running (or killed) import stages into, and the marker a finished import
@@ -70,7 +70,7 @@ def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
     if len(found) != 1:
         raise CacheError(f"{cache_dir} holds shapes warmed with {len(found)} different package versions or compiler "
                          "settings; export a cache dir warmed in one environment")
-    warmed = sum(1 for s in sections for entry in s["shapes"].values() if entry["status"] in ("compiled", "cached"))
+    warmed = sum(1 for s in sections for entry in s["shapes"].values() if entry["status"] in COMPILED)
     return json.loads(found.pop()), warmed
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..warm.manifest import WARMED, read_merged
+from ..warm.manifest import COMPILED, WARMED, read_merged
 from .contents import cache_files
 
 
@@ -21,15 +21,16 @@ class CachedPlan:
     model: str | None
     method: str | None
     plan: str | None  # the plan's fingerprint (`plan_id`); None: warmed by a shapeplan that did not record it
-    warmed: int
+    warmed: int  # compiled or read from the cache: code the cache holds
     failed: int
     last_warmed: float | None  # Unix time the last of its warmed shapes finished; None: not recorded
     shards: tuple[str, ...]  # "I/N" of the shard manifests holding its shapes ("-": the plain manifest)
     tasks: tuple[str, ...]  # the shapes' task keys
+    eager: int = 0  # ran eager (cpu/cuda without torch_compile): nothing compiled or cached
 
     def to_dict(self) -> dict[str, Any]:
         return {"environment": self.environment, "model": self.model, "method": self.method, "plan": self.plan,
-                "warmed": self.warmed, "failed": self.failed, "last_warmed": self.last_warmed,
+                "warmed": self.warmed, "eager": self.eager, "failed": self.failed, "last_warmed": self.last_warmed,
                 "shards": list(self.shards)}
 
 
@@ -66,7 +67,8 @@ def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, .
                  if e["status"] in WARMED and isinstance(e.get("warmed_at"), (int, float))]
         plans.append(CachedPlan(
             environment=key, model=environment.get("model"), method=environment.get("method"), plan=plan,
-            warmed=sum(e["status"] in WARMED for e in entries), failed=sum(e["status"] == "failed" for e in entries),
+            warmed=sum(e["status"] in COMPILED for e in entries), eager=sum(e["status"] == "eager" for e in entries),
+            failed=sum(e["status"] == "failed" for e in entries),
             last_warmed=max(times) if times else None,
             shards=tuple(sorted({e.get("shard") or "-" for e in entries})),
             tasks=tuple(e["task"] for e in entries)))

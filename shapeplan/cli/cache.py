@@ -12,13 +12,15 @@ from typing import Any
 import click
 
 from ..cache.limits import Limits
+from ..errors import UsageError
 from ..warm.backends import DEVICES
 from .options import limit_options
 
 
 @click.group("cache")
 def cache_group() -> None:
-    """Export a warmed compile cache as a checked archive, and import it on another machine.
+    """Move, share and tidy warmed compile caches: archives (export, import, merge, inspect), stores (push, pull)
+    and cache dirs (ls, prune).
 
     \b
     shapeplan cache export --cache-dir /var/cache/shapeplan -o cache.tar.gz
@@ -41,6 +43,8 @@ def _emit(info: Any, text: str, as_json: bool) -> None:
 def _summary(info: Any) -> str:
     compiler = info.environment.get("compiler", {})
     settings = ", ".join(f"{k}={v}" for k, v in sorted(compiler.items()) if v not in ("", None))
+    if not info.shapes:  # eager (or failed) shapes only: no code was compiled in these settings
+        return f"0 warmed shape(s) (nothing compiled), {len(info.files)} file(s); environment {settings}"
     return f"{info.shapes} warmed shape(s), {len(info.files)} file(s); compiled with {settings}"
 
 
@@ -57,6 +61,9 @@ def export_command(cache_dir: str, output: str, as_json: bool) -> None:
 
     check_output(output, "-o", cache_dirs=[cache_dir], regular_only=True, probe=False)
     info = export_cache(Path(cache_dir), Path(output))
+    if not info.shapes:  # written all the same (an archive is also a record of the run), never silently
+        click.echo(f"warning: {info.path} warms nothing: {cache_dir} holds no compiled shape (eager cpu/cuda runs "
+                   "compile nothing); warm with --torch_compile true or on --device neuron, then export", err=True)
     _emit(info, f"exported {_summary(info)} to {info.path}", as_json)
 
 
@@ -120,13 +127,16 @@ def merge_command(parts: tuple[str, ...], output: str, as_json: bool, max_gib: f
 
 
 @cache_group.command("inspect")
-@click.argument("archive", type=click.Path(dir_okay=False))
+@click.argument("archive", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the archive's environment and files as JSON.")
 def inspect_command(archive: str, as_json: bool) -> None:
     """Show the environment an archive was compiled in (package versions, compiler settings), without extracting
     it."""
     from ..cache.archive import read_info
 
+    if Path(archive).is_dir():  # a cache dir where its archive goes: say how to look into a cache dir
+        raise UsageError(f"{archive} is a folder, not an archive; `shapeplan cache ls --cache-dir {archive}` lists "
+                         "what a cache dir holds")
     info = read_info(Path(archive))
     if as_json:
         click.echo(json.dumps({"archive": info.path, "environment": info.environment, "files": info.files},
@@ -243,8 +253,9 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
     """List the plans warmed into cache dirs, or, given URL, the pushes a store holds.
 
     Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
-    (what `cache prune --fingerprint` takes), environment key, shapes warmed and failed, and when it was last warmed
-    (UTC). Per store push: when and from which host, model, method, environment key, shapes, files and size.
+    (what `cache prune --fingerprint` takes), environment key, shapes warmed (compiled or read from the cache), eager
+    (ran on cpu/cuda without torch_compile: nothing cached) and failed, and when it was last warmed (UTC). Per
+    store push: when and from which host, model, method, environment key, shapes, files and size.
     """
     if url is not None:
         _ls_store(url, as_json)
@@ -272,9 +283,9 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
 
 
 def _plans_table(plans: Sequence[Any]) -> str:
-    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.failed),
-             _when(p.last_warmed)) for p in plans]
-    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST WARMED"), rows) \
+    rows = [(p.model or "-", p.method or "-", p.plan or "-", p.environment, str(p.warmed), str(p.eager),
+             str(p.failed), _when(p.last_warmed)) for p in plans]
+    return _table(("MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "EAGER", "FAILED", "LAST WARMED"), rows) \
         if rows else "  no warmed plans"
 
 

@@ -44,6 +44,9 @@ def run_options(command: Command) -> Command:
         given = context.get_parameter_source("method") is not ParameterSource.DEFAULT
         method, words = unwrap_command(kwargs["method"] if given else None, kwargs["trl_args"])
         check_own_options(context.command, words)
+        from ..adapters.prechecks import refuse_before_imports
+
+        refuse_before_imports(words, model=kwargs["model"], eval_source=kwargs["eval_dataset"])
         return body(**{**kwargs, "method": method or kwargs["method"], "trl_args": words})
 
     command = unwrapped  # type: ignore[assignment]  # functools.wraps keeps the signature click reads
@@ -63,13 +66,15 @@ def run_options(command: Command) -> Command:
 def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
     """Refuse one of the command's own options misspelt in TRL's style (`--cache_dir` for `--cache-dir`) or given
     after `--`, where it would reach TRL: TRL has none of them, so the run would fail later with a vaguer line."""
-    own = {name for param in command.params for name in param.opts if name.startswith("--")}
+    own = {name for param in command.params for name in param.opts if name.startswith("-")}
     for word in words:
         name = word.split("=", 1)[0]
+        if not name.startswith("-"):
+            continue
+        if name in own:  # `-o` too: the `neuron_parallel_compile CMD` habit puts it at the end
+            raise UsageError(f"{name} is `shapeplan {command.name}`'s own option: give it before `--`")
         if not name.startswith("--"):
             continue
-        if name in own:
-            raise UsageError(f"{name} is `shapeplan {command.name}`'s own option: give it before `--`")
         dashed = "--" + name[2:].replace("_", "-")
         if dashed in own:
             raise UsageError(f"unknown option {name!r}: did you mean {dashed}? (shapeplan's own options are spelt "

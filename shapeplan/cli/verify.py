@@ -35,5 +35,6 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
         refuse_other_environment(cache, backend.device)
         quiet_libraries()
         plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
-        report = warm(plan, warmer, backend, cache, verify=True, progress=ProgressBar("verifying"))
-    emit_warm(report, as_json=as_json, verify=True)
+        progress = ProgressBar("verifying")
+        report = warm(plan, warmer, backend, cache, verify=True, progress=progress)
+    emit_warm(report, as_json=as_json, verify=True, rows_shown=progress.rows > 0)

@@ -127,10 +127,11 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         emit_caveats(plan, with_plan_warnings=True)  # before the warm-up's hours, as `analyze` shows them
         if pull_url is not None:
             _pull_plan(pull_url, plan, warmer, backend.device, cache)
+        progress = ProgressBar()
         if count > 1:
             report = _warm_in_workers(plan, count, backend.device, cache, shard)
         else:  # refused before its first shape (the run's model or tokenizer): the dir made for it is removed
-            report = warm(plan, warmer, backend, cache, progress=ProgressBar(), shard=shard)
+            report = warm(plan, warmer, backend, cache, progress=progress, shard=shard)
     if push_url is not None:
         from ..cache.store import push
 
@@ -138,7 +139,12 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
     if env_file is not None:
         _write_env_file(report, env_file, inputs, cache)
-    emit_warm(report, as_json=as_json, verify=False)
+    from ..services.trl_command import trl_command
+
+    argv = plan.config.get("argv")  # a plan written by hand may lack it: then no command is printed
+    command = trl_command(plan.method, argv, eval_source=eval_dataset) if isinstance(argv, list) else None
+    emit_warm(report, as_json=as_json, verify=False, command=command, env_file=env_file,
+              rows_shown=progress.rows > 0)
 
 
 def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> None:

@@ -28,7 +28,14 @@ from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
 
 
 def _say(line: str) -> None:
-    print(f"shapeplan: {line}", file=sys.stderr, flush=True)
+    """One line on stderr, on a line of its own: tqdm's write moves a progress bar out of the way (a bar's line
+    has no newline while it runs), and is a plain print when no bar is open."""
+    from tqdm.auto import tqdm
+
+    # in a log a bar's clearing is a carriage return, not a new line: start one
+    start = "\n" if getattr(tqdm, "_instances", None) and not sys.stderr.isatty() else ""
+    tqdm.write(f"{start}shapeplan: {line}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _calling_trainer() -> Any:
@@ -197,8 +204,14 @@ class ShapeGuard(TrainerCallback):
             where += f" logits_to_keep {forward.logits_to_keep}"
         if key is not None:
             where += f" with cu_seq_lens of {forward.cu_seq_lens} and max_length_q {forward.max_length_q}"
-        message = (f"unplanned shape {where} at step {forward.step} (rank {forward.rank}): not in {self.plan_name}, "
-                   "so it compiles now; re-plan this run with `shapeplan analyze` and `shapeplan warm` it")
+        compiles = self.backend.compiles(torch_compile=bool(getattr(self.trainer.args, "torch_compile", False)))
+        outcome = "so it compiles now" if compiles else \
+            f"(eager on {self.backend.device}: 0 compiles, so it costs nothing here)"
+        # once a drift line named the cause, the fix is that line's; else the plan no longer fits the run
+        fix = "the drift above is why: fix that" if self.drift else \
+            "re-plan this run with `shapeplan analyze` and `shapeplan warm` it"
+        message = f"unplanned shape {where} at step {forward.step} (rank {forward.rank}): not in {self.plan_name}, " \
+                  f"{outcome}; {fix}"
         if self.mode == "error":
             raise UnplannedShapeError(message)
         self._new_unplanned += 1
@@ -327,9 +340,11 @@ class ShapeGuard(TrainerCallback):
             if s.certain and got != s.count:
                 stale.append(f"planned {s.count} x {s.phase} {(s.batch, s.seq)}, met {got}")
         self.stale = stale
+        # after a drift the counts differ because of it: the verdict names the drift, not a stale plan
+        why = "because of the drift above" if self.drift else "the plan is stale"
         for line_ in stale:
-            _say(f"{line_}: the plan is stale")
-        return line + (", counts as planned" if not stale else f", {len(stale)} counts differ: the plan is stale")
+            _say(f"{line_}: {why}")
+        return line + (", counts as planned" if not stale else f", {len(stale)} counts differ: {why}")
 
     def _expected(self, shape: Shape) -> bool:
         """Whether the run was to meet `shape`: not a precompute pass's shape once TRL read any of that pass's result

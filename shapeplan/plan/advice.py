@@ -332,5 +332,7 @@ def recommendation(baseline: Option, options: Sequence[Option], *, allow_truncat
     saved = baseline.cost.total_s - best.cost.total_s
     assert best.candidate is not None
     loss = f"; loses {best.loss.describe()}" if best.loss.loses_data else ", no data lost"
-    return best, (f"recommendation: {best.candidate.command_line()} ({best.label}): saves {saved / 60:.1f} min "
+    flags = best.candidate.command_line()
+    named = "" if flags.replace("--", "") == best.label else f" ({best.label})"  # a label that only repeats the flags
+    return best, (f"recommendation: {flags}{named}: saves {saved / 60:.1f} min "
                   f"({saved / baseline.cost.total_s:.0%}) of {baseline.cost.total_s / 60:.1f}{loss}")

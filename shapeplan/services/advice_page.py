@@ -14,7 +14,7 @@ from typing import Any
 
 from ..plan.model import Plan, Shape
 from .advice_report import WHAT_IF_HEADERS, length_bins, length_cap, lengths_kind, minutes, what_if_rows
-from .advise import Advice, with_flags
+from .advise import Advice
 from .report import shape_notes
 
 # The run settings the page lists, in this order, when the plan's config has them.
@@ -231,13 +231,15 @@ def render_html(advice: Advice) -> str:
     cost = advice.baseline.cost
     model = str(plan.config.get("model_name_or_path", "?"))
     title = f"shapeplan advise: {advice.method.upper()} {model}"
-    program = ["trl", advice.method]
-    recommended = advice.recommended
-    if recommended is not None and recommended.candidate is not None:
-        lines = command_lines(program, with_flags(advice.argv, recommended.candidate))
-        run_it = f"<p>Run it (the change highlighted):</p>{_command_block(lines, len(recommended.candidate.flags))}"
+    program, baseline_argv = advice.command.words[:2], advice.command.words[2:]
+    recommended = advice.recommended_command()
+    if recommended is not None and advice.recommended is not None and advice.recommended.candidate is not None:
+        lines = command_lines(program, recommended[2:])
+        run_it = (f"<p>Run it (the change highlighted):</p>"
+                  f"{_command_block(lines, len(advice.recommended.candidate.flags))}")
     else:
         run_it = ""
+    run_it += "".join(f'<p class="muted">{_unbroken_flags(note)}</p>' for note in advice.command.notes)
     per_phase = ", ".join(f"{phase} {n}" for phase, n in cost.shapes_per_phase.items())
     skipped = "".join(f"<li>{escape(label)}: {escape(why)}</li>" for label, why in advice.skipped)
     warnings = "".join(f"<li>{_unbroken_flags(w)}</li>" for w in advice.warnings)
@@ -250,7 +252,7 @@ def render_html(advice: Advice) -> str:
         f'<div class="callout"><strong>{escape(advice.recommendation)}</strong>{run_it}</div>'
         + (f'<div class="callout warning"><strong>Warnings</strong><ul>{warnings}</ul></div>' if warnings else "")
         + "<h2>Baseline run</h2>"
-        f'<div class="run">{_command_block(command_lines(program, advice.argv))}'
+        f'<div class="run">{_command_block(command_lines(program, baseline_argv))}'
         f"{_settings_table(_settings(advice))}</div>"
         f"<p>Distinct shapes: {escape(per_phase)}. Compile {minutes(cost.compile_s)} min + training "
         f"{minutes(cost.train_s)} min = <strong>{minutes(cost.total_s)} min</strong>.</p>"

@@ -3,6 +3,7 @@ for machines (a JSON-ready dict). Returns strings; the CLI decides where they go
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -109,6 +110,10 @@ def render_advice(advice: Advice) -> str:
         *(f"not planned: {label}: {why}" for label, why in advice.skipped),
         advice.recommendation,
     ]
+    command = advice.recommended_command()
+    if command is not None:
+        lines.append(f"run it: {shlex.join(command)}")
+    lines += [f"note: {note}" for note in advice.command.notes]
     lines += [f"warning: {w}" for w in advice.warnings]
     return "\n".join(lines)
 
@@ -140,6 +145,9 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "recommended": (advice.recommended.candidate.argv()
                         if advice.recommended is not None and advice.recommended.candidate is not None else None),
         "recommendation": advice.recommendation,
+        "command": list(advice.command.words),
+        "recommended_command": advice.recommended_command(),
+        "notes": list(advice.command.notes),
         "histogram": [{"low": low, "high": high, "rows": rows}
                       for low, high, rows in length_bins(advice.lengths, advice.baseline.plan.pad_to_multiple_of,
                                                          _cap(advice))],

@@ -31,6 +31,7 @@ from ..plan.grpo import cache_pin
 from ..plan.model import LengthKind, Plan
 from .analyze import analyze
 from .trainers import MEASURED, trainer_spec
+from .trl_command import TrlCommand, trl_command, with_options
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ class Advice:
     recommended: Option | None
     recommendation: str
     warnings: tuple[str, ...]
+    command: TrlCommand  # the baseline's `trl <method>` command, as it runs
+
+    def recommended_command(self) -> list[str] | None:
+        """The `trl <method>` command that runs the recommendation (its flags last), None when there is none."""
+        if self.recommended is None or self.recommended.candidate is None:
+            return None
+        return [*self.command.words[:2], *with_flags(self.command.words[2:], self.recommended.candidate)]
 
 
 def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
@@ -84,7 +92,8 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
     recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
     return Advice(method=method, argv=tuple(argv), eval_source=eval_source, lengths=lengths, baseline=baseline,
                   options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
-                  recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)))
+                  recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)),
+                  command=trl_command(method, argv, eval_source=eval_source))
 
 
 def _effective_argv(method: str, argv: list[str]) -> list[str]:
@@ -123,22 +132,8 @@ def settings_of(plan: Plan, lengths: Sequence[int], kind: LengthKind) -> Setting
 
 
 def with_flags(argv: Sequence[str], candidate: Candidate) -> list[str]:
-    """`argv` with the candidate's options replacing any given value (`--name value`, `--name=value` or a bare
-    boolean `--name`); TRL's parser lets the command line override a `--config` file."""
-    names = {name for name, _ in candidate.flags}
-    out: list[str] = []
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
-        if name in names:
-            has_value = "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-            i += 2 if has_value else 1
-            continue
-        out.append(token)
-        i += 1
-    return out + candidate.argv()
+    """`argv` with the candidate's options replacing any given value."""
+    return with_options(argv, candidate.flags)
 
 
 def calibrated_model(cache_dir: Path, *, torch_compile: bool) -> CostModel:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import shlex
+from typing import TYPE_CHECKING
+
 from ..plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
 from ..plan.grpo import cache_pin
 from ..plan.model import GENERATE_PHASES, Plan, Shape
 from ..warm.model import WarmReport, WarmResult
+
+if TYPE_CHECKING:
+    from .trl_command import TrlCommand
 
 
 def table(headers: list[str], rows: list[list[str]], *, text_columns: tuple[int, ...] = (0,)) -> str:
@@ -113,11 +119,21 @@ def result_row(result: WarmResult) -> str:
     return text + (f"  {result.error}" if result.error else "")
 
 
-def render_warm(report: WarmReport, *, verify: bool) -> str:
-    """A warm-up's (or, with `verify`, a verification's) rows, summary, warnings and the script lines."""
-    lines = [result_row(r) for r in report.results]
+def render_warm(report: WarmReport, *, verify: bool, command: TrlCommand | None = None,
+                env_file: str | None = None, rows: bool = True) -> str:
+    """A warm-up's (or, with `verify`, a verification's) rows (unless `rows` is False: shown already), summary,
+    warnings and the script lines; with `command`, the training command to run next (after sourcing `env_file`,
+    when one was written)."""
+    lines = [result_row(r) for r in report.results] if rows else []
+    if report.covered:  # every planned shape is reported: these ran inside the steps of the rows' tasks
+        phases: dict[str, list[str]] = {}
+        for phase, batch, seq in report.covered:
+            phases.setdefault(phase, []).append(f"({batch}, {seq})")
+        lines.append("also warmed, inside the steps of the shapes above:")
+        lines += [f"  {phase:<13} {' '.join(shapes)}" for phase, shapes in phases.items()]
+    if lines:
+        lines.append("")
     summary = report.to_dict()["summary"]
-    lines.append("")
     lines.append(", ".join(f"{n} {s}" for s, n in summary.items() if n) + f"  (cache: {report.cache_dir})")
     if report.shard:
         lines.append(f"shard {report.shard.label} (from {report.shard.source})")
@@ -135,17 +151,32 @@ def render_warm(report: WarmReport, *, verify: bool) -> str:
     if report.script_lines:
         lines.append("")
         lines.append("Set these in the training script (and its environment) to hit this cache:")
-        lines += [f"  {line}" for line in report.script_lines]
+        lines += [f"  export {name}={shlex.quote(value)}" for name, value in report.environment_variables.items()]
+        lines += [f"  {line}" for line in report.script_lines if not line.startswith("export ")]
+    if command is not None:
+        lines.append("")
+        lines.append("Then train with:")
+        # `.` looks a name without a slash up in PATH, not in the current folder
+        where = env_file if env_file is None or "/" in env_file else f"./{env_file}"
+        source = f". {shlex.quote(where)} && " if where is not None else ""
+        lines.append(f"  {source}{command.line()}")
+        lines += [f"note: {note}" for note in command.notes]
     return "\n".join(lines)
 
 
 def render_env_file(report: WarmReport) -> str:
-    """The warm-up's environment variables as a file a shell (a Packer, systemd or Kubernetes step) can source."""
-    import shlex
+    """The warm-up's environment variables as a file a shell (a Packer, systemd or Kubernetes step) can source.
+    Every value is shell-quoted and no comment holds a path or a line break, so sourcing it sets these variables
+    and runs nothing else, whatever the cache dir's name holds."""
+    from ..warm.backends.inductor import python_only
 
-    return "".join([f"# from `shapeplan warm`: source this before training to hit the cache in {report.cache_dir}\n",
-                    *(f"export {name}={shlex.quote(value)}\n"
-                      for name, value in report.environment_variables.items())])
+    lines = ["# from `shapeplan warm`: source this before training to hit the cache it warmed",
+             *(f"export {name}={shlex.quote(value)}" for name, value in report.environment_variables.items())]
+    script = python_only(report.script_lines)
+    if script:
+        lines.append("# no environment variable sets these: the training script must run them before training")
+        lines += [f"# {' '.join(line.splitlines())}" for line in script]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def render_comparison(plan: Plan, observed: Plan) -> str:

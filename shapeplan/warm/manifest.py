@@ -31,6 +31,9 @@ MANIFEST = "shapeplan-manifest.json"
 MANIFEST_SCHEMA = 1
 _SHARD_MANIFEST = re.compile(r"shapeplan-manifest\.(\d+)-of-(\d+)\.json")
 WARMED = ("compiled", "cached", "eager")
+# The warmed shapes whose code is in the cache: an eager (cpu/cuda) shape ran, which a re-run may skip, but cached
+# nothing, so the cache's books (`cache ls`, `inspect`, `export`) count it apart.
+COMPILED = ("compiled", "cached")
 
 
 def manifest_name(shard: Shard | None) -> str:

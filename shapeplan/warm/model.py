@@ -126,6 +126,9 @@ class WarmReport:
     script_lines: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     shard: Shard | None = None  # the shard whose share this run warmed (`warm --shard`); None: the whole plan
+    # planned shapes that are no task of their own: run inside the tasks' rounds (GRPO/RLOO's train, old_logprob
+    # and ref forwards inside each generate size's), as (phase, batch, seq)
+    covered: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def failed(self) -> tuple[WarmResult, ...]:
@@ -162,4 +165,5 @@ class WarmReport:
                 for r in self.results
             ],
             "summary": {s: sum(r.status == s for r in self.results) for s in STATUSES},
+            "covered": [{"phase": phase, "batch": batch, "seq": seq} for phase, batch, seq in self.covered],
         }

@@ -193,4 +193,5 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
                                            counters=r["counters"], error=r.get("error"))
     first = reports[0]
     return WarmReport(results=tuple(results.values()), cache_dir=first["cache_dir"], device=first["device"],
-                      environment=first["environment"], script_lines=tuple(first["script_lines"]), shard=shard)
+                      environment=first["environment"], script_lines=tuple(first["script_lines"]), shard=shard,
+                      covered=tuple((c["phase"], c["batch"], c["seq"]) for c in first.get("covered", ())))

@@ -149,4 +149,12 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
         script_lines=backend.script_lines(cache_dir, torch_compile=warmer.torch_compile, graphs=graphs),
         warnings=tuple(dict.fromkeys(warmer.warnings)),
         shard=shard,
+        covered=covered_shapes(plan, tasks),
     )
+
+
+def covered_shapes(plan: Plan, tasks: Sequence[Task]) -> tuple[tuple[str, int, int], ...]:
+    """The plan's distinct (phase, batch, seq) that no task has: shapes its warmer runs inside its tasks' rounds."""
+    own = {(t.phase, t.batch, t.seq) for t in tasks}
+    shapes = dict.fromkeys((s.phase, s.batch, s.seq) for s in plan.shapes)
+    return tuple(shape for shape in shapes if shape not in own)

@@ -92,3 +92,18 @@ def test_a_torn_cache_file_is_a_miss(tmp_path: Path) -> None:
     plan_cache.cache_dir().mkdir(parents=True, exist_ok=True)
     (plan_cache.cache_dir() / f"{key}.json").write_text('{"schema": 1, "method": "sft", "sha')
     assert plan_cache.load(key) is None
+
+
+def test_what_training_writes_into_output_dir_does_not_change_the_key(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    shutil.copy(CAPYBARA, data)
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"logging_dir: {tmp_path / 'logs'}\n")
+    words = [str(tmp_path), "--model", str(TINY_MODEL), "--output_dir", str(tmp_path / "out"), "--config", str(config)]
+    key = plan_cache.plan_key("sft", words)
+    for folder in ("out/checkpoint-1", "logs"):  # a finished run's checkpoints and logs, inside the dataset folder
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "model.safetensors").write_text("weights")
+    assert key is not None and plan_cache.plan_key("sft", words) == key
+    (tmp_path / "more.jsonl").write_text(data.read_text())  # a new file of the dataset folder is still read
+    assert plan_cache.plan_key("sft", words) != key

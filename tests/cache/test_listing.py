@@ -51,9 +51,29 @@ def test_ls_lists_each_cache_dir_as_json_and_as_a_table(tmp_path: Path) -> None:
                                                                                ("bbbb33334444", 1, 0)]
     table = ok(console("cache", "ls", "--cache-dir", cache)).splitlines()
     assert table[0].startswith(str(cache.resolve()))
-    assert table[1].split() == ["MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "FAILED", "LAST", "WARMED"]
-    assert table[2].split()[:6] == ["examples/tiny-qwen3", "sft", "aaaa11112222", environment_key(ENVIRONMENT), "2",
-                                    "1"]
+    assert table[1].split() == ["MODEL", "METHOD", "PLAN", "ENVIRONMENT", "WARMED", "EAGER", "FAILED", "LAST",
+                                "WARMED"]
+    assert table[2].split()[:7] == ["examples/tiny-qwen3", "sft", "aaaa11112222", environment_key(ENVIRONMENT), "2",
+                                    "0", "1"]
+
+
+def test_eager_shapes_are_listed_as_eager_never_as_warmed(tmp_path: Path) -> None:
+    """An eager warm-up ran its shapes and cached nothing: `ls` counts them under EAGER, `export` says the archive
+    warms nothing, in its summary and a warning line."""
+    cache = _warmed_cache(tmp_path / "cache", shapes=())
+    manifest, key = Manifest(cache / MANIFEST), environment_key(ENVIRONMENT)
+    for task in ("train 2x128", "train 2x256"):
+        manifest.record(ManifestEntry(key, task, "eager", 1.0, plan="cccc55556666", warmed_at=time.time()),
+                        ENVIRONMENT)
+    (listed,) = scan_cache_dir(cache).plans
+    assert (listed.warmed, listed.eager, listed.failed) == (0, 2, 0)
+    assert json.loads(ok(console("cache", "ls", "--cache-dir", cache, "--json")))["cache_dirs"][0]["plans"][0][
+        "eager"] == 2
+    exported = console("cache", "export", "--cache-dir", cache, "-o", tmp_path / "a.tar.gz")
+    assert exported.returncode == 0 and exported.stdout.startswith("exported 0 warmed shape(s) (nothing compiled)")
+    assert "compiled with" not in exported.stdout
+    (warning,) = exported.stderr.strip().splitlines()
+    assert warning.startswith("warning: ") and "holds no compiled shape" in warning and "--torch_compile" in warning
 
 
 def test_prune_a_plan_dry_run_then_for_real_keeps_files_the_rest_may_share(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -156,7 +157,12 @@ def test_recommendation_needs_allow_truncation_for_a_lossy_change() -> None:
     chosen, line = recommendation(baseline, [lossy], allow_truncation=False)
     assert chosen is None and "keep the current settings" in line and "--allow-truncation" in line
     chosen, line = recommendation(baseline, [lossy], allow_truncation=True)
-    assert chosen is lossy and line.startswith("recommendation: --max_length 128") and "3 rows truncated" in line
+    assert chosen is lossy and line.startswith("recommendation: --max_length 128:") and "3 rows truncated" in line
+    named = Option(candidate=Candidate("shorter rows", (("max_length", "128"),)), plan=plan,
+                   cost=PlanCost({"train": 1}, 10.0, 0.0), loss=lossy.loss)
+    # a label that only repeats the flags is left out; one that says more is kept
+    assert recommendation(baseline, [named], allow_truncation=True)[1].startswith(
+        "recommendation: --max_length 128 (shorter rows): ")
 
 
 def test_candidates_cover_the_issue_levers() -> None:
@@ -205,6 +211,12 @@ def test_html_page_is_one_self_contained_document() -> None:
         .replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
     text = render_advice(advice)
     assert advice.recommendation in text
+    # the recommendation's command, whole and as `trl sft` parses it, its change last
+    run_it = advice.recommended_command()
+    assert run_it is not None and advice.recommended is not None and advice.recommended.candidate is not None
+    assert f"run it: {shlex.join(run_it)}" in text.splitlines()
+    assert run_it[-len(advice.recommended.candidate.argv()):] == advice.recommended.candidate.argv()
+    _trl_parse("sft", run_it)
     assert all(len(line) <= WIDTH for line in text.split("what-if")[0].splitlines())
     data = advice_to_dict(advice)
     assert data["cost_model"]["step_fixed_s"] == CostModel().step_fixed_s
@@ -282,3 +294,38 @@ def test_warm_records_steady_seconds_and_advise_calibrates_with_them(tmp_path: P
     measured = steady[report.results[0].task.key]
     assert advice.model.step_seconds(shape, torch_compile=False) == pytest.approx(measured, rel=1e-3)
     assert advice.model.train_compile_s == CostModel().train_compile_s  # eager CPU compiled nothing
+
+
+def _trl_parse(method: str, words: list[str]) -> list[object]:
+    """`words` (a printed `trl METHOD ...` command) through `trl METHOD`'s own parser, as the CLI parses it."""
+    import importlib
+
+    from shapeplan.services.trainers import trainer_spec
+
+    assert words[:2] == ["trl", method]
+    parser = importlib.import_module(trainer_spec(method).script).make_parser()
+    # `--use_cpu true`: TrainingArguments refuses bf16 on a machine with no accelerator, such as this one
+    return list(parser.parse_args_and_config([*words[2:], "--use_cpu", "true"], fail_with_unknown_args=True))
+
+
+def test_printed_commands_parse_with_trl_and_name_every_split_and_a_reward() -> None:
+    """A local data file becomes a dataset folder `load_dataset` reads (TRL reads no data file), the eval file its
+    test split, under the run's split names; GRPO gets a reward TRL has registered, said to be a placeholder (the
+    real `trl sft` run of a printed command: tests/warm/test_inductor_cache.py)."""
+    from datasets import load_dataset
+
+    from shapeplan.services.trl_command import PLACEHOLDER_REWARD, trl_command
+
+    eval_file = ROOT / "tests" / "fixtures" / "assistant-chat.jsonl"
+    command = trl_command("sft", [*SFT_ARGV, "--eval_strategy", "steps", "--eval_steps", "2",
+                                  "--dataset_test_split", "held_out"], eval_source=str(eval_file))
+    script, training, model, *_ = _trl_parse("sft", list(command.words))
+    assert model.model_name_or_path == str(TINY_MODEL) and training.pad_to_multiple_of == 128  # as planned
+    data = load_dataset(script.dataset_name)
+    assert {split: len(rows) for split, rows in data.items()} == {"train": 96, "held_out": 24}
+    assert command.notes == ()
+
+    grpo = trl_command("grpo", GRPO_ARGV)
+    script, *_ = _trl_parse("grpo", list(grpo.words))
+    assert script.reward_funcs == [PLACEHOLDER_REWARD] and "placeholder" in grpo.notes[0]
+    assert len(load_dataset(script.dataset_name)["train"]) == 64

@@ -61,11 +61,22 @@ def test_the_page_marks_the_recommendation_and_keeps_every_command_whole(page: t
     assert [shlex.split(_text(code)) for code in codes if code is not None] == \
         [option["flags"] for option in advice["alternatives"]]
 
-    # the baseline's command pastes into a shell as one command: `trl grpo` and the baseline's own options
+    # the baseline's command pastes into a shell as one command: `trl grpo`, the baseline's own options, then what
+    # makes it run as printed (the local file as a dataset folder, a placeholder reward); the recommendation's adds
+    # its flags last
     blocks = root.findall(".//h:pre[@class='command']", NS)
     commands = [shlex.split(_text(pre).replace("\\\n", "")) for pre in blocks]
-    assert ["trl", "grpo", *advice["argv"]] in commands
-    assert ["trl", "grpo", *advice["argv"], *advice["recommended"]] in commands
+    assert advice["command"] in commands and advice["recommended_command"] in commands
+    given = advice["argv"]
+    where = given.index("--dataset_name") + 1
+    assert advice["command"][:2 + len(given)] == ["trl", "grpo", *given[:where], advice["command"][2 + where],
+                                                  *given[where + 1:]]
+    assert advice["command"][2 + where] != str(TLDR)  # the data file, as a dataset folder TRL reads
+    flags, head = advice["recommended"], advice["recommended_command"][:-len(advice["recommended"])]
+    assert advice["recommended_command"][-len(flags):] == flags  # the change, last, replacing the same options
+    assert set(zip(head[2::2], head[3::2], strict=True)) <= \
+        set(zip(advice["command"][2::2], advice["command"][3::2], strict=True))
+    assert "--reward_funcs" in advice["command"] and "placeholder" in advice["notes"][0]
     settings = {_text(th): _text(td) for tr in root.findall(".//h:table[@class='settings']/h:tbody/h:tr", NS)
                 for th, td in zip(tr.findall("h:th", NS), tr.findall("h:td", NS), strict=True)}
     assert settings["dataset"] == str(TLDR) and settings["model"] == str(TINY_MODEL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,44 @@ def test_bad_input_is_one_line_and_an_exit_code(name: str, bad: Path, capsys: py
     code, out, err = _run(["analyze", *(a.format(bad=bad) for a in argv)], capsys)
     assert (code, out) == (exit_code, "")
     assert err.count("\n") == 1 and err.startswith("Error: " + message.format(bad=bad)), err
+
+
+# (argv after the command) -> (exit code, start of the error line): refused from the words alone, before TRL,
+# transformers, datasets or torch is imported
+BEFORE_IMPORTS = {
+    "hub-dataset-offline": (["trl-lib/Capybara", *MODEL], 1, "dataset trl-lib/Capybara is a Hub id, offline mode"),
+    "hub-model-offline": ([str(TLDR), "--model", "Qwen/Qwen3-0.6B"], 1, "model Qwen/Qwen3-0.6B is a Hub id"),
+    "missing-config": (["--config", "{tmp}/missing.yaml"], 2, "cannot read config file {tmp}/missing.yaml"),
+    "missing-dataset": (["{tmp}/missing.jsonl", *MODEL], 1, "dataset {tmp}/missing.jsonl not found"),
+    "missing-eval-dataset": ([str(TLDR), *MODEL, "--eval-dataset", "{tmp}/eval.jsonl"], 1,
+                             "dataset {tmp}/eval.jsonl not found"),
+    "own-short-option-after-dashes": (["--", "trl", "sft", "--dataset_name", str(TLDR), "--model_name_or_path",
+                                       str(TINY_MODEL), "-o", "p.json"], 2,
+                                      "-o is `shapeplan analyze`'s own option: give it before `--`"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_IMPORTS))
+def test_refusals_that_need_no_trl_come_before_importing_it(name: str, tmp_path: Path) -> None:
+    from tests.adapters.test_plan_cache import PROBE
+
+    argv, exit_code, message = BEFORE_IMPORTS[name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty Hugging Face cache
+    done = subprocess.run([sys.executable, "-c", PROBE, "analyze", *(a.format(tmp=tmp_path) for a in argv)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    error, probe = done.stderr.strip().splitlines()
+    assert error.startswith("Error: " + message.format(tmp=tmp_path)), done.stderr
+    assert json.loads(probe) == {"code": exit_code, "heavy": []}
+
+
+def test_the_default_dataset_is_named_as_such_when_it_cannot_load(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
+    code, out, err = _run(["analyze", "--method", "grpo", *MODEL], capsys)
+    assert (code, out, err.count("\n")) == (1, "", 1), err
+    assert err.startswith("Error: dataset trl-lib/tldr is a Hub id") and \
+        "(no dataset was given: trl-lib/tldr is `--method grpo`'s default" in err
 
 
 def test_python_dash_m_reports_one_line_without_traceback() -> None:

@@ -317,7 +317,9 @@ def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list
                                      "--env-file", env_file)))
     assert [r["status"] for r in warmed["results"]] == ["compiled"]
     # what a Packer/systemd step sources is what --json reports
-    assert warmed["environment_variables"] == {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    assert warmed["environment_variables"] == {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
     sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', env_file],
                              capture_output=True, text=True, check=True)
     assert sourced.stdout == f"{cache}\n"
@@ -369,3 +371,5 @@ def test_cache_import_and_inspect(tmp_path: Path) -> None:
             f"{CAPYBARA} is not a shapeplan cache archive (not a gzip file); pass a file written by "
             "`shapeplan cache export`")
     refused(shapeplan("cache", "inspect"), 2, "Missing argument 'ARCHIVE'; see `shapeplan cache inspect --help`")
+    refused(shapeplan("cache", "inspect", tmp_path), 2, f"{tmp_path} is a folder, not an archive; `shapeplan cache "
+            f"ls --cache-dir {tmp_path}` lists what a cache dir holds")

@@ -1,5 +1,6 @@
 """The warm-up's progress on stderr: rows and Python warnings (transformers' FutureWarnings) are written above the
-bar on a terminal, never into it; in a log (no terminal) there is no bar to run into."""
+bar on a terminal, never into it, the warnings once each after the rows; in a log (no terminal) there is no bar to
+run into; rows shown on stderr are not repeated on stdout where both go to one place."""
 
 from __future__ import annotations
 
@@ -45,3 +46,36 @@ def test_no_bar_in_a_log_and_verify_names_itself(monkeypatch: pytest.MonkeyPatch
     assert "\r" not in text and "warming" not in text and "%|" not in text
     assert "eager     train (4, 256)" in text and "FutureWarning" in text
     assert "verifying:" in _run(Terminal(), monkeypatch, "verifying")
+
+
+def test_a_warning_met_with_every_shape_is_shown_once_after_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        bar = ProgressBar()
+        bar.begin(2)
+        for seq in (128, 256):  # each shape's trainer warns again
+            warnings.warn("`gradient_checkpointing` is deprecated", FutureWarning, stacklevel=1)
+            bar.done(WarmResult(task=WarmTask(phase="train", batch=4, seq=seq), status="eager", seconds=1.0))
+        bar.close()
+    lines = sys.stderr.getvalue().splitlines()
+    (warning,) = [i for i, line in enumerate(lines) if "gradient_checkpointing" in line]
+    assert lines[warning] == "warning: FutureWarning: `gradient_checkpointing` is deprecated"
+    assert warning > max(i for i, line in enumerate(lines) if line.startswith("eager ")) and bar.rows == 2
+
+
+def test_rows_shown_on_stderr_are_not_repeated_where_stdout_is_the_same_place(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from shapeplan.cli.output import same_destination
+    from shapeplan.services.report import render_warm
+    from shapeplan.warm.model import WarmReport
+
+    report = WarmReport(results=(WarmResult(task=WarmTask(phase="train", batch=4, seq=256), status="eager",
+                                            seconds=1.0),), cache_dir="/c", device="cpu", environment={})
+    assert "train (4, 256)" in render_warm(report, verify=False)
+    assert "train (4, 256)" not in render_warm(report, verify=False, rows=False)
+    with open(tmp_path / "log", "w") as log, open(tmp_path / "log", "a") as same, open(tmp_path / "o", "w") as other:
+        monkeypatch.setattr(sys, "stdout", log)
+        monkeypatch.setattr(sys, "stderr", same)  # `> log 2>&1`
+        assert same_destination()
+        monkeypatch.setattr(sys, "stderr", other)
+        assert not same_destination()

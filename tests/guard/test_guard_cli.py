@@ -95,14 +95,23 @@ def test_drift_the_device_makes_names_its_cause(tmp_path: Path) -> None:
     names the padding, not a re-plan."""
     config = _sft_config(tmp_path)
     config.write_text(config.read_text().replace("pad_to_multiple_of: 64\n", "").replace("max_steps: 6",
-                                                                                         "max_steps: 1"))
+                                                                                         "max_steps: 3")
+                      .replace("max_length: 512", "max_length: 2048"))  # untruncated: unpadded lengths are unplanned
     plan_path = tmp_path / "plan.json"
     assert shapeplan("analyze", "--config", config, "-o", plan_path).returncode == 0
+    with_bars = [word for word in TRL_RUN if word not in ("--disable_tqdm", "true")] + ["--disable_tqdm", "false"]
     result = shapeplan("guard", "--plan", plan_path, "--", "trl", "sft", "--config", config,
-                       "--output_dir", tmp_path / "out", *TRL_RUN)
+                       "--output_dir", tmp_path / "out", *with_bars)
     assert result.returncode == 0, result.stderr[-3000:]
-    (drift,) = [line for line in result.stderr.splitlines() if "drift:" in line]
+    lines = result.stderr.splitlines()
+    (drift,) = [line for line in lines if "drift:" in line]
     assert "pad_to_multiple_of=128" in drift and "--pad_to_multiple_of 128" in drift and "re-plan" not in drift
+    # after it, every line says the same: the drift is why, and eager CPU compiled nothing
+    unplanned = [line for line in lines if "unplanned shape" in line]
+    assert unplanned and all("0 compiles" in line and "the drift above is why" in line for line in unplanned)
+    assert not any("compiles now" in line or "re-plan" in line or "stale" in line for line in lines), lines
+    (summary,) = [line for line in result.stderr.split("\n") if "planned shapes met" in line]  # not after a bar
+    assert summary.startswith("shapeplan: ") and ", 0 compiles" in summary, summary
 
 
 @pytest.mark.slow

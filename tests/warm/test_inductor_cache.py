@@ -34,15 +34,68 @@ def real_run_in_new_process(cache: Path, script_lines: list[str], out: Path, env
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_warm_then_real_run_has_no_cache_miss(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, dict, dict[str, str]]:  # type: ignore[type-arg]
+    """One warm-up, shared: (folder, plan, cache dir, the `--json` report, env); its env file is
+    folder/shapeplan.env."""
+    tmp_path = tmp_path_factory.mktemp("inductor")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHAPEPLAN_CACHE_DIR": str(tmp_path / "shapeplan")}
     plan, cache = tmp_path / "plan.json", tmp_path / "cache"
     analyzed = shapeplan("analyze", *run_argv(CAPYBARA, ARGV, tmp_path / "out"), "-o", str(plan), env=env)
     assert analyzed.returncode == 0, analyzed.stderr
 
-    warmed = shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json", env=env)
+    warmed = shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json",
+                       "--env-file", str(tmp_path / "shapeplan.env"), env=env)
     assert warmed.returncode == 0, warmed.stderr[-3000:]
-    report = json.loads(warmed.stdout)
+    return tmp_path, plan, cache, json.loads(warmed.stdout), env
+
+
+# Dumps each process's compile-cache counters at exit, so a run through `trl`'s own console script (which starts
+# its trainer in a child process under `accelerate launch`) can be counted without changing it.
+SITECUSTOMIZE = """
+import atexit, json, os, sys
+def _dump():
+    if "torch._dynamo.utils" in sys.modules:
+        from torch._dynamo.utils import counters
+        with open(os.environ["SHAPEPLAN_TEST_COUNTERS"], "a") as f:
+            groups = ("inductor", "aot_autograd")
+            f.write(json.dumps({f"{g}.{k}": int(v) for g in groups for k, v in counters[g].items()}) + "\\n")
+atexit.register(_dump)
+"""
+
+
+def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed) -> None:  # type: ignore[no-untyped-def]
+    """`. ENV_FILE && trl sft ...` exactly as `warm` prints it (the data file as a dataset folder, the planned
+    pad_to_multiple_of spelt out), with TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES from the file: 0 Inductor and
+    AOTAutograd misses. Only what this machine lacks is added: --use_cpu, and where the run writes."""
+    tmp_path, _, _, report, env = warmed
+    env_file = tmp_path / "shapeplan.env"
+    assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0\n" in env_file.read_text()
+    command = report["command"]
+    assert command[:2] == ["trl", "sft"] and str(CAPYBARA) not in command
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    counters_file = tmp_path / "counters.jsonl"
+    clean = {k: v for k, v in env.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_DYNAMO_"))}
+    run = subprocess.run(["bash", "-c", '. "$0" && exec "$@"', str(env_file), *command, "--use_cpu", "true",
+                          "--output_dir", str(tmp_path / "trl-run"), "--report_to", "none", "--save_strategy", "no"],
+                         cwd=ROOT, env={**clean, "PYTHONPATH": f"{site}:{ROOT}",
+                                        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
+                                        "SHAPEPLAN_TEST_COUNTERS": str(counters_file)},
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    totals: dict[str, int] = {}
+    for line in counters_file.read_text().splitlines():
+        for name, value in json.loads(line).items():
+            totals[name] = totals.get(name, 0) + value
+    assert totals.get("inductor.fxgraph_cache_hit", 0) > 0, totals  # it compiled through the cache, and missed nothing
+    assert totals.get("inductor.fxgraph_cache_miss", 0) == 0, totals
+    assert totals.get("aot_autograd.autograd_cache_miss", 0) == 0, totals
+
+
+def test_warm_then_real_run_has_no_cache_miss(warmed) -> None:  # type: ignore[no-untyped-def]
+    tmp_path, plan, cache, report, env = warmed
     assert [(r["phase"], r["batch"], r["seq"], r["status"]) for r in report["results"]] == [
         ("train", 2, 128, "compiled")]
     assert report["results"][0]["counters"]["fxgraph_cache_miss"] > 0

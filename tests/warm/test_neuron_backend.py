@@ -74,6 +74,18 @@ def test_counters_need_metrics_and_a_miss_is_not_a_compile(monkeypatch: pytest.M
     assert backend.script_lines(tmp_path, torch_compile=False, graphs=3)[:4] == (
         f"export TORCH_NEURONX_NEFF_CACHE_DIR={tmp_path}", "export NEURON_LAUNCH_BLOCKING=0",
         "export NEURON_CC_FLAGS=--model-type=transformer", "export NEURON_LOGICAL_NC_CONFIG=2")
+    # a torch_compile run also needs dynamo's static shapes, which `trl sft` users can only set in the environment
+    from shapeplan.warm.backends import inductor
+
+    monkeypatch.setattr(inductor, "dynamo_settings",  # as torch's (importing dynamo takes seconds)
+                        lambda graphs: {"automatic_dynamic_shapes": False, "recompile_limit": max(graphs, 8)})
+    compiled = backend.script_lines(tmp_path, torch_compile=True, graphs=3)
+    assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0" in compiled
+    assert not any("recompile_limit" in line for line in compiled)  # 3 graphs: torch's default limit holds them
+    assert "torch._dynamo.config.recompile_limit = 12" in backend.script_lines(tmp_path, torch_compile=True,
+                                                                                graphs=12)
+    assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0" not in backend.script_lines(tmp_path, torch_compile=False,
+                                                                                         graphs=3)
 
 
 RACE = """

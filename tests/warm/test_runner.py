@@ -153,3 +153,25 @@ def test_one_process_warns_that_a_data_parallel_plans_collectives_are_not_warmed
     assert report.warnings == ("the run has 2 processes and the warm-up one: every rank's shapes are warmed, the "
                                "collectives between ranks are not (warm under `accelerate launch --num_processes 2` "
                                "for them)",)
+
+
+def test_shapes_run_inside_other_tasks_steps_are_reported_under_their_phase() -> None:
+    """GRPO's train forwards run inside each generate size's rounds: no task of their own, still in the report."""
+    from dataclasses import replace
+
+    from shapeplan.services.report import render_warm
+    from shapeplan.warm.model import WarmReport
+    from shapeplan.warm.runner import covered_shapes
+
+    plan = _plan(256, 384)
+    plan = replace(plan, shapes=(Shape(phase="generate", batch=8, seq=128, count=2, first_step=1), *plan.shapes,
+                                 plan.shapes[0]))
+    tasks = (WarmTask(phase="generate", batch=8, seq=128),)
+    assert covered_shapes(plan, tasks) == (("train", 2, 256), ("train", 2, 384))  # each distinct shape once
+    assert covered_shapes(_plan(256), (WarmTask(phase="train", batch=2, seq=256),)) == ()
+    report = WarmReport(results=(WarmResult(task=tasks[0], status="eager", seconds=1.0),), cache_dir="/c",
+                        device="cpu", environment={}, covered=covered_shapes(plan, tasks))
+    text = render_warm(report, verify=False).splitlines()
+    assert text[1:3] == ["also warmed, inside the steps of the shapes above:", "  train         (2, 256) (2, 384)"]
+    assert report.to_dict()["covered"] == [{"phase": "train", "batch": 2, "seq": 256},
+                                           {"phase": "train", "batch": 2, "seq": 384}]

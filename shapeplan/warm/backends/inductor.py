@@ -23,7 +23,7 @@ MISSES = ("fxgraph_cache_miss", "fxgraph_cache_bypass", "autograd_cache_miss", "
 HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 
 
-def dynamo_settings(graphs: int) -> dict[str, object]:
+def dynamo_settings(graphs: int) -> dict[str, bool | int]:
     """The dynamo settings warm-up and training must share: every planned shape is its own static graph.
 
     Automatic dynamic shapes would turn the second shape into a symbolic graph that neither matches the plan
@@ -33,6 +33,33 @@ def dynamo_settings(graphs: int) -> dict[str, object]:
 
     return {"automatic_dynamic_shapes": False,
             "recompile_limit": max(graphs, int(torch._dynamo.config.recompile_limit))}
+
+
+# The dynamo settings torch also reads from the environment (when torch._dynamo is first imported): `trl <method>`
+# users, who cannot run a line of Python before training, need them as variables.
+DYNAMO_ENVIRONMENT = {"automatic_dynamic_shapes": ("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES", "0")}
+DEFAULT_RECOMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default
+# Inductor's FX graph and AOTAutograd caches, which warm switches on, as training must have them.
+CACHE_ENVIRONMENT = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
+def dynamo_lines(graphs: int) -> list[str]:
+    """What a `torch_compile` run must set to hit the graphs warmed here: the `export` lines of the settings torch
+    reads from the environment, then every setting as the training script's Python line (the recompile limit only
+    above torch's default, which holds as many graphs without a line)."""
+    settings = dynamo_settings(graphs)
+    exports = [f"export {name}={value}" for key, (name, value) in DYNAMO_ENVIRONMENT.items()
+               if settings.get(key) is False]
+    return [*exports, *(f"torch._dynamo.config.{name} = {value!r}" for name, value in settings.items()
+                        if name != "recompile_limit" or value > DEFAULT_RECOMPILE_LIMIT)]
+
+
+def python_only(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """The training-script lines of `lines` that no `export` line among them sets."""
+    exported = {line.removeprefix("export ").partition("=")[0] for line in lines if line.startswith("export ")}
+    covered = {f"torch._dynamo.config.{key} " for key, (name, _) in DYNAMO_ENVIRONMENT.items() if name in exported}
+    return [line for line in lines
+            if not line.startswith("export ") and not any(line.startswith(prefix) for prefix in covered)]
 
 
 def apply_dynamo_settings(graphs: int) -> None:
@@ -88,5 +115,5 @@ class InductorBackend:
         if not torch_compile:
             return ()
         lines = [f"export TORCHINDUCTOR_CACHE_DIR={cache_dir}"]
-        lines += [f"torch._dynamo.config.{name} = {value!r}" for name, value in dynamo_settings(graphs).items()]
-        return tuple(lines)
+        lines += [f"export {name}={value}" for name, value in CACHE_ENVIRONMENT.items()]
+        return (*lines, *dynamo_lines(graphs))

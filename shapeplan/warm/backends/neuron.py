@@ -321,9 +321,9 @@ class NeuronBackend:
         lines += [f"export {name}={os.environ[name]}" for name in KEY_ENV if name in os.environ]
         lines += [f"export {name}={os.environ[name]}" for name in code_settings()]
         if torch_compile:
-            from .inductor import dynamo_settings
+            from .inductor import dynamo_lines
 
-            lines += [f"torch._dynamo.config.{name} = {value!r}" for name, value in dynamo_settings(graphs).items()]
+            lines += dynamo_lines(graphs)
         return tuple(lines)
 
 

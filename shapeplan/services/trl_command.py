@@ -1,0 +1,109 @@
+"""The `trl <method>` command that runs a planned run as printed (advise's "run it", warm's next step).
+
+`trl <method>` loads `--dataset_name` with `datasets.load_dataset(NAME)`, which reads a Hub id or a dataset folder
+but not a data file, and takes the eval rows from that dataset's `dataset_test_split`. A `datasets:` mixture in a
+`--config` file cannot carry a separate eval file: TRL concatenates every entry into `train`. So a local data file
+(and the eval file given with `--eval-dataset`) becomes a dataset folder that holds only a README.md whose YAML
+header names each file as a split (`configs: data_files`), which `load_dataset(folder)` reads. The folder lives
+under the cache root, named by what it names, so the command keeps working after the plan is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..adapters.host import cache_root
+from ..errors import CacheError
+from ..plan.io import write_atomic
+from .trainers import trainer_spec
+
+# A reward TRL's GRPO/RLOO scripts have registered, so that their command runs as printed; the note says to replace it.
+PLACEHOLDER_REWARD = "think_format_reward"
+
+
+@dataclass(frozen=True)
+class TrlCommand:
+    words: tuple[str, ...]  # ("trl", METHOD, *options)
+    notes: tuple[str, ...]  # what the user must know or change before running it
+
+    def line(self) -> str:
+        return shlex.join(self.words)
+
+
+def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = None) -> TrlCommand:
+    """The `trl METHOD` command of the run shapeplan planned from `argv` (TRL's options) and `eval_source`."""
+    from ..adapters.trl_args import parse_training_args
+
+    args = parse_training_args(trainer_spec(method), argv)
+    script, out, notes = args.script, list(argv), []
+    pairs: list[tuple[str, str]] = []
+    if "model_name_or_path" not in args.given:  # shapeplan's default model; TRL has none
+        pairs.append(("model_name_or_path", str(args.model.model_name_or_path)))
+    if "pad_to_multiple_of" not in args.given:  # planned at TRL's Neuron value; spelt out, it holds on any device
+        pairs.append(("pad_to_multiple_of", str(args.training.pad_to_multiple_of)))
+    mixture = bool(args.dataset_mixture is not None and getattr(args.dataset_mixture, "datasets", None))
+    splits = {}
+    if not mixture and Path(script.dataset_name).is_file():
+        splits[script.dataset_train_split] = script.dataset_name
+    if eval_source is not None and str(getattr(args.training, "eval_strategy", "no")) != "no":
+        if splits and Path(eval_source).is_file():
+            splits[script.dataset_test_split] = eval_source
+        else:
+            notes.append(f"`trl {method}` reads the eval rows from the {script.dataset_test_split!r} split of "
+                         f"--dataset_name's dataset, not from {eval_source}: add them to it as that split")
+    if splits:
+        pairs.append(("dataset_name", str(dataset_folder(splits))))
+    elif not mixture and "dataset_name" not in args.given:  # shapeplan's default dataset; TRL has none
+        pairs.append(("dataset_name", str(script.dataset_name)))
+    if hasattr(script, "reward_funcs") and not script.reward_funcs and not script.reward_model_name_or_path:
+        pairs.append(("reward_funcs", PLACEHOLDER_REWARD))
+        notes.append(f"--reward_funcs {PLACEHOLDER_REWARD} is a placeholder so that the command runs: give your "
+                     "reward functions (TRL registry names or dotted import paths) or --reward_model_name_or_path")
+    return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
+
+
+def with_options(argv: Sequence[str], pairs: Sequence[tuple[str, str]], *, in_place: bool = False) -> list[str]:
+    """`argv` with each `--name value` of `pairs` replacing any given value (`--name value`, `--name=value` or a bare
+    boolean `--name`): appended, or (`in_place`) where the first one was; TRL's parser lets the command line override
+    a `--config` file."""
+    values = dict(pairs)
+    out: list[str] = []
+    placed: set[str] = set()
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
+        if name in values:
+            has_value = "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            i += 2 if has_value else 1
+            if in_place and name not in placed:
+                out += [f"--{name}", values[name]]
+                placed.add(name)
+            continue
+        out.append(token)
+        i += 1
+    return out + [token for name, value in pairs if name not in placed for token in (f"--{name}", value)]
+
+
+def dataset_folder(splits: Mapping[str, str]) -> Path:
+    """A dataset folder whose README.md names each local file (absolute) as the split it is keyed by."""
+    import yaml
+
+    files = [{"split": split, "path": str(Path(path).resolve())} for split, path in splits.items()]
+    text = "---\n" + yaml.safe_dump({"configs": [{"config_name": "default", "data_files": files}]},
+                                    sort_keys=False) + "---\n"
+    folder = cache_root() / "datasets" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    card = folder / "README.md"
+    try:
+        if not card.is_file() or card.read_text(encoding="utf-8") != text:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(card, text)
+    except OSError as exc:
+        raise CacheError(f"cannot write the dataset folder {folder} for the `trl` command ({exc.strerror}); set "
+                         "SHAPEPLAN_CACHE_DIR to a writable folder") from exc
+    return folder
