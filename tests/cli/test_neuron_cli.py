@@ -55,6 +55,13 @@ def test_a_cache_imports_on_the_host_that_warmed_it_and_not_in_the_other_mode(tm
     # the same host: torch-neuronx's import-time defaults are part of both descriptions
     done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "same"], env, tmp_path)
     assert done.returncode == 0, done.stderr
+    # a build host without Neuron devices (an AMI built on a CPU instance): torch-neuronx does not import there
+    done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "cpu-host"],
+                fake_env("no_instance", FAKE_NEURON_TMP=str(tmp_path)), tmp_path)
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and "this machine cannot use a neuron cache: torch-neuronx cannot import" in line
+    assert "`cache import`, `cache pull`, `warm`, `verify` and `doctor --device neuron` need a Trn2/Trn3" in line
+    assert not (tmp_path / "cpu-host").exists()
     sync = {**env, "NEURON_LAUNCH_BLOCKING": "1"}  # eager ops take another compile path with other keys
     done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "sync"], sync, tmp_path)
     assert done.returncode == 3, done.stderr
