@@ -18,7 +18,6 @@ SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 WARM = """
 import sys
 from pathlib import Path
-import torch_neuronx
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeWarmer
 from shapeplan.warm.backends.neuron import NeuronBackend
@@ -28,7 +27,8 @@ from shapeplan.adapters.host import installed_versions
 
 cache = Path(sys.argv[1])
 backend = NeuronBackend()
-backend.prepare(cache)
+backend.prepare(cache)  # before torch loads, as `shapeplan warm` does: sync mode's dirs are fixed at import
+import torch_neuronx
 plan = Plan(method="sft", exact=True, pad_to_multiple_of=128,
             shapes=(Shape(phase="train", batch=2, seq=128, count=1, first_step=1),),
             stats=PlanStats(rows=2, dropped_rows=0, micro_batches=1, optimizer_steps=1, tokens=1, padded_tokens=1))
@@ -85,6 +85,21 @@ def test_the_guard_turns_the_counters_on_before_the_command_runs(tmp_path: Path)
     done = _run([SHAPEPLAN, "guard", "--", "python", str(script)], env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True 1"
+
+
+def test_the_guarded_command_runs_as_it_would_unguarded(tmp_path: Path) -> None:
+    """Its first lines run before torch loads, so what it sets there reaches TorchNeuron's import (sync mode's
+    cache dir is fixed then): its NEFFs land where they land unguarded."""
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\nprint('torch' in sys.modules)\nos.environ['TORCH_NEURONX_NEFF_CACHE_DIR'] = "
+                      "sys.argv[1]\nos.environ['NEURON_LAUNCH_BLOCKING'] = '1'\nimport torch, torch_neuronx\n"
+                      "torch_neuronx.kernel('matmul 2x1408')\n")
+    env = fake_env(FAKE_NEURON_TMP=str(tmp_path))
+    for name, command in (("plain", [sys.executable]), ("guarded", [SHAPEPLAN, "guard", "--", "python"])):
+        done = _run([*command, str(script), str(tmp_path / name)], env, tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[0] == "False", name
+        assert len(list((tmp_path / name).rglob("*.neff"))) == 1, name
 
 
 def test_analyze_warns_about_shapes_the_nki_attention_kernel_recompiles(tmp_path: Path) -> None:

@@ -37,9 +37,9 @@ What the source does, and so the fake:
   `<lock dir>/locks/<key>.lock` and reads the disk again: a NEFF another process wrote meanwhile is a persistent
   hit, not a compile. Only `total_compilations` counts compiles (CompilationCache.cpp). Files are written through a
   `.tmp.XXXXXX` temporary in the shard dir and a rename.
-- Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), keyed
-  with the neuronx-cc version, `<sha256>/<sha256>.neff` written through `tmp*.tmp`, locks in
-  `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
+- Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), with
+  the cache and lock dirs the import saw, keyed with the neuronx-cc version, `<sha256>/<sha256>.neff` written
+  through `tmp*.tmp`, locks in `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
 - The built-in NKI flash attention (SDPA with no mask, no dropout, both sequence lengths multiples of 512, head_dim
   <= 128) keys its cache with Python's `hash()` of the shapes and dtypes (nki_op_impl.py:19-25), which differs in
   every process: it never hits across processes.
@@ -98,9 +98,13 @@ CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_PATH" if "renamed_cache_var" in MODES else
 # (kernels/compiler_subprocess.py:89-97), and its CompilerConfig asks the runtime for the platform target
 # (kernels/compiler_config.py:17 -> _C._get_platform_target -> nrt_get_instance_info, PlatformUtils.cpp:45-80): on a
 # host without a Neuron instance the import itself fails.
+# Those two dirs are the sync path's for the whole process: a variable set after `import torch` reaches only the
+# C++ cache, which reads it at its first use (NeuronResourceManager.cpp:148-192).
+SYNC_DIRS = (Path(os.environ.get(CACHE_VAR) or TMP / "neff_cache"),
+             Path(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR") or TMP / "local_cache"))
 if "cache_failed" not in MODES:
-    os.makedirs(os.environ.get(CACHE_VAR) or TMP / "neff_cache", exist_ok=True)
-    os.makedirs(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR") or TMP / "local_cache", exist_ok=True)
+    for _folder in SYNC_DIRS:
+        os.makedirs(_folder, exist_ok=True)
 if "no_instance" in MODES:
     raise RuntimeError("Failed to get Neuron instance information")
 COUNTERS = {"in_memory_hits": "CompilationCache.InMemoryHits", "in_memory_misses": "CompilationCache.InMemoryMisses",
@@ -261,8 +265,10 @@ def _compile(key: str) -> None:
 
 
 def _python_path(key: str) -> None:
-    """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters."""
-    cache, locks = _cache()
+    """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters; its dirs as they were at
+    import."""
+    started, _ = _cache()
+    cache, locks = (SYNC_DIRS[0] if started is not None else None), SYNC_DIRS[1]
     if key in memory and not _in_process_cache_disabled():
         return
     memory.add(key)
