@@ -408,3 +408,23 @@ def test_a_guarded_run_counts_compiles_on_neuron_and_none_on_a_warmed_cache(monk
     guard._boundary(SimpleNamespace(global_step=2))
     (event,) = guard.compiles
     assert event.step == 2 and event.delta["total_compilations"] == 1
+
+
+def test_compiled_graph_caches_record_the_source_paths_their_keys_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's key hashes MLIR bytecode with source locations: another venv path misses every graph (eager keys
+    print no locations, so eager caches do not record them)."""
+    from shapeplan.warm.manifest import machine_environment, mismatches
+
+    FakeNeuron().install(monkeypatch)
+    backend = make_backend("neuron")
+    eager = {"versions": {}, "compiler": backend.settings()}
+    assert not set(neuron.SOURCE_PATHS) & set(eager["compiler"])
+    monkeypatch.setattr("shapeplan.warm.backends.inductor.apply_dynamo_settings", lambda graphs: None)  # dynamo's
+    backend.configure(torch_compile=True, graphs=1)
+    compiled = {"versions": {}, "compiler": backend.settings()}
+    assert compiled["compiler"]["python prefix"] == sys.prefix
+    here = {"versions": {}, "compiler": machine_environment("neuron")["compiler"]}
+    assert mismatches(eager, here) == [] and mismatches(compiled, here) == []
+    moved = {"versions": {}, "compiler": {**compiled["compiler"], "site-packages": "/opt/other/site-packages"}}
+    found = mismatches(moved, here)
+    assert found[0].startswith("site-packages=/opt/other/site-packages (this machine: ") and "docs/bake.md" in found[1]

@@ -57,6 +57,11 @@ NOT_CODE = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"
 # What turns the NEFF cache off: the persistent tier ("1" in C++, PersistentCacheBackend.cpp:55-59; 1/true/yes in
 # the sync path, kernels/cache_utils.py:18-20) and the in-process one (1/true/yes, utils.py:191-198).
 DISABLE_ENV = ("TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_CACHE")
+# What a `torch.compile` graph's NEFF key depends on besides the settings: the key hashes the graph's MLIR bytecode,
+# which keeps each op's location, the file and line of the FX node's stack trace (neuron_dynamo_backend/compile.py:
+# 103-113, fx/fx_importer.py:28-40, cache/CacheUtils.cpp:11-35); eager keys print no locations (python_ops/
+# torch_mlir/kernel.py:374). So a compiled-graph cache serves only a host whose model code sits at the same paths.
+SOURCE_PATHS = ("python prefix", "site-packages", "HF modules dir")
 UNSET = "<unset>"  # a key variable that is not set: upstream reads an empty value as set (PlatformUtils.cpp)
 # The logical-core config each platform defaults to when NEURON_LOGICAL_NC_CONFIG is unset (PlatformUtils.cpp).
 DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
@@ -280,6 +285,7 @@ class NeuronBackend:
     def __init__(self) -> None:
         require_torch_neuronx()
         self.cache_dir: Path | None = None  # where NEFF files are counted: None counts none
+        self.torch_compile = False  # the warm-up compiles graphs: their keys depend on source paths
         self._loaded: Any = None  # torch_neuronx, once imported and checked
 
     def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
@@ -302,6 +308,7 @@ class NeuronBackend:
         return reason
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None:
+        self.torch_compile = torch_compile
         if torch_compile:
             from .inductor import apply_dynamo_settings
 
@@ -371,9 +378,10 @@ class NeuronBackend:
         return any(delta.get(name, 0) > 0 for name in HITS)
 
     def settings(self) -> dict[str, str]:
-        """Versions, platform target, execution mode and every code-changing setting, read after torch-neuronx's
-        import has set its defaults (so every command describes one host the same way), normalized so that settings
-        the compiler sees as equal (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
+        """Versions, platform target, execution mode and every code-changing setting (for `torch_compile` also the
+        source paths compiled graphs' keys depend on), read after torch-neuronx's import has set its defaults (so
+        every command describes one host the same way), normalized so that settings the compiler sees as equal
+        (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
         self._module()
         target = platform_target()
         out = {"backend": "neuron", "device": "neuron", "target": target}
@@ -385,6 +393,8 @@ class NeuronBackend:
         out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL", "default")
         out[SYNC_ENV] = "1 (sync)" if sync_mode() else "async"
         out.update((name, os.environ[name]) for name in code_settings())
+        if self.torch_compile:
+            out.update(source_paths())
         return out
 
     def script_lines(self, cache_dir: Path, *, torch_compile: bool, graphs: int) -> tuple[str, ...]:
@@ -396,6 +406,18 @@ class NeuronBackend:
 
             lines += [f"torch._dynamo.config.{name} = {value!r}" for name, value in dynamo_settings(graphs).items()]
         return tuple(lines)
+
+
+def source_paths() -> dict[str, str]:
+    """Where the code a compiled graph's source locations name lives: the interpreter prefix, its site-packages
+    (torch, transformers, TRL, the model classes) and transformers' modules dir (trust_remote_code models)."""
+    import sysconfig
+
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    values = (sys.prefix, sysconfig.get_paths()["purelib"], os.environ.get("HF_MODULES_CACHE")
+              or os.path.join(home, "modules"))
+    return dict(zip(SOURCE_PATHS, values, strict=True))
 
 
 def code_settings() -> list[str]:
