@@ -128,6 +128,21 @@ def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
     assert answers["sdpa_512_compiles_again_in_a_fresh_process"] is True
     assert answers["compiled_graph_hits_across_processes"] is True
     assert answers["sync_mode_moves_counters"] is False and answers["sync_second_run_compiles_matmul"] is False
+    # what shapeplan's own code relies on, against the fake as the source reads
+    assert answers["set_enabled_after_metrics_were_read_off_counts"] is True
+    assert answers["masked_sdpa_512_compiles_again_in_a_fresh_process"] is False  # the negative control
+    assert answers["multi_op_repeat_compiles"] is False
+    assert answers["multi_op_compiles_again_in_a_fresh_process"] is False
+    assert answers["compiled_graph_hits_from_another_file_path"] is True  # the fake keys no source locations
+    assert answers["race_each_kernel_compiled_once"] is True  # whichever process came second hit
+    assert answers["race_a_miss_ended_as_a_hit"] in (True, False)  # only overlapping compiles show a miss end as a hit
+    assert answers["device_count_by_core_setting"]["NEURON_RT_NUM_CORES=0"] == 4  # 0: every core
+    assert answers["device_count_by_core_setting"]["NEURON_RT_NUM_CORES=1"] == 1
+    created = sorted(f"{Path(d).parent.name}/{Path(d).name}" for d in answers["dirs_created_by_import_torch"])
+    assert created == ["import/cache", "import/locks"]  # the two dirs the variables name
+    assert answers["instance_type"] == "trn2.48xlarge"
+    assert report["runs"]["async"][0]["shapeplan_settings"]["NEURON_LAUNCH_BLOCKING"] == "async"
+    assert all(run["environment"]["NEURON_RT_VISIBLE_CORES"] == "0" for run in report["runs"]["async"])  # one core
     assert answers["layouts"]["sync"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] > 0
     assert answers["layouts"]["async"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] == 0
     assert report["package"]["found"]["TORCH_NEURONX_NEFF_CACHE_DIR"]

@@ -332,6 +332,7 @@ if "xla" not in MODES:
     _C._neuron_counter_value = counters.get  # type: ignore[attr-defined]  # as above
     _C._neuron_counter_names = lambda: sorted(counters)  # type: ignore[attr-defined]  # as above
     _C._get_platform_target = lambda: os.environ.get("FAKE_NEURON_TARGET") or "trn2"  # type: ignore[attr-defined]  # as above
+    _C._get_instance_type = lambda: f"{_C._get_platform_target()}.48xlarge"  # type: ignore[attr-defined]  # NeuronBindings.cpp:999-1001
     _C._get_logical_neuron_cores = lambda: os.environ.get(  # type: ignore[attr-defined]  # as above
         "NEURON_LOGICAL_NC_CONFIG", "1" if _C._get_platform_target() == "trn1" else "2")  # type: ignore[attr-defined]  # set above
 if not MODES & {"no_stats", "xla"}:
