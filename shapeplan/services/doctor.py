@@ -127,11 +127,12 @@ def host() -> dict[str, str]:
 
 def cores(device: str) -> dict[str, Any]:
     if device == "neuron":
-        from ..warm.backends.neuron import visible_cores
+        from ..warm.backends.neuron import requested_cores, visible_cores
 
         visible = visible_cores()
-        source = next((name for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES") if os.environ.get(name)),
-                      "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
+        named = ["NEURON_RT_VISIBLE_CORES"] if os.environ.get("NEURON_RT_VISIBLE_CORES") else \
+            ["NEURON_RT_NUM_CORES"] if requested_cores() is not None else []  # NUM_CORES=0: all, the runtime's
+        source = next(iter(named), "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
         return {"visible": visible, "count": len(visible) if visible is not None else None, "from": source}
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"visible": None, "count": count, "from": "CPU affinity"}

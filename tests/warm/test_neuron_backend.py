@@ -350,6 +350,9 @@ def test_visible_cores_follow_the_runtime(monkeypatch: pytest.MonkeyPatch) -> No
     assert neuron.visible_cores() == list(range(6))
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "0")  # the runtime's documented default: all cores
     assert neuron.visible_cores() == list(range(6)) and neuron.requested_cores() is None
+    from shapeplan.services.doctor import cores
+
+    assert cores("neuron") == {"visible": list(range(6)), "count": 6, "from": "torch.neuron.device_count()"}
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "x")
     with pytest.raises(UsageError, match="NEURON_RT_NUM_CORES='x' is not a number of cores"):
         neuron.visible_cores()
