@@ -281,6 +281,7 @@ def enable_metrics() -> str | None:
 class NeuronBackend:
     name = "neuron"
     device = "neuron"
+    counting = True  # the compile counters count (metrics on), as `counters` last read it
 
     def __init__(self) -> None:
         require_torch_neuronx()
@@ -361,6 +362,8 @@ class NeuronBackend:
             metrics = importlib.import_module("torch_neuronx.metrics")
             for name in METRIC_COUNTERS:
                 out[name] = int(metrics.get_counter_value(name) or 0)
+            # metrics that stayed off count nothing: then files are all that tells a compile
+            self.counting = bool(metrics.is_enabled()) if hasattr(metrics, "is_enabled") else True
         if not any(sources.values()):
             raise CacheError(f"torch-neuronx {module.__version__} has neither _C._get_compilation_cache_stats nor "
                              "torch_neuronx.metrics, so compiles cannot be counted; use a TorchNeuron release that "
@@ -370,9 +373,11 @@ class NeuronBackend:
         return out
 
     def compiled(self, delta: Mapping[str, int]) -> bool:
-        """This process compiled: its compile counter moved, or (sync mode's eager ops, which move none) new NEFFs of
-        that path's layout appeared. In async mode a new file may be another process's compile: it decides nothing."""
-        return any(delta.get(name, 0) > 0 for name in COMPILES) or (sync_mode() and delta.get(FILES, 0) > 0)
+        """This process compiled: its compile counter moved, or (sync mode's eager ops, which move none; metrics that
+        stayed off) new NEFFs appeared. While the counters count, in async mode a new file may be another process's
+        compile: it decides nothing."""
+        return any(delta.get(name, 0) > 0 for name in COMPILES) or \
+            ((sync_mode() or not self.counting) and delta.get(FILES, 0) > 0)
 
     def hit(self, delta: Mapping[str, int]) -> bool:
         return any(delta.get(name, 0) > 0 for name in HITS)
