@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..adapters.host import usable_cores
 from ..errors import ShapeplanError
 from ..warm.backends.base import Backend, counter_delta
 from ..warm.backends.neuron import DEFAULT_CACHE_DIR
@@ -120,8 +121,8 @@ def host() -> dict[str, str]:
         instance = INSTANCE_TYPE_FILE.read_text(encoding="ascii").strip() or "unknown"
     except (OSError, UnicodeDecodeError):
         instance = "unknown (not an EC2 instance, or no DMI)"
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"os": platform.platform(), "cpu": f"{platform.machine()}, {cpus} usable core(s) of {os.cpu_count()}",
+    return {"os": platform.platform(),
+            "cpu": f"{platform.machine()}, {usable_cores()} usable core(s) of {os.cpu_count()}",
             "instance type": instance}
 
 
@@ -134,8 +135,7 @@ def cores(device: str) -> dict[str, Any]:
             ["NEURON_RT_NUM_CORES"] if requested_cores() is not None else []  # NUM_CORES=0: all, the runtime's
         source = next(iter(named), "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
         return {"visible": visible, "count": len(visible) if visible is not None else None, "from": source}
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"visible": None, "count": count, "from": "CPU affinity"}
+    return {"visible": None, "count": usable_cores(), "from": "CPU affinity"}
 
 
 def free_gib(path: Path) -> float | None:
@@ -167,26 +167,26 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
     except ShapeplanError as exc:
         writable = False
         checks.append(Check("cache dir", False, f"{cache} is not writable", str(exc)))
+
+    def diagnosis(found: list[Check], settings: dict[str, str] | None = None, pad: str = "unknown") -> Diagnosis:
+        # before the stack loads (settings None), an unreadable core setting is a line, not a crash
+        return Diagnosis(versions(), device, host(), cores(device) if settings is not None else _cores(device),
+                         str(cache), free_gib(cache), writable, settings or {}, pad, tuple(found))
+
     try:
         backend = make_backend(device)
     except ShapeplanError as exc:  # e.g. the XLA-era package: nothing more can run
-        checks.insert(0, Check("compiler stack", False, f"--device {device} cannot run here", str(exc)))
-        return Diagnosis(versions(), device, host(), _cores(device), str(cache), free_gib(cache), writable, {},
-                         "unknown", tuple(checks))
+        return diagnosis([Check("compiler stack", False, f"--device {device} cannot run here", str(exc)), *checks])
     refused = _neuron_refusals() if backend.name == "neuron" else []
     if refused:  # the stack would not import, or would keep nothing: no self-test
-        return Diagnosis(versions(), device, host(), _cores(device), str(cache), free_gib(cache), writable, {},
-                         "unknown", (*checks, *refused))
+        return diagnosis([*checks, *refused])
     try:
         settings = backend.settings()  # loads the stack: the core count below is then the runtime's own
     except ShapeplanError as exc:  # e.g. torch-neuronx that does not import on this host
-        checks.insert(0, Check("compiler stack", False, f"--device {device} does not load here", str(exc)))
-        return Diagnosis(versions(), device, host(), _cores(device), str(cache), free_gib(cache), writable, {},
-                         "unknown", tuple(checks))
-    checks.insert(0, Check("compiler stack", True, f"{backend.name} on device {device}"))
+        return diagnosis([Check("compiler stack", False, f"--device {device} does not load here", str(exc)), *checks])
     tested, pad = self_test(backend)
-    return Diagnosis(versions(), device, host(), cores(device), str(cache), free_gib(cache), writable, settings,
-                     pad, (*checks, *tested))
+    return diagnosis([Check("compiler stack", True, f"{backend.name} on device {device}"), *checks, *tested],
+                     settings, pad)
 
 
 def _cores(device: str) -> dict[str, Any]:
