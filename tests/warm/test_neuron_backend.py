@@ -412,6 +412,12 @@ def test_a_guarded_run_counts_compiles_on_neuron_and_none_on_a_warmed_cache(monk
     guard._boundary(SimpleNamespace(global_step=2))
     (event,) = guard.compiles
     assert event.step == 2 and event.delta["total_compilations"] == 1
+    other = fake.module.neff_path("embedding 8x128")  # another rank compiles into the shared dir meanwhile
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_bytes(b"neff")
+    fake.kernel("embedding 4x256")
+    guard._boundary(SimpleNamespace(global_step=3))
+    assert guard.compiles == [event]  # that rank's compile, not this one's
 
 
 def test_compiled_graph_caches_record_the_source_paths_their_keys_hold(monkeypatch: pytest.MonkeyPatch) -> None:
