@@ -10,12 +10,12 @@ CHILD_TIMEOUT_S), and a probe that no longer fits is recorded as skipped. The pr
   SDPA at seq 512 without a mask (the NKI flash-attention kernel) and with one (the negative control), a multi-op
   step run twice (does op concatenation change the NEFF set?) and a tiny `torch.compile` graph, with both counter
   sources read after each step, the full compiler environment and shapeplan's own `settings()`;
-- the default mode with metrics off, and with metrics switched on by `set_enabled(True)` after they were read off
-  (what the guard does);
+- the default mode with metrics off, then, in the same process, switched on by `set_enabled(True)` after they were
+  read off (what the guard does);
 - two processes racing for one new graph on one cache dir (a miss, then a hit under the lock?);
 - one compiled graph run from two file paths on one cache dir (do graph keys hold source paths?);
-- NEURON_RT_NUM_CORES 0 and 1 and NEURON_RT_VISIBLE_CORES as a comma list, each with the runtime's device_count;
-- what `import torch` creates on disk.
+- NEURON_RT_NUM_CORES 0 and 1 and NEURON_RT_VISIBLE_CORES as a comma list, each with the runtime's device_count,
+  the first with a cache and a lock dir that do not exist yet (what `import torch` creates on disk).
 Then the host's /dev/neuron* and instance type, the files each mode wrote (which layouts) and a search of the
 installed package for the names shapeplan relies on. `answers` sums it up; every raw measurement stays in the
 report. Not probed: a real TRL step (it needs a model on the host; `shapeplan verify` on a warmed plan is that test).
@@ -75,9 +75,9 @@ def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
         runs[mode] = [_child(budget, "steps", cache, {"NEURON_LAUNCH_BLOCKING": blocking, **metrics_on})
                       for _ in range(2)]
         layouts[mode] = _layouts(cache)
-    runs["default_metrics_off"] = [_child(budget, "steps", folder / "default",
+    # then switched on by set_enabled(True) after they were read off, in the same process (the guard's path)
+    runs["default_metrics_off"] = [_child(budget, "switch", folder / "default",
                                           {"TORCH_NEURONX_METRICS_ENABLED": None})]
-    runs["metrics_switched_on"] = [_child(budget, "switch", folder / "switch", {"TORCH_NEURONX_METRICS_ENABLED": None})]
     runs["race"] = _race(budget, folder / "race", metrics_on)
     graph_dirs = [folder / "path-a", folder / "elsewhere" / "path-b"]
     for where in graph_dirs:
@@ -85,14 +85,15 @@ def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
         (where / "graph.py").write_text(GRAPH_SOURCE, encoding="utf-8")
     runs["graph_two_paths"] = [_child(budget, "graph", folder / "graphs", metrics_on, str(where / "graph.py"))
                                for where in graph_dirs]
-    runs["cores"] = {name: _child(budget, "cores", folder / "cores", env, pin=False) for name, env in (
-        ("NEURON_RT_NUM_CORES=0", {"NEURON_RT_NUM_CORES": "0", "NEURON_RT_VISIBLE_CORES": None}),
-        ("NEURON_RT_NUM_CORES=1", {"NEURON_RT_NUM_CORES": "1", "NEURON_RT_VISIBLE_CORES": None}),
-        ("NEURON_RT_VISIBLE_CORES=0,1", {"NEURON_RT_VISIBLE_CORES": "0,1", "NEURON_RT_NUM_CORES": None}))}
-    # dirs the variables name that do not exist yet: does the import create them? (TorchNeuron's defaults are
-    # watched in every probe)
-    runs["import_torch"] = [_child(budget, "import", folder / "import" / "cache", {
-        "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(folder / "import" / "locks")})]
+    # the first also names a cache and a lock dir that do not exist yet: does the import create them? (TorchNeuron's
+    # defaults are watched in every probe)
+    runs["cores"] = {name: _child(budget, "cores", cache, env, pin=False) for name, cache, env in (
+        ("NEURON_RT_NUM_CORES=0", folder / "import" / "cache", {
+            "NEURON_RT_NUM_CORES": "0", "NEURON_RT_VISIBLE_CORES": None,
+            "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(folder / "import" / "locks")}),
+        ("NEURON_RT_NUM_CORES=1", folder / "cores", {"NEURON_RT_NUM_CORES": "1", "NEURON_RT_VISIBLE_CORES": None}),
+        ("NEURON_RT_VISIBLE_CORES=0,1", folder / "cores", {"NEURON_RT_VISIBLE_CORES": "0,1",
+                                                            "NEURON_RT_NUM_CORES": None}))}
     report = {"schema": 2, "python": sys.version.split()[0], "host": host(), "package": search_package(),
               "runs": runs, "layouts": layouts, "budget_s": TOTAL_BUDGET_S}
     report["answers"] = answers(report)
@@ -203,7 +204,7 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
     out["runtime"] = {name: _call(runtime, name) for name in (
         "_get_platform_target", "_get_logical_neuron_cores", "_get_instance_type")}
     out["device_count"] = _call(getattr(torch, "neuron", None), "device_count")
-    if kind in ("cores", "import"):
+    if kind == "cores":
         return out
     try:
         metrics: Any = importlib.import_module("torch_neuronx.metrics")
@@ -225,9 +226,8 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
     x = torch.ones((4, 128), device="neuron")
     if kind == "race":
         measure("matmul", lambda: float((x @ x.T * 5).sum().cpu()))
-    elif kind == "switch":  # the guard's path: metrics read off at the first op, then switched on
-        measure("matmul_metrics_off", lambda: float((x @ x.T).sum().cpu()))
-        _call(metrics, "is_enabled")
+    elif kind == "switch":  # metrics off, read so at the first op; then switched on, as the guard does
+        _steps(torch, x, measure)
         if metrics is not None and hasattr(metrics, "set_enabled"):
             metrics.set_enabled(True)
         out["metrics_enabled_after_set_enabled"] = _call(metrics, "is_enabled")
@@ -353,13 +353,13 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
     race = [step("race", i, "matmul") for i in range(2)]
     cores = {name: result.get("device_count") if "error" not in result else result["error"]
              for name, result in runs["cores"].items()}
-    imported = runs["import_torch"][0]
+    imported = runs["cores"]["NEURON_RT_NUM_CORES=0"]
     return {
         "default_execution_mode": {"1": "sync", "0": "async"}.get(
             str(default.get("set_by_import", {}).get("NEURON_LAUNCH_BLOCKING")), "not set by import"),
         "variables_set_by_import_torch": sorted(default.get("set_by_import", {})),
         "counters_move_with_metrics_off": moved(step("default_metrics_off", 0, "matmul")),
-        "set_enabled_after_metrics_were_read_off_counts": moved(step("metrics_switched_on", 0,
+        "set_enabled_after_metrics_were_read_off_counts": moved(step("default_metrics_off", 0,
                                                                      "add_after_set_enabled")),
         "async_first_run_compiles": compiled(step("async", 0, "matmul")),
         "async_second_run_compiles_matmul": compiled(step("async", 1, "matmul")),
