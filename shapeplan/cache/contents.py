@@ -27,8 +27,8 @@ IMPORT_MARKER = ".shapeplan-import-complete"
 # `PULL_JOURNAL` there before moving them in: a staging folder with a journal is a pull that must be finished.
 PULL_STAGING = ".shapeplan-pulling-"
 PULL_JOURNAL = "journal.json"
-# In-flight writes: TorchNeuron's `<name>.tmp.XXXXXX` (renamed into place when done), `*.tmp` of its Python compile
-# path and of shapeplan's own atomic writes.
+# In-flight writes: TorchNeuron's `.tmp.XXXXXX` in a shard dir (renamed into place when done), `*.tmp` of its Python
+# compile path and of shapeplan's own atomic writes.
 _TEMPORARY = re.compile(r"(\.tmp\.[A-Za-z0-9_]{6}|\.tmp)$")
 
 
@@ -45,8 +45,8 @@ def sha256_of(path: Path) -> str:
 
 
 def cache_files(cache_dir: Path) -> Iterator[Path]:
-    """The cache's files, sorted; lock files, in-progress temporaries and imports' and pulls' staging are left
-    out."""
+    """The cache's files, sorted; lock files, in-progress temporaries, empty NEFFs and imports' and pulls' staging
+    are left out."""
     for path in sorted(cache_dir.rglob("*")):
         if path.name == IMPORT_MARKER or any(part.startswith((STAGING_PREFIX, PULL_STAGING)) for part in path.parts):
             continue
@@ -54,8 +54,14 @@ def cache_files(cache_dir: Path) -> Iterator[Path]:
             raise CacheError(f"{path} is a symbolic link; a cache to export must hold only files and folders")
         name = path.name
         if path.is_file() and not (name.endswith(".lock") or name.startswith(".shapeplan-probe-")
-                                   or is_temporary(name)):
+                                   or is_temporary(name) or _empty_neff(path)):
             yield path
+
+
+def _empty_neff(path: Path) -> bool:
+    """A NEFF of size 0 (a truncated copy): TorchNeuron reads it as a miss (PersistentCacheBackend.cpp:89-94), so it
+    is not shipped."""
+    return path.suffix == ".neff" and path.stat().st_size == 0
 
 
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:

@@ -4,6 +4,7 @@ warmed into it, per store its pushes. `shapeplan cache ls` only formats these; `
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,18 +41,48 @@ class CacheDirInfo:
     files: int
     size_on_disk: int  # bytes of the cache's files
     plans: tuple[CachedPlan, ...]
+    locks: int = 0  # lock files under the dir
+    stale_locks: int = 0  # of those, the ones no process holds
 
     def to_dict(self) -> dict[str, Any]:
         return {"cache_dir": self.path, "files": self.files, "size_on_disk": self.size_on_disk,
-                "plans": [p.to_dict() for p in self.plans]}
+                "locks": self.locks, "stale_locks": self.stale_locks, "plans": [p.to_dict() for p in self.plans]}
 
 
 def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
-    """The plans warmed into `cache_dir` (from all its manifest files), its files and their size."""
+    """The plans warmed into `cache_dir` (from all its manifest files), its files and their size, its lock files."""
     cache_dir = cache_dir.resolve()
     plans = warmed_plans(read_merged(cache_dir).environments if cache_dir.is_dir() else {})
     files = list(cache_files(cache_dir)) if cache_dir.is_dir() else []
-    return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), plans)
+    locks = lock_files(cache_dir)
+    return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), plans, len(locks),
+                        sum(1 for lock in locks if _unheld(lock)))
+
+
+def lock_files(folder: Path) -> list[Path]:
+    """The lock files under `folder`: TorchNeuron's (`locks/<key>.lock`, sync mode's `<key>/locks/compile.lock`,
+    when its lock dir is passed) and shapeplan's own."""
+    return sorted(p for p in folder.rglob("*.lock") if p.is_file() and not p.is_symlink()) if folder.is_dir() else []
+
+
+def _unheld(lock: Path, *, remove: bool = False) -> bool:
+    """Whether no process holds `lock` (every holder takes an flock on it, released when it ends, even killed);
+    with `remove`, unlinked while this process holds it."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held
+        os.close(fd)
+        return False
+    try:
+        if remove:
+            lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, ...]:
@@ -87,15 +118,18 @@ class Pruning:
     files: tuple[str, ...]
     freed: int  # bytes of `files`
     kept: int  # warmed shapes that stay
+    locks: tuple[str, ...] = ()  # stale lock files, removed if no process holds them by then
 
     def to_dict(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": [list(e) for e in self.entries], "files": len(self.files),
-                "freed": self.freed, "kept": self.kept}
+                "freed": self.freed, "kept": self.kept, "locks": len(self.locks)}
 
 
-def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before: float | None = None) -> Pruning:
-    """The entries of `plans` (fingerprints, or unique prefixes of them) and those warmed before the Unix time
-    `before` (an entry without its time counts as warmed when its manifest file was last written)."""
+def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before: float | None = None,
+                 failed: bool = False, locks: bool = False) -> Pruning:
+    """The entries of `plans` (fingerprints, or unique prefixes of them), those warmed before the Unix time
+    `before` (an entry without its time counts as warmed when its manifest file was last written), with `failed`
+    the failed ones; with `locks`, the lock files no process holds."""
     from ..warm.manifest import Manifest, manifest_files
 
     cache_dir = cache_dir.resolve()
@@ -108,16 +142,18 @@ def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before
             for task, entry in section["shapes"].items():
                 plan, at = entry.get("plan"), entry.get("warmed_at")
                 when = at if isinstance(at, (int, float)) else written
-                if plan in plans or \
-                        (before is not None and when < before):
+                if plan in plans or (before is not None and when < before) or \
+                        (failed and entry["status"] == "failed"):
                     entries.append((path.name, key, task))
                 elif entry["status"] in WARMED:
                     kept += 1
     compiled = [f for f in cache_files(cache_dir)
                 if f.parent != cache_dir or not f.name.startswith("shapeplan-manifest")]
     files = compiled if entries and not kept else []
+    stale = [p for p in lock_files(cache_dir) if _unheld(p)] if locks else []
     return Pruning(str(cache_dir), tuple(entries), tuple(f.relative_to(cache_dir).as_posix() for f in files),
-                   sum(f.stat().st_size for f in files), kept)
+                   sum(f.stat().st_size for f in files), kept,
+                   tuple(p.relative_to(cache_dir).as_posix() for p in stale))
 
 
 def _one_plan_each(cache_dir: Path, prefixes: frozenset[str], manifests: list[Path]) -> set[str]:
@@ -155,6 +191,8 @@ def prune(pruning: Pruning) -> None:
         Manifest(cache_dir / name).remove(drop)
     for relative in pruning.files:
         (cache_dir / relative).unlink(missing_ok=True)
+    for relative in pruning.locks:
+        _unheld(cache_dir / relative, remove=True)
     for parent in sorted({Path(r).parent for r in pruning.files}, key=lambda p: -len(p.parts)):
         for folder in [parent, *parent.parents][:-1]:  # up to, not including, the cache dir
             with contextlib.suppress(OSError):  # not empty

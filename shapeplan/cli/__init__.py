@@ -107,6 +107,13 @@ def _run(argv: list[str] | None) -> int:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         click.echo(f"Error: {exc}", err=True)
         return exc.exit_code
+    except RuntimeError as exc:
+        from ..warm.backends.neuron import autoload_failed, unimportable
+
+        if not autoload_failed(exc):
+            raise
+        click.echo(f"Error: {unimportable(exc)}", err=True)  # `import torch` itself failed: one line, no traceback
+        return 2
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130

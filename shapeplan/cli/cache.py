@@ -278,7 +278,8 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
     if not infos:
         click.echo("no cache dir yet: `shapeplan warm` creates one (pass --cache-dir to list another)")
     for info in infos:
-        click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)})")
+        locks = f", {info.locks} lock file(s), {info.stale_locks} stale" if info.locks else ""
+        click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)}{locks})")
         click.echo(_plans_table(info.plans))
 
 
@@ -349,11 +350,16 @@ def _age(text: str) -> float:
                    "that no other plan shares); repeatable.")
 @click.option("--older-than", "older_than", default=None, metavar="AGE",
               help="Remove the shapes last warmed longer ago than AGE (30d, 12h, 90m; a bare number is days).")
+@click.option("--failed", is_flag=True, help="Remove the shapes whose warm-up failed.")
+@click.option("--stale-locks", "stale_locks", is_flag=True,
+              help="Remove the lock files no process holds (for TorchNeuron's own, pass its lock dir, "
+                   "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR or /tmp/local_cache, as --cache-dir).")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed, remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print what is (or would be) removed as JSON.")
 def prune_command(cache_dir: str | None, plan_files: tuple[str, ...], fingerprints: tuple[str, ...],
-                  older_than: str | None, dry_run: bool, as_json: bool) -> None:
-    """Remove a plan's shapes, or the shapes older than AGE, from a cache dir's manifests.
+                  older_than: str | None, failed: bool, stale_locks: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove a plan's shapes, the shapes older than AGE or the failed ones from a cache dir's manifests, and, with
+    --stale-locks, the lock files no process holds.
 
     `warm` then warms them again. The compiled files go too once no warmed shape remains: the cache does not
     record which shape compiled which file, and the shapes that stay may share them.
@@ -363,12 +369,13 @@ def prune_command(cache_dir: str | None, plan_files: tuple[str, ...], fingerprin
     from ..cache.listing import plan_pruning, prune
     from ..errors import UsageError
 
-    if not plan_files and not fingerprints and older_than is None:
-        raise UsageError("cache prune needs --plan PLAN, --fingerprint FINGERPRINT or --older-than AGE (see "
-                         "`shapeplan cache ls`)")
+    if not plan_files and not fingerprints and older_than is None and not failed and not stale_locks:
+        raise UsageError("cache prune needs --plan PLAN, --fingerprint FINGERPRINT, --older-than AGE, --failed or "
+                         "--stale-locks (see `shapeplan cache ls`)")
     before = None if older_than is None else time.time() - _age(older_than)
     pruning = plan_pruning(_cache_dir(None, cache_dir), before=before,
-                           plans=frozenset([*map(_fingerprint_of, plan_files), *fingerprints]))
+                           plans=frozenset([*map(_fingerprint_of, plan_files), *fingerprints]), failed=failed,
+                           locks=stale_locks)
     if not dry_run:
         prune(pruning)
     if as_json:
@@ -379,4 +386,5 @@ def prune_command(cache_dir: str | None, plan_files: tuple[str, ...], fingerprin
         click.echo(f"{verb}: {task}  (environment {key}, {name})")
     click.echo(f"{verb} {len(pruning.entries)} shape(s) and {len(pruning.files)} file(s) "
                f"({_size(pruning.freed)}) from {pruning.cache_dir}; {pruning.kept} warmed shape(s) kept"
-               + ("" if not pruning.entries or pruning.files else " with the compiled files they may share"))
+               + ("" if not pruning.entries or pruning.files else " with the compiled files they may share")
+               + (f"; {verb} {len(pruning.locks)} stale lock file(s)" if stale_locks else ""))

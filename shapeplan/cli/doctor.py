@@ -18,6 +18,7 @@ def render(diagnosis: Any) -> str:
     count = found["count"] if found["count"] is not None else "unknown"
     visible = f" ({','.join(map(str, found['visible']))})" if found["visible"] else ""
     free = f"{diagnosis.free_gib} GiB free" if diagnosis.free_gib is not None else "free space unknown"
+    lines += ["", *(f"{name}: {value}" for name, value in diagnosis.host.items())]
     lines += [
         "",
         f"device: {diagnosis.device}",
@@ -30,11 +31,14 @@ def render(diagnosis: Any) -> str:
         "",
     ]
     for check in diagnosis.checks:
-        line = f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}"
+        # KNOWN: the release's known limitation, with its fix; it does not fail the host
+        line = f"{'PASS' if check.passed else 'KNOWN' if check.known else 'FAIL'}  {check.name}: {check.detail}"
         lines.append(line if check.passed else f"{line}\n      fix: {check.fix}")
     lines.append("")
-    lines.append("doctor: all checks passed" if diagnosis.passed else
-                 f"doctor: {sum(not c.passed for c in diagnosis.checks)} check(s) failed")
+    known = sum(not c.passed and c.known for c in diagnosis.checks)
+    lines.append(("doctor: all checks passed" if diagnosis.passed else
+                  f"doctor: {sum(not (c.passed or c.known) for c in diagnosis.checks)} check(s) failed")
+                 + (f" ({known} known limitation(s) of this release, above)" if known else ""))
     return "\n".join(lines)
 
 

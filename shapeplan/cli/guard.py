@@ -17,8 +17,11 @@ from ..guard import MODES
 @click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None, metavar="RUN",
               help="Write what the run met to RUN (the plan schema, \"observed\": true), for `shapeplan warm --plan "
                    "RUN` and `shapeplan analyze ... --compare RUN`.")
+@click.option("--no-compile", "no_compile", is_flag=True,
+              help="Any compile during training is an error (exit 4 at the step boundary that counted it): for the "
+                   "run after a bake, where everything should load from the cache.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | None,
+def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | None, no_compile: bool,
                   command: tuple[str, ...]) -> None:
     """Run a training command with every Trainer it builds checked against PLAN.
 
@@ -49,7 +52,7 @@ def guard_command(plan_path: str | None, on_unplanned: str, record_path: str | N
     def make_guard() -> object:
         from ..guard.callback import ShapeGuard
 
-        return ShapeGuard(plan_path, on_unplanned=on_unplanned, record=record_path)
+        return ShapeGuard(plan_path, on_unplanned=on_unplanned, record=record_path, no_compile=no_compile)
 
     with guarding(make_guard):
         run()

@@ -73,6 +73,11 @@ def _drift_fix(name: str, planned: Any, value: Any, device: str) -> str:
     return "re-plan it with `shapeplan analyze`"
 
 
+def _shown_shapes(keys: list[tuple[Any, ...]]) -> str:
+    return ", ".join(f"{k[0]} {(k[1], k[2])}" for k in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3
+                                                                   else "") or "no new shape"
+
+
 class ShapeGuard(TrainerCallback):
     """Checks every input shape a trainer's models receive against `plan`, before the forward runs.
 
@@ -80,12 +85,14 @@ class ShapeGuard(TrainerCallback):
     (`UnplannedShapeError` before the forward) or `record` (only records). `record`: a path the run record is written
     to at the end (the plan schema with `"observed": true`). `backend`: the compile backend whose counters are read
     at step boundaries (default: the warm-up's, for the device training runs on). `on_forward` is called with every
-    recorded input (the oracle tests collect them).
+    recorded input (the oracle tests collect them). `no_compile`: any compile during training is an error
+    (`UnplannedShapeError` at the step boundary that counted it), for the run after a bake, as vLLM-Neuron's
+    VLLM_NEURON_DISABLE_WARMUP_COMPILE makes any cache miss fatal.
     """
 
     def __init__(self, plan: str | os.PathLike[str] | Plan | None = None, *, on_unplanned: str = "warn",
                  record: str | os.PathLike[str] | None = None, backend: Any = None,
-                 on_forward: Callable[[Forward], None] | None = None) -> None:
+                 on_forward: Callable[[Forward], None] | None = None, no_compile: bool = False) -> None:
         if on_unplanned not in MODES:
             raise UsageError(f"on_unplanned={on_unplanned!r}; choose one of {', '.join(MODES)}")
         self.plan = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
@@ -94,6 +101,7 @@ class ShapeGuard(TrainerCallback):
         self.record_path = Path(record) if record is not None else None
         self.backend = backend
         self.on_forward = on_forward
+        self.no_compile = no_compile
         self.planned: dict[tuple[Any, ...], Shape] = {} if self.plan is None else {
             shape_key(s): s for s in self.plan.shapes}
         self.trainer: Any = None
@@ -142,6 +150,8 @@ class ShapeGuard(TrainerCallback):
             if watch is not None:
                 self.uncounted = watch()
         if self.uncounted:
+            if self.no_compile:
+                raise UsageError(f"no_compile needs the compile counters: {self.uncounted}")
             _say(self.uncounted)
         if self.plan is not None:
             from ..warm.runner import graph_bound
@@ -244,6 +254,12 @@ class ShapeGuard(TrainerCallback):
             event = CompileEvent(step=int(state.global_step), shapes=tuple(shapes), delta=delta,
                                  seconds=max(0.0, seconds - steady))
             self.compiles.append(event)
+            if self.no_compile:
+                raise UnplannedShapeError(
+                    f"a compile during training at step {event.step} ({_shown_shapes(shapes)}; counters moved: "
+                    f"{', '.join(f'{k}={v:+d}' for k, v in sorted(delta.items()) if v)}), and the guard forbids "
+                    "any: the bake did not cover this run; record it with `shapeplan guard --record RUN` and "
+                    "`shapeplan warm --plan RUN`")
             logs.update({"shapeplan/compiles": float(len(self.compiles)),
                          "shapeplan/compile_seconds": round(sum(e.seconds for e in self.compiles), 3)})
         elif forwards:

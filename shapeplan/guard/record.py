@@ -64,7 +64,10 @@ def gather(shapes: tuple[Shape, ...], compiles: list[CompileEvent], seconds: dic
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return merge_shapes(list(shapes)), compiles, seconds
     parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (shapes, compiles, seconds))
+    # over gloo, on the host: through the run's own (neuron) group the pickled payload is a collective of a size the
+    # run never used, compiled after the last step boundary (TorchNeuron keys collectives by shape)
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    dist.all_gather_object(parts, (shapes, compiles, seconds), group=group)
     if dist.get_rank() != 0:
         return None
     all_seconds: dict[Key, list[float]] = {}

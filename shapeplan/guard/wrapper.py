@@ -7,6 +7,8 @@ every rank runs the command in-process and guards its own trainer.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import runpy
@@ -15,6 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ..errors import UsageError, first_line
@@ -23,25 +26,67 @@ USAGE = "give the training command after `--`: `trl sft ARGS`, `python train.py 
         "`python -m MODULE ARGS`"
 
 
+TRAINER_MODULE = "transformers.trainer"
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once `name` has been imported (by whoever imports it first), then leaves sys.meta_path."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader instance
+        return spec
+
+
 @contextmanager
 def guarding(make_guard: Callable[[], Any]) -> Iterator[None]:
     """While active, every `transformers.Trainer` built gets `make_guard()` among its callbacks (before its
-    `__init__` runs, so the guard sees the whole construction: DPO/KTO's reference precompute pass included)."""
-    from transformers import Trainer
+    `__init__` runs, so the guard sees the whole construction: DPO/KTO's reference precompute pass included).
 
-    init = Trainer.__init__
-    signature = inspect.signature(init)
+    Nothing is imported here: the Trainer is patched when the command first imports transformers' trainer module,
+    so the command's first lines run before torch loads, as they do unguarded (TorchNeuron reads its variables, sync
+    mode's cache and lock dirs among them, at `import torch`)."""
+    patched: list[tuple[Any, Any]] = []
 
-    def guarded_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
-        bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), make_guard()]
-        init(*bound.args, **bound.kwargs)
+    def patch(module: ModuleType) -> None:
+        trainer = module.Trainer
+        init = trainer.__init__
+        signature = inspect.signature(init)
 
-    Trainer.__init__ = guarded_init  # type: ignore[method-assign]  # restored below
+        def guarded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), make_guard()]
+            init(*bound.args, **bound.kwargs)
+
+        trainer.__init__ = guarded_init  # restored below
+        patched.append((trainer, init))
+
+    hook = _AfterImport(TRAINER_MODULE, patch)
+    if TRAINER_MODULE in sys.modules:  # `trl <method>` has loaded it to read its options
+        patch(sys.modules[TRAINER_MODULE])
+    else:
+        sys.meta_path.insert(0, hook)
     try:
         yield
     finally:
-        Trainer.__init__ = init  # type: ignore[method-assign]  # the original, saved above
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        for trainer, init in patched:
+            trainer.__init__ = init  # the original, saved above
 
 
 def _trl_script(method: str, args: list[str]) -> Path:

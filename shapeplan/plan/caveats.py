@@ -44,7 +44,11 @@ def _nki_attention(plan: Plan) -> list[str]:
     """Shapes TorchNeuron runs through its NKI flash-attention kernel: SDPA with no mask (a batch without padding),
     no dropout, sequence lengths multiples of 512, head_dim <= 128 (scaled_dot_product_fused_attention.py). That
     kernel keys its compile cache with Python's hash() of the dtypes, which differs in every process
-    (nki_op_impl.py), so no cache serves them across processes."""
+    (nki_op_impl.py), so no cache serves them across processes. Eager calls only: under torch_compile the attention
+    is decomposed into the graph (neuron_dynamo_backend/decompositions.py:332-440), whose key hashes the graph's
+    StableHLO (compile.py:96-115), not the dtypes, so no warning there."""
+    if plan.config.get("torch_compile"):
+        return []
     attention = plan.config.get("attention") or {}
     head_dim = attention.get("head_dim")
     if attention.get("implementation") not in (None, "sdpa") or attention.get("dropout") or \

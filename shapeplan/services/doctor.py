@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..adapters.host import usable_cores
 from ..errors import ShapeplanError
 from ..warm.backends.base import Backend, counter_delta
 from ..warm.backends.neuron import DEFAULT_CACHE_DIR
@@ -32,6 +33,9 @@ SHAPE = (3, 37)  # the self-test's shape: new to a fresh cache dir
 ATTENTION = (1, 2, 512, 64)  # an SDPA TorchNeuron runs with its NKI flash-attention kernel (seq % 512, head_dim <= 128)
 CHILD_TIMEOUT_S = 1800  # one small op and one tiny graph; a first Neuron compile takes minutes
 
+# How TorchNeuron says its lock dir or a lock file failed (CompilationCache.cpp:41-58, cache/FileLock.cpp:64-96;
+# the create-failure messages name the local cache dir, not a lock).
+LOCK_FAILURES = ("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "local cache directory", "lock directory", "lock file")
 # What to do when a check fails, per compiler stack: (counters show no compile, no files, no hit, compiled again).
 FIXES = {
     "neuron": {
@@ -45,13 +49,16 @@ FIXES = {
                "persistent cache is not read; check that NEURON_CC_FLAGS, NEURON_LOGICAL_NC_CONFIG and "
                "TORCH_NEURONX_* are the same in every process",
         "again": "the second process compiled again: the first one's NEFFs were not found; see the two lines above",
-        "attention": "SDPA at seq 512 compiled again in a fresh process: TorchNeuron's NKI flash-attention kernel "
-                     "keys its cache with Python's hash() of the dtypes, which differs per process (torch-neuronx "
-                     "nki_op_impl.py); every unpadded batch at a multiple of 512 tokens compiles again in every run, "
-                     "warmed or not: `shapeplan analyze` lists those shapes; --attn_implementation eager avoids the "
-                     "kernel",
+        "attention": "a known limitation of this torch-neuronx, not a fault of this host: its NKI flash-attention "
+                     "kernel keys its cache with Python's hash() of the dtypes, which differs per process "
+                     "(nki_op_impl.py), so an eager SDPA without a mask at a multiple of 512 tokens compiles again "
+                     "in every run, warmed or not; `shapeplan analyze` lists those shapes; pad them "
+                     "(pad_to_multiple_of), or pass --attn_implementation eager, or train with torch_compile "
+                     "(where the attention is part of the graph's key)",
         "locks": "TorchNeuron's lock dir (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache) cannot be "
                  "created or written, so every compile fails: point it at a writable local folder",
+        "disabled": "TorchNeuron's NEFF cache is turned off, so nothing is kept and `warm` refuses to run: unset "
+                    "the variable(s) named",
     },
     "inductor": {
         "counters": "dynamo counted no FX-graph or AOTAutograd cache miss: the compile did not go through "
@@ -70,12 +77,14 @@ class Check:
     passed: bool
     detail: str  # what was seen
     fix: str = ""  # what to do, when it failed
+    known: bool = False  # a failure that is the release's known limitation: reported, not failing the host
 
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     versions: dict[str, str]
     device: str
+    host: dict[str, str]  # OS, CPU and instance type, for a bug report
     cores: dict[str, Any]  # visible cores and how they were found
     cache_dir: str
     free_gib: float | None
@@ -86,7 +95,7 @@ class Diagnosis:
 
     @property
     def passed(self) -> bool:
-        return all(check.passed for check in self.checks)
+        return all(check.passed or check.known for check in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
@@ -102,16 +111,31 @@ def versions() -> dict[str, str]:
     return out
 
 
+def host() -> dict[str, str]:
+    """The OS, CPU and EC2 instance type (as `accelerate env` lists them for a bug report)."""
+    import platform
+
+    from ..warm.backends.neuron import INSTANCE_TYPE_FILE
+
+    try:
+        instance = INSTANCE_TYPE_FILE.read_text(encoding="ascii").strip() or "unknown"
+    except (OSError, UnicodeDecodeError):
+        instance = "unknown (not an EC2 instance, or no DMI)"
+    return {"os": platform.platform(),
+            "cpu": f"{platform.machine()}, {usable_cores()} usable core(s) of {os.cpu_count()}",
+            "instance type": instance}
+
+
 def cores(device: str) -> dict[str, Any]:
     if device == "neuron":
-        from ..warm.backends.neuron import visible_cores
+        from ..warm.backends.neuron import requested_cores, visible_cores
 
         visible = visible_cores()
-        source = next((name for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES") if os.environ.get(name)),
-                      "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
+        named = ["NEURON_RT_VISIBLE_CORES"] if os.environ.get("NEURON_RT_VISIBLE_CORES") else \
+            ["NEURON_RT_NUM_CORES"] if requested_cores() is not None else []  # NUM_CORES=0: all, the runtime's
+        source = next(iter(named), "torch.neuron.device_count()" if "torch_neuronx" in sys.modules else "/dev/neuron*")
         return {"visible": visible, "count": len(visible) if visible is not None else None, "from": source}
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"visible": None, "count": count, "from": "CPU affinity"}
+    return {"visible": None, "count": usable_cores(), "from": "CPU affinity"}
 
 
 def free_gib(path: Path) -> float | None:
@@ -126,7 +150,14 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
     from ..warm.backends import default_device, make_backend
     from ..warm.cachedir import check_cache_dir, default_cache_dir
 
-    device = device or default_device()
+    try:
+        device = device or default_device()
+    except RuntimeError as exc:  # `import torch` failed in its autoload of torch-neuronx: the neuron checks say why
+        from ..warm.backends.neuron import autoload_failed
+
+        if not autoload_failed(exc):
+            raise
+        device = "neuron"
     cache = cache_dir or default_cache_dir(device)
     checks: list[Check] = []
     try:
@@ -136,17 +167,54 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
     except ShapeplanError as exc:
         writable = False
         checks.append(Check("cache dir", False, f"{cache} is not writable", str(exc)))
+
+    def diagnosis(found: list[Check], settings: dict[str, str] | None = None, pad: str = "unknown") -> Diagnosis:
+        # before the stack loads (settings None), an unreadable core setting is a line, not a crash
+        return Diagnosis(versions(), device, host(), cores(device) if settings is not None else _cores(device),
+                         str(cache), free_gib(cache), writable, settings or {}, pad, tuple(found))
+
     try:
         backend = make_backend(device)
     except ShapeplanError as exc:  # e.g. the XLA-era package: nothing more can run
-        checks.insert(0, Check("compiler stack", False, f"--device {device} cannot run here", str(exc)))
-        return Diagnosis(versions(), device, cores(device), str(cache), free_gib(cache), writable, {}, "unknown",
-                         tuple(checks))
-    checks.insert(0, Check("compiler stack", True, f"{backend.name} on device {device}"))
-    settings = backend.settings()  # loads the stack: the core count below is then the runtime's own
+        return diagnosis([Check("compiler stack", False, f"--device {device} cannot run here", str(exc)), *checks])
+    refused = _neuron_refusals() if backend.name == "neuron" else []
+    if refused:  # the stack would not import, or would keep nothing: no self-test
+        return diagnosis([*checks, *refused])
+    try:
+        settings = backend.settings()  # loads the stack: the core count below is then the runtime's own
+    except ShapeplanError as exc:  # e.g. torch-neuronx that does not import on this host
+        return diagnosis([Check("compiler stack", False, f"--device {device} does not load here", str(exc)), *checks])
     tested, pad = self_test(backend)
-    return Diagnosis(versions(), device, cores(device), str(cache), free_gib(cache), writable, settings, pad,
-                     (*checks, *tested))
+    return diagnosis([Check("compiler stack", True, f"{backend.name} on device {device}"), *checks, *tested],
+                     settings, pad)
+
+
+def _cores(device: str) -> dict[str, Any]:
+    """The cores, or why they cannot be told (an unreadable core setting is that, not a crash of `doctor`)."""
+    try:
+        return cores(device)
+    except ShapeplanError as exc:
+        return {"visible": None, "count": None, "from": str(exc)}
+
+
+def _neuron_refusals() -> list[Check]:
+    """What fails before TorchNeuron's self-test could say anything: the NEFF cache turned off, a lock dir its
+    import cannot create (CompilerSubprocess makes it at import, kernels/compiler_subprocess.py:89-97)."""
+    from ..warm.backends.neuron import cache_disabled, lock_dir
+
+    out = []
+    disabled = cache_disabled()
+    if disabled:
+        out.append(Check("NEFF cache enabled", False, f"{' and '.join(disabled)} set", FIXES["neuron"]["disabled"]))
+    locks = lock_dir()
+    try:
+        locks.mkdir(parents=True, exist_ok=True)  # what the import does anyway
+        writable = os.access(locks, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        out.append(Check("lock dir", False, f"{locks} cannot be created or written", FIXES["neuron"]["locks"]))
+    return out
 
 
 def self_test(backend: Backend) -> tuple[list[Check], str]:
@@ -158,7 +226,7 @@ def self_test(backend: Backend) -> tuple[list[Check], str]:
         cache = Path(folder)
         first = _child(backend.device, cache, resolve_padding=True)
         if "error" in first:
-            fix = fixes["locks"] if "lock" in first["error"] and "locks" in fixes else \
+            fix = fixes["locks"] if "locks" in fixes and any(m in first["error"] for m in LOCK_FAILURES) else \
                 "fix the error above; `warm` would fail the same way"
             return [Check("first run", False, first["error"], fix)], "unknown"
         new_files = len(_files(cache))
@@ -173,10 +241,12 @@ def self_test(backend: Backend) -> tuple[list[Check], str]:
             first["pad_to_multiple_of"]
     delta = second["delta"]
     if second.get("attention") is not None:  # stacks whose eager ops compile: the attention kernel's own key
-        recompiled = backend.compiled(second["attention"])
+        # the self-test's cache dir is its own: a new NEFF there is this process's compile, counters or not
+        recompiled = backend.compiled(second["attention"]) or second["attention"].get(FILE_COUNTERS[0], 0) > 0
         new_files2 -= second["attention"].get("neff_files", 0)
         checks.append(Check("second run loads SDPA at seq 512", not recompiled,
-                            _shown(second["attention"], "counters moved: "), fixes["attention"] if recompiled else ""))
+                            _shown(second["attention"], "counters moved: "), fixes["attention"] if recompiled else "",
+                            known=recompiled))
         delta = counter_delta(second["attention"], delta)  # the checks below judge the rest of the work
     again = backend.compiled(delta) or new_files2 > 0
     checks += [

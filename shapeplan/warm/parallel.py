@@ -131,7 +131,17 @@ def worker_env(index: int, count: int, device: str, cores_per_worker: int) -> di
     """What worker `index` of `count` runs with: its part and, on neuron, its own NeuronCores."""
     env = {WORKER_ENV: f"{index}/{count}"}
     if device == "neuron":
-        env["NEURON_RT_VISIBLE_CORES"] = core_groups(count, cores_per_worker)[index]
+        from .backends.neuron import requested_cores
+
+        requested = requested_cores()
+        if requested is None:
+            env["NEURON_RT_VISIBLE_CORES"] = core_groups(count, cores_per_worker)[index]
+        else:  # NEURON_RT_NUM_CORES=n: n free cores the runtime picks; pinning 0..n-1 could take cores another
+            # job holds, so each worker asks the runtime for its own share the same way
+            if count * cores_per_worker > requested:
+                raise UsageError(f"NEURON_RT_NUM_CORES={requested} asks for too few NeuronCores for {count} workers "
+                                 f"of {cores_per_worker}; pass --workers {max(1, requested // cores_per_worker)}")
+            env["NEURON_RT_NUM_CORES"] = str(cores_per_worker)
     return env
 
 

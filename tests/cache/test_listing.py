@@ -100,6 +100,29 @@ def test_prune_older_than_everything_removes_the_compiled_files_too(tmp_path: Pa
     assert console("cache", "prune", "--cache-dir", cache).returncode == 2  # neither --plan nor --older-than
 
 
+def test_prune_clears_failed_shapes_and_the_lock_files_no_process_holds(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    cache = _cache(tmp_path / "cache")
+    (cache / "locks").mkdir()
+    held, stale = cache / "locks" / "held.lock", cache / "locks" / "0123abcd.lock"
+    held.touch()
+    stale.touch()  # left by a compile that was killed
+    fd = os.open(held, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a compile in progress
+    try:
+        info = scan_cache_dir(cache)
+        assert info.locks >= 2 and info.stale_locks == info.locks - 1
+        out = ok(console("cache", "prune", "--cache-dir", cache, "--failed", "--stale-locks"))
+        assert "removed 1 shape(s) and 0 file(s)" in out and f"removed {info.locks - 1} stale lock file(s)" in out
+        assert held.exists() and not stale.exists()
+    finally:
+        os.close(fd)
+    (section,) = read_merged(cache).environments.values()
+    assert sorted(section["shapes"]) == ["train 2x128", "train 2x256", "train 4x512"]
+
+
 def test_inspect_shows_an_archive_like_ls_shows_a_cache_dir(tmp_path: Path) -> None:
     cache, archive = _cache(tmp_path / "cache"), tmp_path / "cache.tar.gz"
     ok(console("cache", "export", "--cache-dir", cache, "-o", archive))

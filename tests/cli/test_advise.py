@@ -236,6 +236,13 @@ def test_caveats_name_the_fix() -> None:
         assert caveats(fixed, {"NEURON_RT_VISIBLE_CORES": cores, "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}) == []
 
 
+def test_the_nki_caveat_is_for_eager_attention_only() -> None:
+    """Under torch_compile the attention is part of the graph, keyed by its StableHLO: no per-process key."""
+    shapes = (Shape(phase="train", batch=1, seq=512, count=2, first_step=1, unpadded=2),)
+    assert any("NKI flash-attention" in line for line in caveats(_plan(shapes), {}))
+    assert not any("NKI" in line for line in caveats(_plan(shapes, torch_compile=True), {}))
+
+
 def _shapeplan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], check=False, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600)

@@ -51,11 +51,15 @@ def test_doctor_passes_on_cpu(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_doctor_on_a_neuron_host_as_its_source_behaves(tmp_path: Path) -> None:
-    """Everything works but the NKI flash attention, whose per-process key the source shows: named, exit 1."""
+    """Everything works but the NKI flash attention, whose per-process key the source shows: named as the release's
+    known limitation with its fix, and the other checks decide the exit code."""
     done = _doctor("--cache-dir", str(tmp_path / "cache"), "--json", env=_neuron_env(tmp_path))
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
-    assert report["device"] == "neuron" and not report["passed"]
+    assert report["device"] == "neuron" and report["passed"]
+    (sdpa,) = [c for c in report["checks"] if c["name"] == "second run loads SDPA at seq 512"]
+    assert sdpa["known"] and "known limitation" in sdpa["fix"] and "pad_to_multiple_of" in sdpa["fix"]
+    assert set(report["host"]) == {"os", "cpu", "instance type"}
     assert report["cores"] == {"visible": [0, 1, 2, 3], "count": 4, "from": "NEURON_RT_VISIBLE_CORES"}
     assert report["settings"]["target"] == "trn2" and report["settings"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
     assert report["settings"]["NEURON_LAUNCH_BLOCKING"] == "async"
@@ -105,12 +109,40 @@ def test_doctor_names_what_is_wrong_on_a_neuron_host(tmp_path: Path, modes: tupl
                                                      said: list[str]) -> None:
     done = _doctor("--cache-dir", str(tmp_path / "cache"), env=_neuron_env(tmp_path, *modes))
     assert done.returncode == 1, done.stdout + done.stderr
-    fails = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
-    assert {line[6:].split(":")[0] for line in fails} == failed
+    fails = [line for line in done.stdout.splitlines() if line.startswith(("FAIL", "KNOWN"))]
+    assert {line.split("  ", 1)[1].split(":")[0] for line in fails} == failed
     for text in said:
         assert text.format(tmp=tmp_path) in done.stdout
     assert done.stdout.count("      fix: ") == len(failed)
-    assert done.stdout.splitlines()[-1] == f"doctor: {len(failed)} check(s) failed"
+    known = "second run loads SDPA at seq 512" in failed  # the release's known limitation: not a failed check
+    assert done.stdout.splitlines()[-1] == f"doctor: {len(failed) - known} check(s) failed" + (
+        " (1 known limitation(s) of this release, above)" if known else "")
+
+
+def test_doctor_knows_torchneuron_s_own_lock_dir_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The create-failure messages (CompilationCache.cpp:41-58) name the local cache dir, not a lock."""
+    from shapeplan.services import doctor
+    from shapeplan.testing import FakeNeuron
+    from shapeplan.warm.backends import make_backend
+
+    FakeNeuron().install(monkeypatch)
+    for said in ("Failed to create local cache directory: path=/mnt/x (Permission denied)",
+                 "Invalid TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR value: path=", "Failed to open lock file /x/k.lock"):
+        monkeypatch.setattr(doctor, "_child", lambda *a, said=said, **k: {"error": f"exited with code 1: {said}"})
+        (check,), _ = doctor.self_test(make_backend("neuron"))
+        assert check.fix == doctor.FIXES["neuron"]["locks"], said
+
+
+def test_doctor_names_a_disabled_neff_cache_and_a_host_without_devices(tmp_path: Path) -> None:
+    done = _doctor("--device", "neuron", "--cache-dir", str(tmp_path / "cache"),
+                   env=fake_env(FAKE_NEURON_TMP=str(tmp_path), TORCH_NEURONX_NEFF_DISABLE_CACHE="1"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  NEFF cache enabled: TORCH_NEURONX_NEFF_DISABLE_CACHE=1 set" in done.stdout
+    done = _doctor("--device", "neuron", "--cache-dir", str(tmp_path / "cache"),
+                   env=fake_env("no_instance", FAKE_NEURON_TMP=str(tmp_path)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  compiler stack: --device neuron does not load here" in done.stdout
+    assert "no Neuron device (/dev/neuron*): Failed to get Neuron instance information; `cache inspect`" in done.stdout
 
 
 def test_doctor_on_an_xla_era_package_says_what_to_use(tmp_path: Path) -> None:

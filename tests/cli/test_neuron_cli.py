@@ -18,7 +18,6 @@ SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 WARM = """
 import sys
 from pathlib import Path
-import torch_neuronx
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeWarmer
 from shapeplan.warm.backends.neuron import NeuronBackend
@@ -28,7 +27,8 @@ from shapeplan.adapters.host import installed_versions
 
 cache = Path(sys.argv[1])
 backend = NeuronBackend()
-backend.prepare(cache)
+backend.prepare(cache)  # before torch loads, as `shapeplan warm` does: sync mode's dirs are fixed at import
+import torch_neuronx
 plan = Plan(method="sft", exact=True, pad_to_multiple_of=128,
             shapes=(Shape(phase="train", batch=2, seq=128, count=1, first_step=1),),
             stats=PlanStats(rows=2, dropped_rows=0, micro_batches=1, optimizer_steps=1, tokens=1, padded_tokens=1))
@@ -55,6 +55,13 @@ def test_a_cache_imports_on_the_host_that_warmed_it_and_not_in_the_other_mode(tm
     # the same host: torch-neuronx's import-time defaults are part of both descriptions
     done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "same"], env, tmp_path)
     assert done.returncode == 0, done.stderr
+    # a build host without Neuron devices (an AMI built on a CPU instance): torch-neuronx does not import there
+    done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "cpu-host"],
+                fake_env("no_instance", FAKE_NEURON_TMP=str(tmp_path)), tmp_path)
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and "this machine cannot use a neuron cache: torch-neuronx cannot import" in line
+    assert "`cache import`, `cache pull`, `warm`, `verify` and `doctor --device neuron` need a Trn2/Trn3" in line
+    assert not (tmp_path / "cpu-host").exists()
     sync = {**env, "NEURON_LAUNCH_BLOCKING": "1"}  # eager ops take another compile path with other keys
     done = _run([SHAPEPLAN, "cache", "import", "a.tar.gz", "--cache-dir", "sync"], sync, tmp_path)
     assert done.returncode == 3, done.stderr
@@ -78,6 +85,21 @@ def test_the_guard_turns_the_counters_on_before_the_command_runs(tmp_path: Path)
     done = _run([SHAPEPLAN, "guard", "--", "python", str(script)], env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True 1"
+
+
+def test_the_guarded_command_runs_as_it_would_unguarded(tmp_path: Path) -> None:
+    """Its first lines run before torch loads, so what it sets there reaches TorchNeuron's import (sync mode's
+    cache dir is fixed then): its NEFFs land where they land unguarded."""
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\nprint('torch' in sys.modules)\nos.environ['TORCH_NEURONX_NEFF_CACHE_DIR'] = "
+                      "sys.argv[1]\nos.environ['NEURON_LAUNCH_BLOCKING'] = '1'\nimport torch, torch_neuronx\n"
+                      "torch_neuronx.kernel('matmul 2x1408')\n")
+    env = fake_env(FAKE_NEURON_TMP=str(tmp_path))
+    for name, command in (("plain", [sys.executable]), ("guarded", [SHAPEPLAN, "guard", "--", "python"])):
+        done = _run([*command, str(script), str(tmp_path / name)], env, tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[0] == "False", name
+        assert len(list((tmp_path / name).rglob("*.neff"))) == 1, name
 
 
 def test_analyze_warns_about_shapes_the_nki_attention_kernel_recompiles(tmp_path: Path) -> None:
@@ -106,6 +128,21 @@ def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
     assert answers["sdpa_512_compiles_again_in_a_fresh_process"] is True
     assert answers["compiled_graph_hits_across_processes"] is True
     assert answers["sync_mode_moves_counters"] is False and answers["sync_second_run_compiles_matmul"] is False
+    # what shapeplan's own code relies on, against the fake as the source reads
+    assert answers["set_enabled_after_metrics_were_read_off_counts"] is True
+    assert answers["masked_sdpa_512_compiles_again_in_a_fresh_process"] is False  # the negative control
+    assert answers["multi_op_repeat_compiles"] is False
+    assert answers["multi_op_compiles_again_in_a_fresh_process"] is False
+    assert answers["compiled_graph_hits_from_another_file_path"] is True  # the fake keys no source locations
+    assert answers["race_each_kernel_compiled_once"] is True  # whichever process came second hit
+    assert answers["race_a_miss_ended_as_a_hit"] in (True, False)  # only overlapping compiles show a miss end as a hit
+    assert answers["device_count_by_core_setting"]["NEURON_RT_NUM_CORES=0"] == 4  # 0: every core
+    assert answers["device_count_by_core_setting"]["NEURON_RT_NUM_CORES=1"] == 1
+    created = sorted(f"{Path(d).parent.name}/{Path(d).name}" for d in answers["dirs_created_by_import_torch"])
+    assert created == ["import/cache", "import/locks"]  # the two dirs the variables name
+    assert answers["instance_type"] == "trn2.48xlarge"
+    assert report["runs"]["async"][0]["shapeplan_settings"]["NEURON_LAUNCH_BLOCKING"] == "async"
+    assert all(run["environment"]["NEURON_RT_VISIBLE_CORES"] == "0" for run in report["runs"]["async"])  # one core
     assert answers["layouts"]["sync"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] > 0
     assert answers["layouts"]["async"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] == 0
     assert report["package"]["found"]["TORCH_NEURONX_NEFF_CACHE_DIR"]

@@ -236,3 +236,33 @@ def test_padding_free_pairs_are_checked_before_the_forward(tmp_path: Path,
 
     with pytest.raises(UnplannedShapeError, match=f"with cu_seq_lens of {pair[0]} and max_length_q {pair[1]}"):
         run_sft(data, argv, eval_path=eval_data, guard=ShapeGuard(plan, on_unplanned="error"))
+
+
+def test_no_compile_makes_any_compile_during_training_an_error() -> None:
+    """The run after a bake (vLLM-Neuron's VLLM_NEURON_DISABLE_WARMUP_COMPILE): a counted compile stops it."""
+    import time
+    from types import SimpleNamespace
+
+    class Counting:
+        device = "cpu"
+        compiles = 0
+
+        def counters(self) -> dict[str, int]:
+            return {"total_compilations": self.compiles}
+
+        def compiled(self, delta: dict[str, int]) -> bool:
+            return delta.get("total_compilations", 0) > 0
+
+    for no_compile in (False, True):
+        backend = Counting()
+        guard = ShapeGuard(backend=backend, no_compile=no_compile)
+        guard._counters, guard._clock = backend.counters(), time.perf_counter()
+        guard._boundary(SimpleNamespace(global_step=1))  # nothing compiled: fine either way
+        backend.compiles = 1
+        if not no_compile:
+            guard._boundary(SimpleNamespace(global_step=2))
+            assert [e.step for e in guard.compiles] == [2]
+            continue
+        with pytest.raises(UnplannedShapeError, match=r"^a compile during training at step 2 \(no new shape; "
+                                                      r"counters moved: total_compilations=\+1\), and the guard"):
+            guard._boundary(SimpleNamespace(global_step=2))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shapeplan.cache.contents import cache_files
 from shapeplan.cli import main
 from shapeplan.errors import CacheError, UsageError
 from shapeplan.plan.model import Plan, PlanStats, Shape
@@ -121,8 +122,57 @@ def test_a_miss_that_waited_for_another_process_compile_is_a_hit(tmp_path: Path)
     second_out = second.communicate(timeout=300)[0]
     assert first.communicate(timeout=300)[0].split() == ["1", "0", "1"]
     assert second_out.split() == ["1", "1", "0"]  # a miss, then a hit: nothing compiled
-    delta = {"persistent_misses": 1, "persistent_hits": 1}
+    # the first process's NEFF landed in the shared dir during the second one's interval: still not its compile
+    delta = {"persistent_misses": 1, "persistent_hits": 1, "neff_files": 1}
     assert not NeuronBackend.compiled(NeuronBackend.__new__(NeuronBackend), delta)
+
+
+def test_a_neff_another_process_wrote_is_not_this_process_compile(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """A shared cache dir (warm workers, fleet shards, data-parallel ranks): a NEFF another process wrote during the
+    interval is its compile; and a NEFF of size 0 is a miss (PersistentCacheBackend::Get), not a warmed shape."""
+    fake = FakeNeuron().install(monkeypatch)
+    backend = make_backend("neuron")
+    backend.prepare(tmp_path)
+    fake.kernel("matmul 2x1152")
+    fake.restart()
+    before = backend.counters()
+    other = fake.module.neff_path("add 2x1152")  # another worker's compile lands meanwhile
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_bytes(b"neff")
+    fake.kernel("matmul 2x1152")  # this process: a persistent hit
+    delta = counter_delta(before, backend.counters())
+    assert delta["neff_files"] == 1 and delta["persistent_hits"] == 1
+    assert backend.hit(delta) and not backend.compiled(delta)
+    guard = make_backend("neuron")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    guard.watch()  # async mode: the guard counts no files, so no step boundary walks the cache
+    assert "neff_files" not in guard.counters()
+
+    empty = fake.module.neff_path("mul 2x1152")
+    empty.parent.mkdir(parents=True, exist_ok=True)
+    empty.touch()  # a truncated copy
+    assert neuron.count_neffs(tmp_path) == 2
+    assert empty not in set(cache_files(tmp_path))  # not exported or pushed
+    before = backend.counters()
+    fake.kernel("mul 2x1152")
+    delta = counter_delta(before, backend.counters())
+    assert delta["persistent_misses"] == 1 and delta["total_compilations"] == 1 and backend.compiled(delta)
+    assert not list(tmp_path.rglob(".tmp.*"))  # upstream's temporaries are renamed into place
+
+
+@pytest.mark.parametrize("setting", [("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1"),
+                                     ("TORCH_NEURONX_DISABLE_NEFF_CACHE", "true")])
+def test_a_warm_up_into_a_disabled_cache_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    setting: tuple[str, str]) -> None:
+    fake = FakeNeuron("release_build").install(monkeypatch)  # sync mode: both variables are read there
+    monkeypatch.setenv(*setting)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    fake.kernel("matmul 2x1280")
+    # the persistent tier off: nothing kept; the in-process one off: every call compiles again
+    assert len(list((tmp_path / "cache").rglob("*.neff"))) == (setting[0] != "TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    with pytest.raises(UsageError, match=rf"^{setting[0]}={setting[1]} turns TorchNeuron's NEFF cache off"):
+        make_backend("neuron").prepare(tmp_path)
 
 
 def test_metrics_off_count_nothing_in_either_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -133,7 +183,8 @@ def test_metrics_off_count_nothing_in_either_source(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
     before = backend.counters()
     fake.kernel("mul 4x256")
-    assert counter_delta(before, backend.counters()) == {"neff_files": 1}  # only the file tells
+    delta = counter_delta(before, backend.counters())
+    assert delta == {"neff_files": 1} and backend.compiled(delta)  # only the file tells, where nothing counts
     assert fake.module._C._get_compilation_cache_stats()["total_compilations"] == 0
 
 
@@ -145,7 +196,7 @@ def test_the_guard_switches_metrics_on_in_a_process_that_read_them_off(monkeypat
     assert not fake.module.metrics_enabled()
     backend = make_backend("neuron")
     assert backend.watch() is None
-    assert backend.cache_dir == tmp_path
+    assert backend.cache_dir is None  # async mode: the counters alone, no walk of the cache at each boundary
     before = backend.counters()
     fake.kernel("mul 4x512")
     assert counter_delta(before, backend.counters())["total_compilations"] == 1
@@ -310,6 +361,14 @@ def test_visible_cores_follow_the_runtime(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("FAKE_NEURON_CORES", "6")
     make_backend("neuron").settings()  # loaded: the runtime's own count
     assert neuron.visible_cores() == list(range(6))
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "0")  # the runtime's documented default: all cores
+    assert neuron.visible_cores() == list(range(6)) and neuron.requested_cores() is None
+    from shapeplan.services.doctor import cores
+
+    assert cores("neuron") == {"visible": list(range(6)), "count": 6, "from": "torch.neuron.device_count()"}
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "x")
+    with pytest.raises(UsageError, match="NEURON_RT_NUM_CORES='x' is not a number of cores"):
+        neuron.visible_cores()
 
 
 def _plan(*seqs: int) -> Plan:
@@ -365,3 +424,29 @@ def test_a_guarded_run_counts_compiles_on_neuron_and_none_on_a_warmed_cache(monk
     guard._boundary(SimpleNamespace(global_step=2))
     (event,) = guard.compiles
     assert event.step == 2 and event.delta["total_compilations"] == 1
+    other = fake.module.neff_path("embedding 8x128")  # another rank compiles into the shared dir meanwhile
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_bytes(b"neff")
+    fake.kernel("embedding 4x256")
+    guard._boundary(SimpleNamespace(global_step=3))
+    assert guard.compiles == [event]  # that rank's compile, not this one's
+
+
+def test_compiled_graph_caches_record_the_source_paths_their_keys_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's key hashes MLIR bytecode with source locations: another venv path misses every graph (eager keys
+    print no locations, so eager caches do not record them)."""
+    from shapeplan.warm.manifest import machine_environment, mismatches
+
+    FakeNeuron().install(monkeypatch)
+    backend = make_backend("neuron")
+    eager = {"versions": {}, "compiler": backend.settings()}
+    assert not set(neuron.SOURCE_PATHS) & set(eager["compiler"])
+    monkeypatch.setattr("shapeplan.warm.backends.inductor.apply_dynamo_settings", lambda graphs: None)  # dynamo's
+    backend.configure(torch_compile=True, graphs=1)
+    compiled = {"versions": {}, "compiler": backend.settings()}
+    assert compiled["compiler"]["python prefix"] == sys.prefix
+    here = {"versions": {}, "compiler": machine_environment("neuron")["compiler"]}
+    assert mismatches(eager, here) == [] and mismatches(compiled, here) == []
+    moved = {"versions": {}, "compiler": {**compiled["compiler"], "site-packages": "/opt/other/site-packages"}}
+    found = mismatches(moved, here)
+    assert found[0].startswith("site-packages=/opt/other/site-packages (this machine: ") and "docs/bake.md" in found[1]

@@ -65,6 +65,19 @@ def test_neuron_core_groups_are_aligned(monkeypatch: pytest.MonkeyPatch) -> None
         core_groups(2, 3)
 
 
+def test_num_cores_is_asked_of_the_runtime_not_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NEURON_RT_NUM_CORES=n: n free cores the runtime picks (another job may hold 0..n-1); 0 means all."""
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    monkeypatch.setattr(neuron, "DEVICE_DIR", Path("/nonexistent"))
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "4")
+    assert worker_count(8, "neuron", 1.0) == 4
+    assert worker_env(1, 2, "neuron", 2) == {"SHAPEPLAN_WORKER": "1/2", "NEURON_RT_NUM_CORES": "2"}
+    with pytest.raises(UsageError, match=r"NEURON_RT_NUM_CORES=4 asks for too few .*; pass --workers 1"):
+        worker_env(0, 2, "neuron", 3)
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "0")
+    assert worker_env(1, 2, "neuron", 2) == {"SHAPEPLAN_WORKER": "1/2", "NEURON_RT_VISIBLE_CORES": "2-3"}
+
+
 def test_a_preset_visible_core_range_is_split_into_aligned_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")
     assert [worker_env(i, 4, "neuron", 1)["NEURON_RT_VISIBLE_CORES"] for i in range(4)] == ["4", "5", "6", "7"]

@@ -10,8 +10,11 @@ What this module relies on, read from TorchNeuron's source (an April 2026 tree; 
   `torch_neuronx.metrics.set_enabled` switches it later. `prepare` and `enable_metrics` turn it on.
 - Compiles run on the backend's own thread, so every counter read synchronizes first.
 - A persistent miss is not a compile: after the miss the compile takes a file lock and reads the disk again, and a
-  NEFF another process wrote meanwhile counts as a hit. `total_compilations` counts real compiles; new NEFF files
-  count too (they are all sync mode's eager compiles show: that path moves no counter).
+  NEFF another process wrote meanwhile counts as a hit. Only `total_compilations` counts this process's compiles.
+  A new NEFF file in a shared cache dir may be another process's (a warm worker, a fleet shard, a data-parallel
+  rank), so in async mode files decide nothing; only sync mode's eager compiles, which move no counter, are told by
+  files, and then only by that path's own `<sha256>/<sha256>.neff` layout (CompilationCache.cpp:517-566).
+- A NEFF file of size 0 is a miss (PersistentCacheBackend.cpp:89-94): it is not counted, exported or pushed.
 - NEURON_LAUNCH_BLOCKING=1 (sync mode) sends eager ops through another compile path with its own key and layout,
   so a warm-up in one mode serves no run in the other: the mode is part of `settings`.
 """
@@ -39,7 +42,8 @@ METRIC_COUNTERS = (
 )
 # The stats call's counters (its other keys are sizes, times and ratios).
 STATS_COUNTERS = ("in_memory_hits", "in_memory_misses", "persistent_hits", "persistent_misses", "total_compilations")
-COMPILES = ("total_compilations", "CompilationCache.TotalCompilations", "neff_files")
+COMPILES = ("total_compilations", "CompilationCache.TotalCompilations")
+FILES = "neff_files"  # what tells a compile where no counter moves (sync mode's eager ops)
 HITS = ("persistent_hits", "CompilationCache.PersistentHits")
 # Settings in the NEFF cache key besides the platform target (KernelExecution.cpp): equal in warm-up and training.
 KEY_ENV = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "NEURON_COMPILER_OPT_LEVEL")
@@ -51,6 +55,14 @@ NOT_CODE = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"
             "TORCH_NEURONX_METRICS_DIR", "TORCH_NEURONX_ENABLED_METRIC_TABLES", "TORCH_NEURONX_ENABLE_STACK_TRACE",
             "TORCH_NEURONX_LOG_LEVEL", "TORCH_NEURONX_LOG_FILE", "TORCH_NEURONX_DEBUG_DIR",
             "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
+# What turns the NEFF cache off: the persistent tier ("1" in C++, PersistentCacheBackend.cpp:55-59; 1/true/yes in
+# the sync path, kernels/cache_utils.py:18-20) and the in-process one (1/true/yes, utils.py:191-198).
+DISABLE_ENV = ("TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_CACHE")
+# What a `torch.compile` graph's NEFF key depends on besides the settings: the key hashes the graph's MLIR bytecode,
+# which keeps each op's location, the file and line of the FX node's stack trace (neuron_dynamo_backend/compile.py:
+# 103-113, fx/fx_importer.py:28-40, cache/CacheUtils.cpp:11-35); eager keys print no locations (python_ops/
+# torch_mlir/kernel.py:374). So a compiled-graph cache serves only a host whose model code sits at the same paths.
+SOURCE_PATHS = ("python prefix", "site-packages", "HF modules dir")
 UNSET = "<unset>"  # a key variable that is not set: upstream reads an empty value as set (PlatformUtils.cpp)
 # The logical-core config each platform defaults to when NEURON_LOGICAL_NC_CONFIG is unset (PlatformUtils.cpp).
 DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
@@ -127,32 +139,71 @@ def parse_cores(text: str) -> list[int]:
     return sorted(cores)
 
 
+def requested_cores() -> int | None:
+    """$NEURON_RT_NUM_CORES as the runtime reads it where NEURON_RT_VISIBLE_CORES is unset (which wins, guide Notes
+    5): n free cores the runtime picks, not cores 0..n-1 (configuration-guide.rst:128); None for unset or 0, the
+    documented default, "interpreted as all" (:33-38)."""
+    text = os.environ.get("NEURON_RT_NUM_CORES", "")
+    if not text or os.environ.get("NEURON_RT_VISIBLE_CORES"):
+        return None
+    if not text.isascii() or not text.isdigit():  # str.isdigit() alone takes digits int() refuses ("²")
+        raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is not a number of cores; use e.g. 4 (or 0 for all)")
+    if len(text.lstrip("0")) > len(str(MAX_CORES)) or int(text) > MAX_CORES:
+        raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is more than the {MAX_CORES} logical NeuronCores any "
+                         "host has; use e.g. 4")
+    return int(text) or None
+
+
 def visible_cores() -> list[int] | None:
-    """The logical NeuronCores this process may use: $NEURON_RT_VISIBLE_CORES, else the first $NEURON_RT_NUM_CORES,
-    else the runtime's count where torch-neuronx is loaded, else every core of the host's Neuron devices at its
-    logical-core config; None where that cannot be told (no /dev/neuron*, unknown platform)."""
+    """The logical NeuronCores this process may use: $NEURON_RT_VISIBLE_CORES, else as many as $NEURON_RT_NUM_CORES
+    asks for (numbered from 0 here, though the runtime picks which), else the runtime's count where torch-neuronx is
+    loaded, else every core of the host's Neuron devices at its logical-core config; None where that cannot be told
+    (no /dev/neuron*, unknown platform)."""
     if os.environ.get("NEURON_RT_VISIBLE_CORES"):
         return parse_cores(os.environ["NEURON_RT_VISIBLE_CORES"])
-    if os.environ.get("NEURON_RT_NUM_CORES"):
-        text = os.environ["NEURON_RT_NUM_CORES"]
-        if not text.isascii():  # str.isdigit() takes digits int() refuses ("²")
-            raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is not a number of cores; use e.g. 4")
-        if text.isdigit() and (len(text.lstrip("0")) > len(str(MAX_CORES)) or int(text) > MAX_CORES):
-            raise UsageError(f"NEURON_RT_NUM_CORES={text[:20]!r} is more than the {MAX_CORES} logical NeuronCores any "
-                             "host has; use e.g. 4")
-        if not text.isdigit() or int(text) < 1:
-            raise UsageError(f"NEURON_RT_NUM_CORES={text!r} is not a number of cores; use e.g. 4")
-        return list(range(int(text)))
+    requested = requested_cores()
+    if requested is not None:
+        return list(range(requested))
     if _loaded() is not None:
         import torch
 
         return list(range(int(torch.neuron.device_count())))  # type: ignore[attr-defined]  # registered by torch-neuronx
     target = platform_target()
     lnc = logical_nc_config(target)
-    devices = [p for p in DEVICE_DIR.glob("neuron*") if p.name[6:].isdigit()]
+    devices = neuron_devices()
     if not devices or target not in CORES_PER_DEVICE or not lnc.isdigit() or int(lnc) < 1:
         return None
-    return list(range(len(devices) * CORES_PER_DEVICE[target] // int(lnc)))
+    return list(range(devices * CORES_PER_DEVICE[target] // int(lnc)))
+
+
+def lock_dir() -> Path:
+    """Where TorchNeuron takes its compile locks; importing it creates this and the cache dir."""
+    return Path(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR") or DEFAULT_LOCK_DIR)
+
+
+def neuron_devices() -> int:
+    return sum(1 for p in DEVICE_DIR.glob("neuron*") if p.name[6:].isdigit())
+
+
+def autoload_failed(exc: BaseException) -> bool:
+    """Whether `import torch` failed because its autoload of torch-neuronx did (torch `_import_device_backends`)."""
+    return isinstance(exc, RuntimeError) and "backend extension: torch_neuronx" in str(exc)
+
+
+def unimportable(exc: BaseException) -> str:
+    """One line for a torch-neuronx that fails to import: on a host without Neuron devices (an AMI built on a CPU
+    instance) what works there and what needs the device; else the package's own error and the dirs its import
+    creates."""
+    cause = exc.__cause__ or exc
+    said = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    if not neuron_devices():
+        return (f"torch-neuronx cannot import on this host, which has no Neuron device (/dev/neuron*): {said}; "
+                "`cache inspect`, `cache export`, `cache push` and `cache ls` work here, while `cache import`, "
+                "`cache pull`, `warm`, `verify` and `doctor --device neuron` need a Trn2/Trn3 instance (run them "
+                "there, e.g. as a build step on one)")
+    return (f"torch-neuronx failed to import: {said}; its import creates the NEFF cache dir "
+            f"(TORCH_NEURONX_NEFF_CACHE_DIR, default {DEFAULT_CACHE_DIR}) and the lock dir "
+            f"(TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default {DEFAULT_LOCK_DIR}): both must be creatable")
 
 
 def installed_version() -> str | None:
@@ -186,8 +237,36 @@ def _refuse_trn1() -> None:
 
 
 def count_neffs(cache_dir: Path) -> int:
-    """NEFF files in the cache (both layouts: ab/cd/<key>.neff and <sha>/<sha>.neff); temporaries end otherwise."""
-    return sum(1 for _ in cache_dir.rglob("*.neff"))
+    """NEFF files in the cache (both layouts: ab/cd/<key>.neff and <sha>/<sha>.neff; temporaries end otherwise),
+    empty ones left out: TorchNeuron reads a file of size 0 as a miss."""
+    return sum(1 for path in cache_dir.rglob("*.neff") if _nonempty(path))
+
+
+def count_sync_neffs(cache_dir: Path) -> int:
+    """NEFFs of sync mode's Python compile path only (`<sha256>/<sha256>.neff`, kernels/compiler_subprocess.py): two
+    levels deep, not a walk of the whole cache."""
+    return sum(1 for path in cache_dir.glob("*/*.neff")
+               if path.stem == path.parent.name and len(path.stem) == 64 and _nonempty(path))
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def cache_disabled() -> list[str]:
+    """The set variables that turn TorchNeuron's NEFF cache off, as `NAME=value`."""
+    return [f"{name}={os.environ[name]}" for name in DISABLE_ENV
+            if os.environ.get(name, "").lower() in ("1", "true", "yes")]
+
+
+def refuse_disabled_cache() -> None:
+    disabled = cache_disabled()
+    if disabled:
+        raise UsageError(f"{' and '.join(disabled)} turns TorchNeuron's NEFF cache off, so nothing warmed would be "
+                         f"kept; unset {' and '.join(d.split('=')[0] for d in disabled)}")
 
 
 def sync_mode() -> bool:
@@ -217,13 +296,16 @@ def enable_metrics() -> str | None:
 class NeuronBackend:
     name = "neuron"
     device = "neuron"
+    counting = True  # the compile counters count (metrics on), as `counters` last read it
 
     def __init__(self) -> None:
         require_torch_neuronx()
-        self.cache_dir: Path | None = None
+        self.cache_dir: Path | None = None  # where NEFF files are counted: None counts none
+        self.torch_compile = False  # the warm-up compiles graphs: their keys depend on source paths
         self._loaded: Any = None  # torch_neuronx, once imported and checked
 
     def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
+        refuse_disabled_cache()
         self.cache_dir = cache_dir
         os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
         if scratch is not None:  # compile locks go to a local dir that must be writable (neuron.md 2.1)
@@ -231,12 +313,18 @@ class NeuronBackend:
         enable_metrics()
 
     def watch(self) -> str | None:
-        """Count compiles in a run that shapeplan did not prepare (the guard): metrics on, and the NEFF files of the
-        cache dir the run uses. Returns why compiles cannot be counted, or None."""
-        self.cache_dir = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_CACHE_DIR)
-        return enable_metrics()
+        """Count compiles in a run that shapeplan did not prepare (the guard): metrics on; in sync mode, whose eager
+        compiles move no counter, also sync mode's NEFF files in the cache dir the run uses (in async mode the
+        counters alone: the files of a shared dir are every rank's, and no step boundary walks the cache). Returns
+        why compiles cannot be counted, or None."""
+        reason = enable_metrics()
+        self._module()  # its import sets the mode's default
+        self.cache_dir = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_CACHE_DIR) \
+            if sync_mode() else None
+        return reason
 
     def configure(self, *, torch_compile: bool, graphs: int) -> None:
+        self.torch_compile = torch_compile
         if torch_compile:
             from .inductor import apply_dynamo_settings
 
@@ -250,9 +338,12 @@ class NeuronBackend:
         checked once: `counters` calls this at every shape and step boundary."""
         if self._loaded is not None:
             return self._loaded
-        import torch
+        try:
+            import torch
 
-        module = importlib.import_module("torch_neuronx")
+            module = importlib.import_module("torch_neuronx")
+        except (RuntimeError, OSError) as exc:  # torch's autoload wraps the package's own error
+            raise UsageError(unimportable(exc)) from None
         if getattr(torch, "neuron", None) is None:  # the XLA-era package registers no `neuron` device
             raise UsageError(f"torch-neuronx {getattr(module, '__version__', '')} has no torch.neuron device (the "
                              f"PyTorch/XLA stack); use {NATIVE}")
@@ -286,24 +377,31 @@ class NeuronBackend:
             metrics = importlib.import_module("torch_neuronx.metrics")
             for name in METRIC_COUNTERS:
                 out[name] = int(metrics.get_counter_value(name) or 0)
+            # metrics that stayed off count nothing: then files are all that tells a compile
+            self.counting = bool(metrics.is_enabled()) if hasattr(metrics, "is_enabled") else True
         if not any(sources.values()):
             raise CacheError(f"torch-neuronx {module.__version__} has neither _C._get_compilation_cache_stats nor "
                              "torch_neuronx.metrics, so compiles cannot be counted; use a TorchNeuron release that "
                              "has one (2.13/2.14)")
         if self.cache_dir is not None:
-            out["neff_files"] = count_neffs(self.cache_dir)
+            out[FILES] = count_sync_neffs(self.cache_dir) if sync_mode() else count_neffs(self.cache_dir)
         return out
 
     def compiled(self, delta: Mapping[str, int]) -> bool:
-        return any(delta.get(name, 0) > 0 for name in COMPILES)
+        """This process compiled: its compile counter moved, or (sync mode's eager ops, which move none; metrics that
+        stayed off) new NEFFs appeared. While the counters count, in async mode a new file may be another process's
+        compile: it decides nothing."""
+        return any(delta.get(name, 0) > 0 for name in COMPILES) or \
+            ((sync_mode() or not self.counting) and delta.get(FILES, 0) > 0)
 
     def hit(self, delta: Mapping[str, int]) -> bool:
         return any(delta.get(name, 0) > 0 for name in HITS)
 
     def settings(self) -> dict[str, str]:
-        """Versions, platform target, execution mode and every code-changing setting, read after torch-neuronx's
-        import has set its defaults (so every command describes one host the same way), normalized so that settings
-        the compiler sees as equal (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
+        """Versions, platform target, execution mode and every code-changing setting (for `torch_compile` also the
+        source paths compiled graphs' keys depend on), read after torch-neuronx's import has set its defaults (so
+        every command describes one host the same way), normalized so that settings the compiler sees as equal
+        (NEURON_LOGICAL_NC_CONFIG unset or the platform default) read equal."""
         self._module()
         target = platform_target()
         out = {"backend": "neuron", "device": "neuron", "target": target}
@@ -311,9 +409,12 @@ class NeuronBackend:
                    for name, version in installed_versions(("torch", "torch-neuronx", "neuronx-cc")).items())
         out["NEURON_CC_FLAGS"] = os.environ.get("NEURON_CC_FLAGS", UNSET)
         out["NEURON_LOGICAL_NC_CONFIG"] = logical_nc_config(target)
-        out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL") or "default"
+        # any set value, "" too, is passed on and keyed (KernelExecution.cpp:76-82)
+        out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL", "default")
         out[SYNC_ENV] = "1 (sync)" if sync_mode() else "async"
         out.update((name, os.environ[name]) for name in code_settings())
+        if self.torch_compile:
+            out.update(source_paths())
         return out
 
     def script_lines(self, cache_dir: Path, *, torch_compile: bool, graphs: int) -> tuple[str, ...]:
@@ -325,6 +426,18 @@ class NeuronBackend:
 
             lines += dynamo_lines(graphs)
         return tuple(lines)
+
+
+def source_paths() -> dict[str, str]:
+    """Where the code a compiled graph's source locations name lives: the interpreter prefix, its site-packages
+    (torch, transformers, TRL, the model classes) and transformers' modules dir (trust_remote_code models)."""
+    import sysconfig
+
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    values = (sys.prefix, sysconfig.get_paths()["purelib"], os.environ.get("HF_MODULES_CACHE")
+              or os.path.join(home, "modules"))
+    return dict(zip(SOURCE_PATHS, values, strict=True))
 
 
 def code_settings() -> list[str]:

@@ -1,15 +1,24 @@
-"""`shapeplan doctor --device neuron --report FILE`: what no source settles about the installed TorchNeuron, measured
-in fresh processes and written as one JSON report a user can attach to a bug report (research/neuron-audit.md,
-"Cannot be verified from any stored source").
+"""`shapeplan doctor --device neuron --report FILE`: what no source settles about the installed TorchNeuron, and
+what shapeplan's own code relies on, measured in fresh processes and written as one JSON report a user can attach
+to a bug report (research/neuron-audit.md).
 
-Each probe is a child process (`python -m shapeplan.warm.backends.neuron_probe MODE CACHE`) that records the
-environment before and after `import torch`, then runs a matmul, an SDPA at seq 512 (the NKI flash-attention
-kernel) and a tiny `torch.compile` graph, reading the compile counters of both sources after each step:
-- in async mode (NEURON_LAUNCH_BLOCKING=0) and in sync mode (=1), twice each on one cache dir (the second run shows
-  what a fresh process loads, and whether the SDPA's key survives a new process);
-- in the default mode with metrics off (are the counters gated?) and with NEURON_RT_VISIBLE_CORES as a comma list.
-Then the files each mode wrote (which layouts) and a search of the installed package for the names shapeplan relies
-on. `answers` sums it up; every raw measurement stays in the report.
+Each probe is a child process (`python -m shapeplan.warm.backends.neuron_probe KIND CACHE OUT [ARG]`) pinned to one
+NeuronCore (NEURON_RT_VISIBLE_CORES=0) unless it probes the cores, which writes its answers to the file OUT (never
+parsed from stdout). The whole report keeps within TOTAL_BUDGET_S: each child gets what is left (at most
+CHILD_TIMEOUT_S), and a probe that no longer fits is recorded as skipped. The probes, most telling first:
+- `steps` in async mode (NEURON_LAUNCH_BLOCKING=0) and in sync mode (=1), twice each on one cache dir: a matmul, an
+  SDPA at seq 512 without a mask (the NKI flash-attention kernel) and with one (the negative control), a multi-op
+  step run twice (does op concatenation change the NEFF set?) and a tiny `torch.compile` graph, with both counter
+  sources read after each step, the full compiler environment and shapeplan's own `settings()`;
+- the default mode with metrics off, then, in the same process, switched on by `set_enabled(True)` after they were
+  read off (what the guard does);
+- two processes racing for one new graph on one cache dir (a miss, then a hit under the lock?);
+- one compiled graph run from two file paths on one cache dir (do graph keys hold source paths?);
+- NEURON_RT_NUM_CORES 0 and 1 and NEURON_RT_VISIBLE_CORES as a comma list, each with the runtime's device_count,
+  the first with a cache and a lock dir that do not exist yet (what `import torch` creates on disk).
+Then the host's /dev/neuron* and instance type, the files each mode wrote (which layouts) and a search of the
+installed package for the names shapeplan relies on. `answers` sums it up; every raw measurement stays in the
+report. Not probed: a real TRL step (it needs a model on the host; `shapeplan verify` on a warmed plan is that test).
 """
 
 from __future__ import annotations
@@ -28,59 +37,157 @@ from typing import Any
 
 from .base import counter_delta
 
-CHILD_TIMEOUT_S = 240  # a first NEFF compile takes about a minute; four steps, the whole probe under 15 minutes
+CHILD_TIMEOUT_S = 240  # a first NEFF compile takes about a minute
+TOTAL_BUDGET_S = 14 * 60  # the whole report, every probe included: under the 15 minutes `doctor --help` promises
+ONE_CORE = "0"  # each probe's own NeuronCore: a child left to the default reserves every core
 # Names shapeplan reads in the installed package (variables, counters, the stats call) and what decides the keys.
 NAMES = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "TORCH_NEURONX_METRICS_ENABLED",
          "NEURON_LAUNCH_BLOCKING", "_get_compilation_cache_stats", "CompilationCache.TotalCompilations",
          "CompilationCache.PersistentHits", "CompilationCache.PersistentMisses", "set_enabled", "hash(tensor_info)",
-         "DEFAULT_SYNC_MODE", "BUILD_TYPE", "/tmp/neff_cache", "/tmp/local_cache", "_get_platform_target")
+         "DEFAULT_SYNC_MODE", "BUILD_TYPE", "/tmp/neff_cache", "/tmp/local_cache", "_get_platform_target",
+         "TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_CACHE", "TORCH_NEURONX_ENABLE_CONCATENATION",
+         "_get_instance_type")
+# The source of the graph run from two paths: its code object's file is what the FX stack traces name.
+GRAPH_SOURCE = "import torch\n\n\ndef work(t):\n    return torch.cos(t) * 3 - 1\n"
 LAYOUTS = {"ab/cd/<32 hex>.neff (C++ cache)": re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}\.neff"),
            "<64 hex>/<64 hex>.neff (sync mode's Python path)": re.compile(r"([0-9a-f]{64})/\1\.neff")}
 MAX_SEARCHED_BYTES = 512 * 1024 ** 2  # the package's files searched, in all
 
 
-def probe(folder: Path) -> dict[str, Any]:
+class Budget:
+    """The seconds left of TOTAL_BUDGET_S: what each child may take."""
+
+    def __init__(self, total: float = TOTAL_BUDGET_S) -> None:
+        self.deadline = time.monotonic() + total
+
+    def child_timeout(self) -> float:
+        return min(CHILD_TIMEOUT_S, self.deadline - time.monotonic())
+
+
+def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
     """Every probe, run in fresh processes over cache dirs under `folder`; the report."""
+    budget = budget or Budget()
     runs: dict[str, Any] = {}
     layouts: dict[str, Any] = {}
+    metrics_on = {"TORCH_NEURONX_METRICS_ENABLED": "1"}
     for mode, blocking in (("async", "0"), ("sync", "1")):
         cache = folder / mode
-        runs[mode] = [_child(cache, {"NEURON_LAUNCH_BLOCKING": blocking, "TORCH_NEURONX_METRICS_ENABLED": "1"})
+        runs[mode] = [_child(budget, "steps", cache, {"NEURON_LAUNCH_BLOCKING": blocking, **metrics_on})
                       for _ in range(2)]
         layouts[mode] = _layouts(cache)
-    runs["default_metrics_off"] = [_child(folder / "default", {"TORCH_NEURONX_METRICS_ENABLED": None})]
-    runs["comma_list_cores"] = [_child(folder / "comma", {"NEURON_RT_VISIBLE_CORES": "0,1",
-                                                          "TORCH_NEURONX_METRICS_ENABLED": "1"})]
-    report = {"schema": 1, "python": sys.version.split()[0], "package": search_package(), "runs": runs,
-              "layouts": layouts}
+    # then switched on by set_enabled(True) after they were read off, in the same process (the guard's path)
+    runs["default_metrics_off"] = [_child(budget, "switch", folder / "default",
+                                          {"TORCH_NEURONX_METRICS_ENABLED": None})]
+    runs["race"] = _race(budget, folder / "race", metrics_on)
+    graph_dirs = [folder / "path-a", folder / "elsewhere" / "path-b"]
+    for where in graph_dirs:
+        where.mkdir(parents=True)
+        (where / "graph.py").write_text(GRAPH_SOURCE, encoding="utf-8")
+    runs["graph_two_paths"] = [_child(budget, "graph", folder / "graphs", metrics_on, str(where / "graph.py"))
+                               for where in graph_dirs]
+    # the first also names a cache and a lock dir that do not exist yet: does the import create them? (TorchNeuron's
+    # defaults are watched in every probe)
+    runs["cores"] = {name: _child(budget, "cores", cache, env, pin=False) for name, cache, env in (
+        ("NEURON_RT_NUM_CORES=0", folder / "import" / "cache", {
+            "NEURON_RT_NUM_CORES": "0", "NEURON_RT_VISIBLE_CORES": None,
+            "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(folder / "import" / "locks")}),
+        ("NEURON_RT_NUM_CORES=1", folder / "cores", {"NEURON_RT_NUM_CORES": "1", "NEURON_RT_VISIBLE_CORES": None}),
+        ("NEURON_RT_VISIBLE_CORES=0,1", folder / "cores", {"NEURON_RT_VISIBLE_CORES": "0,1",
+                                                            "NEURON_RT_NUM_CORES": None}))}
+    report = {"schema": 2, "python": sys.version.split()[0], "host": host(), "package": search_package(),
+              "runs": runs, "layouts": layouts, "budget_s": TOTAL_BUDGET_S}
     report["answers"] = answers(report)
     return report
 
 
-def _child(cache: Path, env: Mapping[str, str | None]) -> dict[str, Any]:
-    environ = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
-    environ.update({k: v for k, v in env.items() if v is not None})
-    environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache)
-    command = [sys.executable, "-m", "shapeplan.warm.backends.neuron_probe", str(cache)]
+def host() -> dict[str, Any]:
+    """The Neuron devices and the instance type, as the host and the runtime tell them."""
+    from .neuron import INSTANCE_TYPE_FILE, neuron_devices
+
+    try:
+        instance = INSTANCE_TYPE_FILE.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        instance = None
+    return {"dev_neuron_devices": neuron_devices(), "instance_type_dmi": instance}
+
+
+def _environ(env: Mapping[str, str | None], cache: Path, *, pin: bool) -> dict[str, str]:
+    """This process's environment with the cache dir, one pinned core (unless `pin` is off), then `env` (None: the
+    variable unset)."""
+    environ = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache)}
+    if pin:
+        environ["NEURON_RT_VISIBLE_CORES"] = ONE_CORE
+        environ.pop("NEURON_RT_NUM_CORES", None)
+    for name, value in env.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    return environ
+
+
+def _command(kind: str, cache: Path, out: Path, arg: str | None) -> list[str]:
+    return [sys.executable, "-m", "shapeplan.warm.backends.neuron_probe", kind, str(cache), str(out),
+            *([arg] if arg else [])]
+
+
+def _child(budget: Budget, kind: str, cache: Path, env: Mapping[str, str | None], arg: str | None = None, *,
+           pin: bool = True) -> dict[str, Any]:
+    timeout = budget.child_timeout()
+    if timeout < 5:
+        return {"error": f"skipped: the report's {TOTAL_BUDGET_S} s budget was spent"}
+    with tempfile.NamedTemporaryFile(prefix="shapeplan-probe-", suffix=".json", delete=False) as handle:
+        out = Path(handle.name)
     started = time.monotonic()
     try:
-        done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-                              check=False)
+        done = subprocess.run(_command(kind, cache, out, arg), env=_environ(env, cache, pin=pin),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        return _result(out, done.returncode, done.stderr, started)
     except subprocess.TimeoutExpired:
-        return {"error": f"did not finish in {CHILD_TIMEOUT_S} s"}
-    lines = done.stdout.strip().splitlines()
+        return {"error": f"did not finish in {round(timeout)} s"}
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def _result(out: Path, code: int, stderr: str, started: float) -> dict[str, Any]:
     try:
-        result: dict[str, Any] = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        return {"error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}",
-                "stderr_tail": done.stderr[-4000:]}
+        result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"error": f"exit {code}: {(stderr.strip().splitlines() or ['no output'])[-1]}",
+                "stderr_tail": stderr[-4000:]}
     result["seconds"] = round(time.monotonic() - started, 1)
-    result["stderr_tail"] = done.stderr[-2000:]
+    result["stderr_tail"] = stderr[-2000:]
     return result
 
 
-def child(cache: Path) -> dict[str, Any]:
-    """One probe process: the environment around `import torch`, then each step's counter changes."""
+def _race(budget: Budget, cache: Path, env: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """Two processes meet one new graph at once on one cache dir, each on its own core."""
+    timeout = budget.child_timeout()
+    if timeout < 5:
+        return [{"error": f"skipped: the report's {TOTAL_BUDGET_S} s budget was spent"}]
+    outs = [Path(tempfile.mkstemp(prefix="shapeplan-probe-", suffix=".json")[1]) for _ in range(2)]
+    started = time.monotonic()
+    children = [subprocess.Popen(_command("race", cache, out, None), env={
+        **_environ(env, cache, pin=False), "NEURON_RT_VISIBLE_CORES": str(core)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True) for core, out in enumerate(outs)]
+    results = []
+    for process, out in zip(children, outs, strict=True):
+        try:
+            stderr = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))[1]
+            results.append(_result(out, process.returncode, stderr, started))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            results.append({"error": f"did not finish in {round(timeout)} s"})
+        finally:
+            out.unlink(missing_ok=True)
+    return results
+
+
+def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
+    """One probe process: the environment around `import torch`, then what `kind` measures."""
+    watched = _watched_dirs()
+    existed = {str(p): p.exists() for p in watched}
     before_import = {k: v for k, v in os.environ.items() if k.startswith(("TORCH_NEURONX_", "NEURON_"))}
     import torch
 
@@ -88,12 +195,17 @@ def child(cache: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "set_by_import": {k: v for k, v in after_import.items() if before_import.get(k) != v},
         "torch_neuronx_loaded_by_import_torch": "torch_neuronx" in sys.modules,
+        "created_by_import": sorted(str(p) for p in watched if not existed[str(p)] and p.exists()),
+        "environment": after_import,
     }
     import torch_neuronx
 
     runtime = getattr(torch_neuronx, "_C", None)
-    out["runtime"] = {name: _call(runtime, name) for name in ("_get_platform_target", "_get_logical_neuron_cores")}
+    out["runtime"] = {name: _call(runtime, name) for name in (
+        "_get_platform_target", "_get_logical_neuron_cores", "_get_instance_type")}
     out["device_count"] = _call(getattr(torch, "neuron", None), "device_count")
+    if kind == "cores":
+        return out
     try:
         metrics: Any = importlib.import_module("torch_neuronx.metrics")
     except ImportError:
@@ -112,15 +224,57 @@ def child(cache: Path) -> dict[str, Any]:
         steps[name] = counter_delta(before, _counters(torch, runtime, metrics, cache))
 
     x = torch.ones((4, 128), device="neuron")
-    q = torch.ones((1, 2, 512, 64), device="neuron")
-    measure("matmul", lambda: float((x @ x.T).sum().cpu()))
-    measure("sdpa_512", lambda: float(torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-                                      .sum().cpu()))
-    graph = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend="neuron", dynamic=False)
-    measure("compiled_graph", lambda: float(graph(x).sum().cpu()))
+    if kind == "race":
+        measure("matmul", lambda: float((x @ x.T * 5).sum().cpu()))
+    elif kind == "switch":  # metrics off, read so at the first op; then switched on, as the guard does
+        _steps(torch, x, measure)
+        if metrics is not None and hasattr(metrics, "set_enabled"):
+            metrics.set_enabled(True)
+        out["metrics_enabled_after_set_enabled"] = _call(metrics, "is_enabled")
+        measure("add_after_set_enabled", lambda: float((x + 7).sum().cpu()))
+    elif kind == "graph":
+        import runpy
+
+        work = runpy.run_path(str(arg))["work"]
+        graph = torch.compile(work, backend="neuron", dynamic=False)
+        measure("compiled_graph", lambda: float(graph(x).sum().cpu()))
+    else:
+        _steps(torch, x, measure)
+        from .neuron import NeuronBackend
+
+        try:
+            out["shapeplan_settings"] = NeuronBackend().settings()
+        except Exception as exc:  # a probe reports what failed and goes on
+            out["shapeplan_settings"] = f"error: {type(exc).__name__}: {exc}"[:300]
     out["steps"] = steps
     out["stats_keys"] = sorted(_call(runtime, "_get_compilation_cache_stats") or {})
     return out
+
+
+def _steps(torch: Any, x: Any, measure: Any) -> None:
+    q = torch.ones((1, 2, 512, 64), device="neuron")
+    mask = torch.ones((512, 512), dtype=torch.bool, device="neuron").tril()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    measure("matmul", lambda: float((x @ x.T).sum().cpu()))
+    measure("sdpa_512", lambda: float(sdpa(q, q, q, is_causal=True).sum().cpu()))
+    measure("sdpa_512_masked", lambda: float(sdpa(q, q, q, attn_mask=mask).sum().cpu()))
+
+    def multi_op() -> None:  # several small ops queued back to back: what Adaptive Eager could fuse
+        y = torch.tanh(x * 3 + 1) - x / 2
+        float(torch.relu(y @ y.T).mean().cpu())
+
+    measure("multi_op", multi_op)
+    measure("multi_op_repeat", multi_op)
+    graph = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend="neuron", dynamic=False)
+    measure("compiled_graph", lambda: float(graph(x).sum().cpu()))
+
+
+def _watched_dirs() -> list[Path]:
+    """The dirs `import torch` may create: TorchNeuron's defaults and what the environment names."""
+    from .neuron import DEFAULT_CACHE_DIR, DEFAULT_LOCK_DIR
+
+    named = [os.environ.get(k) for k in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR")]
+    return [DEFAULT_CACHE_DIR, DEFAULT_LOCK_DIR, *(Path(p) for p in named if p)]
 
 
 def _call(owner: Any, name: str) -> Any:
@@ -192,27 +346,60 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
         return any(v > 0 for k, v in delta.items() if k.endswith("TotalCompilations") or k in (
             "stats.total_compilations", "neff_files"))
 
+    def moved(delta: dict[str, int] | None) -> bool | None:
+        return None if delta is None else any(v > 0 for k, v in delta.items() if k != "neff_files")
+
     default = runs["default_metrics_off"][0]
-    off = step("default_metrics_off", 0, "matmul")
+    race = [step("race", i, "matmul") for i in range(2)]
+    cores = {name: result.get("device_count") if "error" not in result else result["error"]
+             for name, result in runs["cores"].items()}
+    imported = runs["cores"]["NEURON_RT_NUM_CORES=0"]
     return {
         "default_execution_mode": {"1": "sync", "0": "async"}.get(
             str(default.get("set_by_import", {}).get("NEURON_LAUNCH_BLOCKING")), "not set by import"),
         "variables_set_by_import_torch": sorted(default.get("set_by_import", {})),
-        "counters_move_with_metrics_off": None if off is None else any(
-            v > 0 for k, v in off.items() if k != "neff_files"),
+        "counters_move_with_metrics_off": moved(step("default_metrics_off", 0, "matmul")),
+        "set_enabled_after_metrics_were_read_off_counts": moved(step("default_metrics_off", 0,
+                                                                     "add_after_set_enabled")),
         "async_first_run_compiles": compiled(step("async", 0, "matmul")),
         "async_second_run_compiles_matmul": compiled(step("async", 1, "matmul")),
         "sdpa_512_compiles_again_in_a_fresh_process": compiled(step("async", 1, "sdpa_512")),
+        "masked_sdpa_512_compiles_again_in_a_fresh_process": compiled(step("async", 1, "sdpa_512_masked")),
+        "multi_op_repeat_compiles": compiled(step("async", 0, "multi_op_repeat")),
+        "multi_op_compiles_again_in_a_fresh_process": compiled(step("async", 1, "multi_op")),
         "compiled_graph_hits_across_processes": None if step("async", 1, "compiled_graph") is None else
         not compiled(step("async", 1, "compiled_graph")),
-        "sync_mode_moves_counters": None if step("sync", 0, "matmul") is None else any(
-            v > 0 for k, v in (step("sync", 0, "matmul") or {}).items() if k != "neff_files"),
+        "compiled_graph_hits_from_another_file_path": None if step("graph_two_paths", 1, "compiled_graph") is None
+        else not compiled(step("graph_two_paths", 1, "compiled_graph")),
+        **_race_answers(race),
+        "sync_mode_moves_counters": moved(step("sync", 0, "matmul")),
         "sync_second_run_compiles_matmul": compiled(step("sync", 1, "matmul")),
-        "comma_list_cores_accepted": None if not runs["comma_list_cores"] else
-        "error" not in runs["comma_list_cores"][0] and step("comma_list_cores", 0, "matmul") is not None,
+        "device_count_by_core_setting": cores,
+        "comma_list_cores_accepted": None if not isinstance(cores.get("NEURON_RT_VISIBLE_CORES=0,1"), int) else
+        cores["NEURON_RT_VISIBLE_CORES=0,1"] == 2,
+        "dirs_created_by_import_torch": imported.get("created_by_import"),
+        "dev_neuron_devices": report["host"]["dev_neuron_devices"],
+        "instance_type": (imported.get("runtime") or {}).get("_get_instance_type") or
+        report["host"]["instance_type_dmi"],
         "layouts": {mode: {k: v for k, v in found.items() if k not in ("other",)} for mode, found in
                     report["layouts"].items()},
     }
+
+
+def _race_answers(race: list[dict[str, int] | None]) -> dict[str, bool | None]:
+    """From the racing processes' counters (one source: the stats call's, else the metrics'): whether each kernel
+    compiled once in all (the other process hit), and whether a miss ended as a hit (it waited on the lock)."""
+    if any(d is None for d in race):
+        return {"race_each_kernel_compiled_once": None, "race_a_miss_ended_as_a_hit": None}
+
+    def read(delta: dict[str, int], stats: str, metric: str) -> int:
+        return delta.get(f"stats.{stats}", delta.get(f"metrics.CompilationCache.{metric}", 0))
+
+    counts = [(read(d, "total_compilations", "TotalCompilations"), read(d, "persistent_hits", "PersistentHits"),
+               read(d, "persistent_misses", "PersistentMisses")) for d in race if d is not None]
+    kernels = max(c + h for c, h, _ in counts)
+    return {"race_each_kernel_compiled_once": sum(c for c, _, _ in counts) == kernels,
+            "race_a_miss_ended_as_a_hit": any(m > c for c, _, m in counts)}
 
 
 def write_report(path: Path, versions: Mapping[str, str]) -> dict[str, Any]:
@@ -225,5 +412,7 @@ def write_report(path: Path, versions: Mapping[str, str]) -> dict[str, Any]:
     return report
 
 
-if __name__ == "__main__":
-    print(json.dumps(child(Path(sys.argv[1])), default=str))
+if __name__ == "__main__":  # KIND CACHE OUT [ARG]: the answers go to the file OUT
+    from ...plan.io import write_atomic
+
+    write_atomic(Path(sys.argv[3]), json.dumps(child(sys.argv[1], Path(sys.argv[2]), *sys.argv[4:5]), default=str))

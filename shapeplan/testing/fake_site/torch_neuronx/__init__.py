@@ -17,6 +17,7 @@ FAKE_NEURON, a comma list:
     xla                 an XLA-era package: no torch.neuron and no stats call
     renamed_cache_var   the cache dir is read from TORCH_NEURONX_NEFF_CACHE_PATH, not TORCH_NEURONX_NEFF_CACHE_DIR
     no_device           the runtime sees no NeuronCore (torch.neuron.is_available() is False)
+    no_instance         a host without a Neuron instance (an AMI built on a CPU instance): the import fails
 
 What the source does, and so the fake:
 - `import torch_neuronx` sets defaults for nine variables (`__init__.py:44-65`), NEURON_LAUNCH_BLOCKING among them.
@@ -24,16 +25,21 @@ What the source does, and so the fake:
   that counts only while metrics are enabled: TORCH_NEURONX_METRICS_ENABLED (1/true/TRUE/yes/YES) is read once, at
   the first counter use; `torch_neuronx.metrics.set_enabled` switches it later (NeuronMetrics.h/.cpp).
 - The cache dir (TORCH_NEURONX_NEFF_CACHE_DIR, default /tmp/neff_cache whatever TMPDIR says) and the lock dir
-  (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache) are read when the compile cache is first used. A
-  lock dir that cannot be created fails that first use; a lock file that cannot be opened fails the compile.
+  (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache) are created by the import (sync mode's
+  CompilerSubprocess, built at import) and read again by the C++ cache at its first use. A lock dir that cannot be
+  created fails the import; a lock file that cannot be opened fails the compile. The import fails on a host without
+  a Neuron instance (its CompilerConfig asks the runtime for the platform target).
+- A NEFF file of size 0 is a miss (PersistentCacheBackend::Get). TORCH_NEURONX_NEFF_DISABLE_CACHE turns the
+  persistent tier off ("1" in C++, 1/true/yes in the sync path); TORCH_NEURONX_DISABLE_NEFF_CACHE (1/true/yes) turns
+  the sync path's in-process tier off.
 - Async mode (NEURON_LAUNCH_BLOCKING != "1"), and every `torch.compile` graph: the C++ cache. A kernel the process
   has not met is a persistent miss unless `ab/cd/<32 hex>.neff` exists; after a miss the compile takes the file lock
   `<lock dir>/locks/<key>.lock` and reads the disk again: a NEFF another process wrote meanwhile is a persistent
   hit, not a compile. Only `total_compilations` counts compiles (CompilationCache.cpp). Files are written through a
-  `<name>.tmp.XXXXXX` temporary and a rename.
-- Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), keyed
-  with the neuronx-cc version, `<sha256>/<sha256>.neff` written through `tmp*.tmp`, locks in
-  `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
+  `.tmp.XXXXXX` temporary in the shard dir and a rename.
+- Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), with
+  the cache and lock dirs the import saw, keyed with the neuronx-cc version, `<sha256>/<sha256>.neff` written
+  through `tmp*.tmp`, locks in `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
 - The built-in NKI flash attention (SDPA with no mask, no dropout, both sequence lengths multiples of 512, head_dim
   <= 128) keys its cache with Python's `hash()` of the shapes and dtypes (nki_op_impl.py:19-25), which differs in
   every process: it never hits across processes.
@@ -87,6 +93,20 @@ for _name, _value in IMPORT_DEFAULTS.items():
 
 TMP = Path(os.environ.get("FAKE_NEURON_TMP") or "/tmp")
 CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_PATH" if "renamed_cache_var" in MODES else "TORCH_NEURONX_NEFF_CACHE_DIR"
+
+# The kernels built at import make sync mode's CompilerSubprocess, which creates the cache and lock dirs, unguarded
+# (kernels/compiler_subprocess.py:89-97), and its CompilerConfig asks the runtime for the platform target
+# (kernels/compiler_config.py:17 -> _C._get_platform_target -> nrt_get_instance_info, PlatformUtils.cpp:45-80): on a
+# host without a Neuron instance the import itself fails.
+# Those two dirs are the sync path's for the whole process: a variable set after `import torch` reaches only the
+# C++ cache, which reads it at its first use (NeuronResourceManager.cpp:148-192).
+SYNC_DIRS = (Path(os.environ.get(CACHE_VAR) or TMP / "neff_cache"),
+             Path(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR") or TMP / "local_cache"))
+if "cache_failed" not in MODES:
+    for _folder in SYNC_DIRS:
+        os.makedirs(_folder, exist_ok=True)
+if "no_instance" in MODES:
+    raise RuntimeError("Failed to get Neuron instance information")
 COUNTERS = {"in_memory_hits": "CompilationCache.InMemoryHits", "in_memory_misses": "CompilationCache.InMemoryMisses",
             "persistent_hits": "CompilationCache.PersistentHits",
             "persistent_misses": "CompilationCache.PersistentMisses",
@@ -137,7 +157,8 @@ def _cache() -> tuple[Path | None, Path]:
         try:
             locks.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RuntimeError(f"Failed to create local cache directory {locks}: {exc.strerror}") from None
+            # CompilationCache.cpp:41-58: neither create-failure message names a lock
+            raise RuntimeError(f"Failed to create local cache directory: path={locks} ({exc.strerror})") from None
         _state["cache"], _state["locks"] = cache, locks
     return _state["cache"], _state["locks"]  # type: ignore[return-value]  # set together above
 
@@ -152,12 +173,37 @@ def _locked(path: Path) -> int:
     return fd
 
 
-def _write(path: Path, data: bytes, *, prefix: str, suffix: str = "") -> None:
+def _readable(path: Path) -> bool:
+    """PersistentCacheBackend::Get: a file of size <= 0 is a miss (PersistentCacheBackend.cpp:89-94)."""
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _cpp_cache_disabled() -> bool:
+    """The C++ persistent tier is off when TORCH_NEURONX_NEFF_DISABLE_CACHE is exactly "1"
+    (PersistentCacheBackend.cpp:55-59, IsEnvEnabled)."""
+    return os.environ.get("TORCH_NEURONX_NEFF_DISABLE_CACHE") == "1"
+
+
+def _python_cache_disabled() -> bool:
+    """The sync path reads the same variable as 1/true/yes in any case (kernels/cache_utils.py:18-20)."""
+    return os.environ.get("TORCH_NEURONX_NEFF_DISABLE_CACHE", "").lower() in ("1", "true", "yes")
+
+
+def _in_process_cache_disabled() -> bool:
+    """TORCH_NEURONX_DISABLE_NEFF_CACHE, 1/true/yes: the Python in-process tier is off, so every call compiles
+    again (utils.py:191-198, is_neff_cache_disabled; docs/environment_variables.md: "forces recompilation")."""
+    return os.environ.get("TORCH_NEURONX_DISABLE_NEFF_CACHE", "").lower() in ("1", "true", "yes")
+
+
+def _write(path: Path, data: bytes, *, suffix: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix:  # the Python path's tempfile.NamedTemporaryFile(suffix=".tmp")
         fd, tmp = tempfile.mkstemp(suffix=suffix, dir=path.parent)
-    else:  # the C++ path's mkstemp("<name>.tmp.XXXXXX")
-        tmp = str(path.parent / f"{prefix}.tmp.{''.join(random.choices(string.ascii_letters, k=6))}")
+    else:  # the C++ path's mkstemp("<shard dir>/.tmp.XXXXXX") (PersistentCacheBackend.cpp:118-120)
+        tmp = str(path.parent / f".tmp.{''.join(random.choices(string.ascii_letters, k=6))}")
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
@@ -198,19 +244,19 @@ def _compile(key: str) -> None:
     """The C++ CompilationCache: a persistent miss, then the lock and a second look before compiling."""
     cache, locks = _cache()
     path = neff_path(key)
-    if cache is not None:
-        if path.is_file():
+    if cache is not None and not _cpp_cache_disabled():
+        if _readable(path):
             _count("persistent_hits")
             return
         _count("persistent_misses")
         fd = _locked(locks / "locks" / f"{path.stem}.lock")
         try:
-            if path.is_file():  # another process wrote it while this one waited
+            if _readable(path):  # another process wrote it while this one waited
                 _count("persistent_hits")
                 return
             _compile_delay()
             _count("total_compilations")
-            _write(path, key.encode(), prefix=path.name)
+            _write(path, key.encode())
         finally:
             os.close(fd)
         return
@@ -219,22 +265,25 @@ def _compile(key: str) -> None:
 
 
 def _python_path(key: str) -> None:
-    """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters."""
-    cache, locks = _cache()
-    if key in memory:
+    """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters; its dirs as they were at
+    import."""
+    started, _ = _cache()
+    cache, locks = (SYNC_DIRS[0] if started is not None else None), SYNC_DIRS[1]
+    if key in memory and not _in_process_cache_disabled():
         return
     memory.add(key)
     digest = hashlib.sha256(f"{key}|neuronxcc={NEURONXCC_VERSION}".encode()).hexdigest()
     path = (cache or TMP / "neff_cache") / digest / f"{digest}.neff"
-    if cache is not None and path.is_file():
+    persistent = cache is not None and not _python_cache_disabled()
+    if persistent and _readable(path):
         return
     fd = _locked(locks / digest / "locks" / "compile.lock")
     try:
-        if cache is not None and path.is_file():
+        if persistent and _readable(path):
             return
         _compile_delay()
-        if cache is not None:
-            _write(path, key.encode(), prefix=path.name, suffix=".tmp")
+        if persistent:
+            _write(path, key.encode(), suffix=".tmp")
     finally:
         os.close(fd)
 
@@ -260,7 +309,10 @@ def visible_cores() -> int:
     if text:
         first, _, last = text.partition("-")
         return int(last or first) - int(first) + 1
-    return int(os.environ.get("NEURON_RT_NUM_CORES") or os.environ.get("FAKE_NEURON_CORES") or 4)
+    host = int(os.environ.get("FAKE_NEURON_CORES") or 4)
+    # NEURON_RT_NUM_CORES=0 is the runtime's default, "interpreted as all" (configuration-guide.rst:33-38); n is n
+    # free cores the runtime picks (:128)
+    return min(host, int(os.environ.get("NEURON_RT_NUM_CORES") or 0) or host)
 
 
 def _stats() -> dict[str, float | int]:
@@ -280,6 +332,7 @@ if "xla" not in MODES:
     _C._neuron_counter_value = counters.get  # type: ignore[attr-defined]  # as above
     _C._neuron_counter_names = lambda: sorted(counters)  # type: ignore[attr-defined]  # as above
     _C._get_platform_target = lambda: os.environ.get("FAKE_NEURON_TARGET") or "trn2"  # type: ignore[attr-defined]  # as above
+    _C._get_instance_type = lambda: f"{_C._get_platform_target()}.48xlarge"  # type: ignore[attr-defined]  # NeuronBindings.cpp:999-1001
     _C._get_logical_neuron_cores = lambda: os.environ.get(  # type: ignore[attr-defined]  # as above
         "NEURON_LOGICAL_NC_CONFIG", "1" if _C._get_platform_target() == "trn1" else "2")  # type: ignore[attr-defined]  # set above
 if not MODES & {"no_stats", "xla"}:
