@@ -23,12 +23,17 @@ browser:
 		{ echo "make browser: installing Debian's chromium with apt-get (as root) for tests/cli/test_advise_page.py"; \
 		  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# Whole files to the 2 workers, the longest first (tests/durations.json, see docs/development.md); the 15 slowest
+# tests printed at the end.
+PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q \
+	--durations=15
+
 test: install browser
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q
+	$(PYTEST)
 
 # Everything but the tests that run a real trainer or compile (marked slow).
 test-fast: install browser
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Settings: pyproject.toml ([tool.ruff], [tool.mypy] strict on the planning core, [tool.importlinter] the layers of
 # docs/architecture.md and no import cycle), mkdocs.yml (broken links fail).

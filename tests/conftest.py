@@ -63,3 +63,17 @@ def write_short_text_rows(path: Path, rows: int, *, column: str = "text", max_wo
 def _isolated_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / "shapeplan"))
+
+
+# The files' measured seconds (scripts/test_durations.py writes them from a whole run's JUnit XML). `make test`
+# hands xdist whole files in this order (--dist loadfile --no-loadscope-reorder): the longest first, so that no long
+# file starts last and holds one worker while the other idles. A file not measured yet goes first.
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    import json
+
+    seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    # A stable sort: within a file the tests keep their order.
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], float("inf")))
