@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import DatasetError, ModelError
+from .config_file import read_config
 from .data import missing_local_dataset, missing_model_folder
 from .host import hub_offline, hub_unusable
 
@@ -22,11 +23,9 @@ _MODEL_OPTIONS = ("--model", "--model_name_or_path", "--model-name-or-path")
 
 def refuse_before_imports(words: Sequence[str], *, model: str | None = None, eval_source: str | None = None) -> None:
     """Refuse the run `words` (TRL's options and at most one leading bare DATASET) names, when it is sure to fail."""
-    from .trl_args import _read_yaml
-
     config: dict[str, object] = {}
     for path in _values(words, ("--config",)):
-        config.update(_read_yaml(path))  # an unreadable file: its one line
+        config.update(read_config(path))  # an unreadable file: its one line
     datasets = list(_values(words, _DATASET_OPTIONS))
     if words and not words[0].startswith("-"):
         datasets.append(words[0])

@@ -78,10 +78,6 @@ def given_options(argv: Sequence[str], *, config: bool = True) -> set[str]:
     return names
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
-    return read_config(path)
-
-
 def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
     """Parse `argv` as `trl <method>` does (the method of `spec`); fill the guide's defaults for what the user left
     out."""
@@ -164,7 +160,7 @@ def _launch_options(spec: TrainerSpec, argv: list[str]) -> list[str]:
     config_remaining: list[str] = []
     if (path := config_path(args)) is not None:
         i = args.index("--config")
-        config = _read_yaml(path)
+        config = read_config(path)
         config.pop("env", None)
         config_remaining = parser.set_defaults_with_config(**config)
         del args[i:i + 2]
@@ -346,9 +342,9 @@ def _launch_num_processes(spec: TrainerSpec, leftovers: list[str]) -> int:
             raise UsageError(f"--num_processes must be at least 1, got {known.num_processes}")
         return int(known.num_processes)
     if known.config_file:
-        return int(_read_yaml(known.config_file).get("num_processes", 1) or 1)
+        return int(read_config(known.config_file).get("num_processes", 1) or 1)
     default = Path.home() / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
-    return int(_read_yaml(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
+    return int(read_config(str(default)).get("num_processes", 1) or 1) if default.is_file() else 1
 
 
 def split_dataset_argument(spec: TrainerSpec, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
