@@ -78,7 +78,7 @@ def sliding_window_model(path: Path, window: int) -> Path:
         if file.name not in ("config.json", "model.safetensors"):
             shutil.copy(file, path / file.name)
     config = AutoConfig.from_pretrained(TINY_MODEL, sliding_window=window, use_sliding_window=True, max_window_layers=0,
-                                        layer_types=["sliding_attention", "full_attention"])
+                                        num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(path)
     return path
