@@ -22,6 +22,7 @@ from shapeplan.cli import main
 from shapeplan.testing import FakeNeuron
 from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key, machine_environment
 from shapeplan.warm.model import ManifestEntry
+from tests import console
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.harness import run_argv
 
@@ -391,8 +392,7 @@ def test_import_into_an_empty_tmpfs_mount_point(tmp_path: Path) -> None:
 
 def _console(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed console script, with this checkout's code."""
-    return subprocess.run([str(Path(sys.executable).parent / "shapeplan"), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return console.run(args, cwd=Path.cwd(), timeout=300)
 
 
 def test_racing_imports_one_wins_the_other_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -19,7 +18,7 @@ from shapeplan.errors import CacheError, CacheMismatchError
 from shapeplan.warm.manifest import Manifest, environment_key, machine_environment, manifest_name, read_merged
 from shapeplan.warm.model import ManifestEntry
 from shapeplan.warm.shards import Shard
-from tests.conftest import ROOT
+from tests import console
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 SHARED = {"fxgraph/00/optimizer-step": b"the same graph every shard compiles"}
@@ -47,8 +46,7 @@ def _parts(tmp_path: Path) -> list[Path]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, "cache", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return console.run(["cache", *args], cwd=Path.cwd(), timeout=120)
 
 
 def test_merge_joins_the_shards_and_imports_whole(tmp_path: Path) -> None:

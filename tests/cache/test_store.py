@@ -24,6 +24,7 @@ from tests.cache.s3_server import S3Server, s3_server
 from tests.cache.test_archive import FILES, _tree, _warmed_cache
 from tests.cli.test_exit_codes import SHAPEPLAN, ok
 from tests.conftest import CAPYBARA, ROOT
+from tests.console import run as run_console
 from tests.warm.harness import run_argv
 
 pytest.importorskip("s3fs")
@@ -49,8 +50,7 @@ def url(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def console(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, check=False)
+    return run_console(args, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600)
 
 
 def refused_with(result: subprocess.CompletedProcess[str], code: int) -> str:

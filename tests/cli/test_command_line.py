@@ -5,7 +5,6 @@ line wins over its config file; a misspelt option is refused as a typo naming th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +13,14 @@ from typing import Any
 import pytest
 
 from shapeplan.services.run import unwrap_command
+from tests import console
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 
 def _shapeplan(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=600, check=False)
+    return console.run(args, cwd=cwd, timeout=600)
 
 
 def _plan(*args: str | Path) -> dict[str, Any]:

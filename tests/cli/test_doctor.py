@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.testing import fake_env, xla_site
+from tests import console
 from tests.conftest import ROOT
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
@@ -19,8 +20,7 @@ SELF_TEST = ["first run counts a compile", "first run writes cache files", "seco
 
 
 def _doctor(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, "doctor", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    return console.run(["doctor", *args], env=env, timeout=600)
 
 
 def _neuron_env(tmp_path: Path, *modes: str) -> dict[str, str]:

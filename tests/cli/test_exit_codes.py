@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import stat
 import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +22,17 @@ import pytest
 
 from shapeplan.cache.archive import ARCHIVE_META
 from shapeplan.plan.io import write_plan
+from tests import console
 from tests.cache.test_archive import _rewrite, _warmed_cache
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 from tests.warm.harness import LORA, plan_for, run_argv
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+SHAPEPLAN = console.SHAPEPLAN
 EAGER = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1"]
 
 
 def shapeplan(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=1200, check=False)
+    return console.run(args)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from shapeplan.plan.io import load_plan
+from tests import console
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
 
 
@@ -71,8 +72,7 @@ SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 
 def _console(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return console.run(args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=300)
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -16,6 +16,7 @@ from shapeplan.errors import UsageError
 from shapeplan.warm.model import WarmTask
 from shapeplan.warm.rounds import GenerateTask
 from shapeplan.warm.shards import Shard, parse_shard, resolve_shard, shard_tasks
+from tests import console
 from tests.conftest import ROOT
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
@@ -84,8 +85,8 @@ def test_shards_are_disjoint_cover_the_plan_and_do_not_depend_on_task_order() ->
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_COMPLETION", "AWS_BATCH"))}
-    return subprocess.run([SHAPEPLAN, "warm", "--plan", "plan.json", *args], capture_output=True, text=True,
-                          env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120)
+    return console.run(["warm", "--plan", "plan.json", *args], cwd=Path.cwd(),
+                       env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120)
 
 
 @pytest.mark.parametrize(("args", "env"), [
@@ -112,13 +113,12 @@ def test_status_merges_the_shard_manifests_and_exits_0_only_when_complete(tmp_pa
     argv = run_argv(CAPYBARA, ["--max_length", "384", "--per_device_train_batch_size", "1", "--max_steps", "8"],
                     tmp_path / "out")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    analyzed = subprocess.run([SHAPEPLAN, "analyze", *argv, "-o", str(plan)], capture_output=True, text=True, env=env,
-                              timeout=300)
+    analyzed = console.run(["analyze", *argv, "-o", str(plan)], cwd=Path.cwd(), env=env, timeout=300)
     assert analyzed.returncode == 0, analyzed.stderr
 
     def status() -> tuple[int, dict]:
-        done = subprocess.run([SHAPEPLAN, "warm", "--plan", str(plan), "--status", "--cache-dir", str(cache),
-                               "--device", "cpu", "--json"], capture_output=True, text=True, env=env, timeout=300)
+        done = console.run(["warm", "--plan", str(plan), "--status", "--cache-dir", str(cache), "--device", "cpu",
+                            "--json"], cwd=Path.cwd(), env=env, timeout=300)
         return done.returncode, json.loads(done.stdout)
 
     code, empty = status()

@@ -1,0 +1,45 @@
+"""tests/console.py's forked console calls are the fresh console script's: the same exit code, stdout, stderr and
+written files, for a refusal made before TRL is imported, one made by TRL's parser, and a plan written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import console
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
+
+
+def _fresh(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([console.SHAPEPLAN, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.skipif(os.environ.get("SHAPEPLAN_TESTS_FRESH") == "1", reason="every console call is fresh already")
+def test_a_forked_call_is_the_fresh_console_script(tmp_path: Path) -> None:
+    calls = {
+        "refused before TRL": ["analyze", "missing.jsonl", "--model", str(TINY_MODEL)],
+        "refused by TRL's parser": ["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--max_lenght", "5"],
+        "a plan written": ["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--max_length", "256", "--no-cache",
+                           "--json", "-o", "plan.json"],
+    }
+    codes = set()
+    for name, args in calls.items():
+        runs = []
+        for way, cwd in (("forked", tmp_path / "forked"), ("fresh", tmp_path / "fresh")):
+            cwd.mkdir(exist_ok=True)
+            done = console.run(args, cwd=cwd) if way == "forked" else _fresh(args, cwd)
+            written = {p.name: p.read_bytes() for p in cwd.iterdir()}
+            runs.append((done.returncode, done.stdout, done.stderr, written))
+        assert runs[0] == runs[1], name
+        codes.add(runs[0][0])
+    assert codes == {0, 1, 2}
+    assert console._servers and not next(iter(console._servers.values())).unfit  # the calls above were forked
+
+
+def test_a_call_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        console.run(["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--no-cache"], cwd=tmp_path, timeout=0.5)
