@@ -31,7 +31,8 @@ from tests.conftest import ROOT
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 # Read by shapeplan or torch when used, never when a library is imported; each test sets its own (conftest.py).
-FORK_SAFE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "SHAPEPLAN_CACHE_DIR", "PYTEST_CURRENT_TEST"}
+FORK_SAFE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "SHAPEPLAN_CACHE_DIR", "PYTEST_CURRENT_TEST",
+                 "PYTHONPATH"}  # the server puts PYTHONPATH on sys.path itself (tests/zygote.py)
 
 
 def _signature(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -70,10 +71,10 @@ class _Server:
         finally:
             for fd in (null, out_w, err_w):
                 os.close(fd)
-        return _collect(client, out_r, err_r, [SHAPEPLAN, *args], timeout)
+        return _collect(client, out_r, err_r, [SHAPEPLAN, *args], cwd, env, timeout)
 
 
-def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str],
+def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str], cwd: str, env: dict[str, str],
              timeout: float) -> subprocess.CompletedProcess[str]:
     """Read the child's two pipes to their end and its pid and status from the server, as `communicate` would."""
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
@@ -98,6 +99,9 @@ def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str],
                 if key.fileobj is client:
                     data = client.recv(4096)
                     replies += data
+                    if replies.startswith(b"fresh\n"):  # the server will not fork this one (tests/zygote.py)
+                        open_ends = 0
+                        break
                 else:
                     data = os.read(key.fd, 1 << 16)
                     chunks[key.fd].append(data)
@@ -110,6 +114,8 @@ def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str],
         os.close(out_r)
         os.close(err_r)
     lines = replies.split(b"\n")
+    if lines[0] == b"fresh":
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     code = int(lines[1])
 
     def text(fd: int) -> str:  # as text=True decodes: the locale's encoding, universal newlines

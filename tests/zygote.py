@@ -11,9 +11,13 @@ from the variables the libraries read when used rather than when imported, and n
 imports of the command it runs). Importing them printed nothing (checked: a library warning at import would reach a
 real run's stderr) and started no thread a fork could leave holding a lock (a fork keeps only the forking one).
 
-Protocol, one request per connection: the client sends a JSON header {"argv", "cwd", "env"} with the three stream
-fds (SCM_RIGHTS); the server answers the child's pid as a line, then its wait status as a line (the returncode
-subprocess would give: negative for a signal).
+A request may add PYTHONPATH entries (a test's reward module): the child puts them on sys.path where a fresh
+process has them, unless one holds a module already imported here or a sitecustomize; then the server answers
+"fresh" and the client starts the script as a fresh process.
+
+Protocol, one request per connection: the client sends a JSON header {"script", "argv", "cwd", "env"} with the
+three stream fds (SCM_RIGHTS); the server answers the child's pid as a line (or "fresh"), then its wait status as a
+line (the returncode subprocess would give: negative for a signal).
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ def _child(script: str, argv: list[str], cwd: str, env: dict[str, str], fds: lis
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [script, *argv]
-        sys.path[0] = os.path.dirname(script)  # as for a script run by path
+        # as for a script run by path: its folder, then PYTHONPATH, then the rest
+        sys.path[: 1 + len(_entries(STARTED_WITH))] = [os.path.dirname(script), *_entries(env)]
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
@@ -97,9 +102,29 @@ def _child(script: str, argv: list[str], cwd: str, env: dict[str, str], fds: lis
         os._exit(code)
 
 
+def _entries(env: dict[str, str]) -> list[str]:
+    return [os.path.abspath(e) for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+
+
+def _shadowing(env: dict[str, str]) -> str:
+    """What a PYTHONPATH entry this process did not start with holds that a fresh process would import instead of
+    what is imported here (a module of that name, or a sitecustomize the interpreter imports at start)."""
+    for entry in set(_entries(env)) - set(_entries(STARTED_WITH)):
+        names = {Path(n).stem for n in os.listdir(entry)} if os.path.isdir(entry) else set()
+        clash = names & ({"sitecustomize", "usercustomize"} | {m.partition(".")[0] for m in sys.modules})
+        if clash:
+            return f"{entry} holds {sorted(clash)}"
+    return ""
+
+
 def _serve(connection: socket.socket) -> None:
     message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
     request = json.loads(message)
+    if _shadowing(request["env"]):
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(b"fresh\n")  # the client runs it as a fresh process
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -114,6 +139,9 @@ def _serve(connection: socket.socket) -> None:
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     with contextlib.suppress(OSError):
         connection.sendall(f"{code}\n".encode())
+
+
+STARTED_WITH = dict(os.environ)
 
 
 def main() -> None:

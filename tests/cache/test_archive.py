@@ -252,8 +252,7 @@ def test_imported_torch_compile_cache_compiles_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "shapeplan", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=1200)
+        return console.run(args, env=env)
 
     plan, warmed_dir, imported_dir = tmp_path / "plan.json", tmp_path / "warmed", tmp_path / "imported"
     argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.io import load_plan
+from tests import console
 from tests.conftest import ROOT
 from tests.guard.test_guard_cli import TRL_RUN, _sft_config, grpo_config
 
@@ -24,8 +25,7 @@ SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 def _run(*args: str | Path, cache: Path, path: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}", "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    return subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1200, check=False)
+    return console.run(args, env=env)
 
 
 def test_compiles_are_attributed_and_warm_leaves_none(tmp_path: Path) -> None:

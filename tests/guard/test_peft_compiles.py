@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shapeplan.plan.io import load_plan
+from tests import console
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
 from tests.guard.test_guard_cli import TRL_RUN
 
@@ -50,8 +51,7 @@ def _config(tmp_path: Path, method: str) -> Path:
 
 def _run(*args: str | Path, tmp_path: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    result = subprocess.run([SHAPEPLAN, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=1800, check=False)
+    result = console.run(args, env=env, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

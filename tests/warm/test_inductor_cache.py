@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import console
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.harness import run_argv
 
@@ -21,8 +22,7 @@ ARGV = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_step
 
 
 def shapeplan(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shapeplan", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200)
+    return console.run(args, env=env)
 
 
 def real_run_in_new_process(cache: Path, script_lines: list[str], out: Path, env: dict[str, str]) -> dict:

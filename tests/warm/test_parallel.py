@@ -26,6 +26,7 @@ from shapeplan.warm.parallel import (
 )
 from shapeplan.warm.rounds import Call, GenerateTask, Round, lockstep, task_rounds
 from shapeplan.warm.shards import split
+from tests import console
 from tests.conftest import CAPYBARA, ROOT, TLDR
 from tests.warm.grpo_harness import run_argv as grpo_argv
 from tests.warm.harness import run_argv as sft_argv
@@ -145,8 +146,7 @@ def _env() -> dict[str, str]:
 
 
 def _shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shapeplan", *args], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=900)
+    return console.run(args, env=_env(), timeout=900)
 
 
 def _manifest_shapes(cache: Path) -> dict[str, str]:
