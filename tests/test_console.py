@@ -40,6 +40,9 @@ def test_a_forked_call_is_the_fresh_console_script(tmp_path: Path) -> None:
     assert console._servers and not next(iter(console._servers.values())).unfit  # the calls above were forked
 
 
-def test_a_call_past_its_timeout_is_killed(tmp_path: Path) -> None:
+def test_a_call_past_its_timeout_is_killed_and_the_server_serves_on(tmp_path: Path) -> None:
+    warm = ["warm", str(CAPYBARA), "--model", str(TINY_MODEL), "--max_length", "128", "--per_device_train_batch_size",
+            "2", "--max_steps", "1", "--device", "cpu", "--cache-dir", "cache"]  # loads a model, runs a trainer step
     with pytest.raises(subprocess.TimeoutExpired):
-        console.run(["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--no-cache"], cwd=tmp_path, timeout=0.5)
+        console.run(warm, cwd=tmp_path, timeout=0.5)
+    assert console.run(["analyze", "missing.jsonl", "--model", str(TINY_MODEL)], cwd=tmp_path).returncode == 1
