@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -57,7 +58,8 @@ class _Server:
             self.process.wait()
         if os.path.exists(self.path):
             os.unlink(self.path)
-        os.rmdir(self.folder) if os.path.isdir(self.folder) else None
+        if os.path.isdir(self.folder):
+            os.rmdir(self.folder)
 
     def run(self, args: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
         out_r, out_w = os.pipe()
@@ -85,15 +87,12 @@ def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str], 
         selector.register(fd, selectors.EVENT_READ)
     selector.register(client, selectors.EVENT_READ)
     open_ends = 3
-    pid = None
     try:
         while open_ends:
             left = deadline - time.monotonic()
             if left <= 0:
-                if pid is None and b"\n" in replies:
-                    pid = int(replies.split(b"\n")[0])
-                if pid is not None:
-                    os.kill(pid, 9)
+                if b"\n" in replies:  # the child's pid came: kill it, as subprocess.run does on a timeout
+                    os.kill(int(replies.split(b"\n")[0]), signal.SIGKILL)
                 raise subprocess.TimeoutExpired(command, timeout)
             for key, _ in selector.select(left):
                 if key.fileobj is client:
@@ -115,7 +114,7 @@ def _collect(client: socket.socket, out_r: int, err_r: int, command: list[str], 
         os.close(err_r)
     lines = replies.split(b"\n")
     if lines[0] == b"fresh":
-        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        return fresh(command[1:], cwd, env, timeout)
     code = int(lines[1])
 
     def text(fd: int) -> str:  # as text=True decodes: the locale's encoding, universal newlines
@@ -133,12 +132,17 @@ def run(args: list[str | Path] | tuple[str | Path, ...], *, cwd: Path | str = RO
     `env` defaults to this process's environment with PYTHONPATH the checkout."""
     argv = [str(a) for a in args]
     env = dict(env) if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)}
-    fresh = os.environ.get("SHAPEPLAN_TESTS_FRESH") == "1" or (argv[:1] == ["guard"])
-    server = None if fresh else _server_for(env)
+    forkable = os.environ.get("SHAPEPLAN_TESTS_FRESH") != "1" and argv[:1] != ["guard"]
+    server = _server_for(env) if forkable else None
     if server is None:
-        return subprocess.run([SHAPEPLAN, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        return fresh(argv, cwd, env, timeout)
     return server.run(argv, str(cwd), env, timeout)
+
+
+def fresh(argv: list[str], cwd: Path | str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """The console script started as a new process."""
+    return subprocess.run([SHAPEPLAN, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def _server_for(env: dict[str, str]) -> _Server | None:

@@ -13,11 +13,6 @@ from tests import console
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
 
 
-def _fresh(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([console.SHAPEPLAN, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=600, check=False)
-
-
 @pytest.mark.skipif(os.environ.get("SHAPEPLAN_TESTS_FRESH") == "1", reason="every console call is fresh already")
 def test_a_forked_call_is_the_fresh_console_script(tmp_path: Path) -> None:
     calls = {
@@ -31,7 +26,8 @@ def test_a_forked_call_is_the_fresh_console_script(tmp_path: Path) -> None:
         runs = []
         for way, cwd in (("forked", tmp_path / "forked"), ("fresh", tmp_path / "fresh")):
             cwd.mkdir(exist_ok=True)
-            done = console.run(args, cwd=cwd) if way == "forked" else _fresh(args, cwd)
+            done = (console.run(args, cwd=cwd) if way == "forked"
+                    else console.fresh(args, cwd, {**os.environ, "PYTHONPATH": str(ROOT)}, 600))
             written = {p.name: p.read_bytes() for p in cwd.iterdir()}
             runs.append((done.returncode, done.stdout, done.stderr, written))
         assert runs[0] == runs[1], name

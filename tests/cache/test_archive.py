@@ -249,10 +249,8 @@ def test_export_needs_a_warmed_cache_of_one_environment(tmp_path: Path, capsys: 
 def test_imported_torch_compile_cache_compiles_nothing(tmp_path: Path) -> None:
     """A real warm-up (torch.compile, Inductor's FX-graph and AOTAutograd caches), exported and imported into an
     empty dir: `verify` there hits every graph and misses none."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
     def shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
-        return console.run(args, env=env)
+        return console.run(args)
 
     plan, warmed_dir, imported_dir = tmp_path / "plan.json", tmp_path / "warmed", tmp_path / "imported"
     argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from shapeplan.warm.model import ManifestEntry
 from shapeplan.warm.shards import Shard
 from tests import console
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 SHARED = {"fxgraph/00/optimizer-step": b"the same graph every shard compiles"}
 
 

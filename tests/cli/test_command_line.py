@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ import pytest
 from shapeplan.services.run import unwrap_command
 from tests import console
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL
-
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 
 def _shapeplan(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from shapeplan.testing import fake_env, xla_site
 from tests import console
 from tests.conftest import ROOT
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 SELF_TEST = ["first run counts a compile", "first run writes cache files", "second run hits the cache",
              "second run compiles nothing"]
 

@@ -68,7 +68,7 @@ PLANS: dict[str, bytes] = {
 }
 
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+SHAPEPLAN = console.SHAPEPLAN
 
 
 def _console(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

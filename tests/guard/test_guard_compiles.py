@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,6 @@ from tests.conftest import ROOT
 from tests.guard.test_guard_cli import TRL_RUN, _sft_config, grpo_config
 
 pytestmark = pytest.mark.slow
-
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 
 def _run(*args: str | Path, cache: Path, path: str = "") -> subprocess.CompletedProcess[str]:

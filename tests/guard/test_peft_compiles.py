@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from tests.guard.test_guard_cli import TRL_RUN
 
 pytestmark = pytest.mark.slow
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 LORA = {"use_peft": "true", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear"}
 # method -> (data, `trl <method> --config` options); one train shape each keeps the compiles few
 RUNS = {

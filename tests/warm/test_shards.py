@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from shapeplan.warm.shards import Shard, parse_shard, resolve_shard, shard_tasks
 from tests import console
 from tests.conftest import ROOT
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
+SHAPEPLAN = console.SHAPEPLAN
 
 
 def test_shard_option() -> None:
