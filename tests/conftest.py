@@ -6,7 +6,9 @@ import atexit
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +65,60 @@ def write_short_text_rows(path: Path, rows: int, *, column: str = "text", max_wo
 def _isolated_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / "shapeplan"))
+
+
+@dataclass(frozen=True)
+class WarmedSFT:
+    """One real torch.compile warm-up of the (2, 128) SFT shape (`SFT_128_ARGV` on CAPYBARA) into `cache`, with
+    `--json` (`report`) and `--env-file` (`env_file`), shared by the tests that only read what it left (a test that
+    changes the cache works on a copy)."""
+
+    folder: Path
+    plan: Path
+    cache: Path
+    report: dict[str, Any]
+    env: dict[str, str]
+
+    @property
+    def env_file(self) -> Path:
+        return self.folder / "shapeplan.env"
+
+
+# One shape, (2, 128): every row is cut or padded to 128.
+SFT_128_ARGV = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile",
+                "true"]
+
+
+@pytest.fixture(scope="session")
+def warmed_sft(tmp_path_factory: pytest.TempPathFactory) -> WarmedSFT:
+    """The session's `WarmedSFT`: warmed by the first xdist worker that asks, under a lock the other waits on (a
+    compile costs a minute of CPU; each test that needs one warmed its own before)."""
+    import json
+
+    from filelock import FileLock
+
+    from tests import console
+    from tests.warm.harness import run_argv
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one run
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{run}" if run else tmp_path_factory.getbasetemp()
+    folder = shared / "warmed-sft-128"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHAPEPLAN_CACHE_DIR": str(folder / "shapeplan")}
+    warmed = WarmedSFT(folder, folder / "plan.json", folder / "cache", {}, env)
+    shared.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(shared / "warmed-sft-128.lock")):
+        report = folder / "report.json"
+        if not report.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            analyzed = console.run(["analyze", *run_argv(CAPYBARA, SFT_128_ARGV, folder / "out"), "-o",
+                                    str(warmed.plan)], env=env)
+            assert analyzed.returncode == 0, analyzed.stderr
+            done = console.run(["warm", "--plan", str(warmed.plan), "--device", "cpu", "--cache-dir",
+                                str(warmed.cache), "--json", "--env-file", str(warmed.env_file)], env=env)
+            assert done.returncode == 0, done.stderr[-3000:]
+            report.write_text(done.stdout, encoding="utf-8")  # last: its presence means the rest is there
+    return WarmedSFT(folder, warmed.plan, warmed.cache, json.loads(report.read_text(encoding="utf-8")), env)
 
 
 # The files' measured seconds (scripts/test_durations.py writes them from a whole run's JUnit XML). `make test`

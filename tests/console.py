@@ -8,8 +8,10 @@ file itself (`.venv/bin/shapeplan`), with the call's argv, environment and worki
 call's own pipes, and its exit status is the returncode.
 
 A call runs as a fresh `subprocess.run` instead where a fork could differ from a fresh process: an environment
-that differs from the server's in a variable a library may read at import (any but FORK_SAFE_ENV), `guard` (it hooks
-the imports of the command it runs), standard input, or SHAPEPLAN_TESTS_FRESH=1 (every call fresh:
+that differs from the server's in a variable a library may read at import (any but FORK_SAFE_ENV), `guard` of a
+command other than `trl <method>` (it runs the command's first lines before torch loads, and a fork has loaded it;
+`trl` loads torch to parse its options before the guard runs anything, so there the two are the same), standard
+input, or SHAPEPLAN_TESTS_FRESH=1 (every call fresh:
 `SHAPEPLAN_TESTS_FRESH=1 make test` checks that nothing depends on the server). tests/test_console.py holds the two
 ways equal.
 """
@@ -29,20 +31,14 @@ import time
 from pathlib import Path
 
 from tests.conftest import ROOT
+from tests.zygote import signature
 
 SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
-# Read by shapeplan or torch when used, never when a library is imported; each test sets its own (conftest.py).
-FORK_SAFE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "SHAPEPLAN_CACHE_DIR", "PYTEST_CURRENT_TEST",
-                 "PYTHONPATH"}  # the server puts PYTHONPATH on sys.path itself (tests/zygote.py)
-
-
-def _signature(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k not in FORK_SAFE_ENV))
 
 
 class _Server:
     def __init__(self, env: dict[str, str]) -> None:
-        self.signature = _signature(env)
+        self.signature = signature(env)
         self.folder = tempfile.mkdtemp(prefix="shapeplan-zygote-")
         self.path = os.path.join(self.folder, "socket")
         self.process = subprocess.Popen([sys.executable, "-m", "tests.zygote", self.path], cwd=ROOT, env=env,
@@ -68,7 +64,7 @@ class _Server:
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             client.connect(self.path)
-            header = json.dumps({"script": SHAPEPLAN, "argv": args, "cwd": cwd, "env": env}).encode()
+            header = json.dumps({"argv": [SHAPEPLAN, *args], "cwd": cwd, "env": env}).encode()
             socket.send_fds(client, [header], [null, out_w, err_w])
         finally:
             for fd in (null, out_w, err_w):
@@ -132,11 +128,17 @@ def run(args: list[str | Path] | tuple[str | Path, ...], *, cwd: Path | str = RO
     `env` defaults to this process's environment with PYTHONPATH the checkout."""
     argv = [str(a) for a in args]
     env = dict(env) if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)}
-    forkable = os.environ.get("SHAPEPLAN_TESTS_FRESH") != "1" and argv[:1] != ["guard"]
+    forkable = os.environ.get("SHAPEPLAN_TESTS_FRESH") != "1" and (argv[:1] != ["guard"] or _guards_trl(argv))
     server = _server_for(env) if forkable else None
     if server is None:
         return fresh(argv, cwd, env, timeout)
     return server.run(argv, str(cwd), env, timeout)
+
+
+def _guards_trl(argv: list[str]) -> bool:
+    """`guard ... -- trl <method> ...`: the command parses its options with TRL, so torch is loaded before the
+    guard hooks anything whether the process is forked or fresh (shapeplan/guard/wrapper.py)."""
+    return "--" in argv and argv[argv.index("--") + 1:][:1] == ["trl"]
 
 
 def fresh(argv: list[str], cwd: Path | str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -146,14 +148,28 @@ def fresh(argv: list[str], cwd: Path | str, env: dict[str, str], timeout: float)
 
 
 def _server_for(env: dict[str, str]) -> _Server | None:
-    """The worker's server for `env`: started by the first call with the suite's usual environment (a one-off
-    environment gains nothing from a server, which costs what one call does)."""
-    signature = _signature(env)
-    if signature in _servers:
-        server = _servers[signature]
-        return None if server.unfit else server
-    usual = _signature({**os.environ, "PYTHONPATH": str(ROOT)})
-    if signature != usual:
-        return None
-    _servers[signature] = server = _Server(env)
-    return None if server.unfit else server
+    """The worker's server for `env`, if it has one, or `env` is the suite's usual environment (a one-off environment
+    gains nothing from a server, which costs what one call does)."""
+    if signature(env) in _servers or signature(env) == signature({**os.environ, "PYTHONPATH": str(ROOT)}):
+        return server(env)
+    return None
+
+
+def server(env: dict[str, str]) -> _Server | None:
+    """The worker's server for `env` (started now if it has none): for a test module whose many processes share an
+    environment other than the usual one. Its socket, as SHAPEPLAN_TESTS_ZYGOTE, lets tests/forked_python.py stand
+    for `python` in processes the test does not start itself (the ranks of an `accelerate launch`)."""
+    key = signature(env)
+    if key not in _servers:
+        _servers[key] = _Server(env)
+    found = _servers[key]
+    return None if found.unfit else found
+
+
+def forked_python(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(the command prefix that stands for `python`, the environment to run it in): tests/forked_python.py and
+    `env` naming the worker's server for it; `python` itself where the server is unfit or SHAPEPLAN_TESTS_FRESH=1."""
+    found = None if os.environ.get("SHAPEPLAN_TESTS_FRESH") == "1" else server(env)
+    if found is None:
+        return [sys.executable], env
+    return [sys.executable, str(ROOT / "tests" / "forked_python.py")], {**env, "SHAPEPLAN_TESTS_ZYGOTE": found.path}

@@ -1,23 +1,26 @@
-"""The server half of tests/console.py: a Python that has imported the libraries the `shapeplan` console script
-imports (torch, transformers, datasets, accelerate, peft, TRL's trainers), then forks one child per request, in
-which the installed console script runs as `python SCRIPT ARGS` would run it: its own argv, environment, working
-directory and standard streams (the caller's pipes, passed over the socket), its exit status the child's.
+"""The server half of tests/console.py and tests/forked_python.py: a Python that has imported the libraries the
+`shapeplan` console script imports (torch, transformers, datasets, accelerate, peft, TRL's trainers), then forks one
+child per request, in which `python ARGV` runs as a fresh interpreter would run it (ARGV a script and its arguments,
+or `-m MODULE` and its arguments): its own argv, sys.path, environment, working directory and standard streams (the
+caller's, passed over the socket), its exit status the child's.
 
     python -m tests.zygote SOCKET
 
 What a fresh process would do differently, and why it does not matter here: the libraries above are already
-imported (tests/console.py only sends a request whose environment equals the one this process started with, apart
-from the variables the libraries read when used rather than when imported, and never `guard`, which hooks the
-imports of the command it runs). Importing them printed nothing (checked: a library warning at import would reach a
-real run's stderr) and started no thread a fork could leave holding a lock (a fork keeps only the forking one).
+imported, so the server forks only for a request whose environment equals the one it started with, apart from
+FORK_SAFE_ENV (variables the libraries read when used, never when imported: checked against their sources) and the
+ones `accelerate launch` sets for each rank (RANK_ENV); any other request is answered "fresh" and its client starts
+the fresh interpreter itself. Importing the libraries printed nothing (checked: a library warning at import would
+reach a real run's stderr) and started no thread a fork could leave holding a lock (a fork keeps only the forking
+one).
 
 A request may add PYTHONPATH entries (a test's reward module): the child puts them on sys.path where a fresh
-process has them, unless one holds a module already imported here or a sitecustomize; then the server answers
-"fresh" and the client starts the script as a fresh process.
+process has them, unless one holds a module already imported here or a sitecustomize; then the answer is "fresh".
 
-Protocol, one request per connection: the client sends a JSON header {"script", "argv", "cwd", "env"} with the
-three stream fds (SCM_RIGHTS); the server answers the child's pid as a line (or "fresh"), then its wait status as a
-line (the returncode subprocess would give: negative for a signal).
+Protocol, one request per connection, requests served side by side (the ranks of one launch): the client sends a
+JSON header {"argv", "cwd", "env"} with its three standard stream fds (SCM_RIGHTS); the server answers the child's
+pid as a line (or "fresh"), then its wait status as a line (the returncode subprocess would give: negative for a
+signal).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import importlib
 import io
 import json
 import os
+import select
+import signal
 import socket
 import sys
 import threading
@@ -36,6 +41,24 @@ from pathlib import Path
 PRELOAD = ("torch", "transformers", "datasets", "accelerate", "accelerate.commands.launch", "peft", "trl",
            *(f"trl.scripts.{m}" for m in ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")),
            *(f"trl.trainer.{m}_trainer" for m in ("sft", "grpo", "rloo", "dpo", "kto", "reward", "distillation")))
+
+
+# Read by shapeplan, torch, transformers, datasets, accelerate or TRL when used, never when they are imported; each
+# test sets its own (tests/conftest.py). The server puts PYTHONPATH on sys.path itself (below).
+FORK_SAFE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "SHAPEPLAN_CACHE_DIR", "PYTEST_CURRENT_TEST", "PYTHONPATH",
+                 "SHAPEPLAN_TESTS_ZYGOTE", "_"}
+# What `accelerate launch` (torch's elastic agent) adds to each rank's environment, all read when the process group
+# and the Accelerator are set up (no module of the libraries above reads one at import).
+RANK_ENV = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+            "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE",
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"}
+
+
+def signature(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """What of `env` a fork of a server started with it cannot change: the variables read at import."""
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k not in FORK_SAFE_ENV and k not in RANK_ENV and not k.startswith("TORCHELASTIC_")))
 
 
 # Native threads a fork may leave behind: jemalloc's (pyarrow's allocator) locks its arenas around fork() and
@@ -69,8 +92,8 @@ def _exit_code(error: SystemExit) -> int:
     return 1
 
 
-def _child(script: str, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> None:
-    """Become `python SCRIPT ARGV` (never returns)."""
+def _child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> None:
+    """Become `python ARGV` (never returns)."""
     import atexit
     import runpy
     import traceback
@@ -83,11 +106,17 @@ def _child(script: str, argv: list[str], cwd: str, env: dict[str, str], fds: lis
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        sys.argv = [script, *argv]
-        # as for a script run by path: its folder, then PYTHONPATH, then the rest
-        sys.path[: 1 + len(_entries(STARTED_WITH))] = [os.path.dirname(script), *_entries(env)]
+        module = argv[1] if argv[0] == "-m" else None
+        # as the interpreter does: the script's folder (the working directory for -m), then PYTHONPATH, the rest
+        first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+        sys.path[: 1 + len(_entries(STARTED_WITH))] = [first, *_entries(env)]
+        sys.argv = [argv[0], *argv[2:]] if module else list(argv)
         try:
-            runpy.run_path(script, run_name="__main__")
+            if module:
+                sys.modules.pop(module, None)  # preloaded here, never imported under its name by `python -m` itself
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as error:
             code = _exit_code(error)
@@ -117,24 +146,42 @@ def _shadowing(env: dict[str, str]) -> str:
     return ""
 
 
+def _unfit_request(argv: list[str], env: dict[str, str]) -> str:
+    if not argv or (argv[0].startswith("-") and argv[0] != "-m") or argv[:1] == ["-m"] and len(argv) < 2:
+        return "only `python SCRIPT ARGS` and `python -m MODULE ARGS` are forked"
+    if signature(env) != signature(STARTED_WITH):
+        return "its environment differs in a variable read at import"
+    return _shadowing(env)
+
+
 def _serve(connection: socket.socket) -> None:
+    """Answer one request, in a process of its own (forked from the server, so the server takes the next request at
+    once): fork the child, send its pid, wait for it, send its status."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
     request = json.loads(message)
-    if _shadowing(request["env"]):
+    if _unfit_request(request["argv"], request["env"]):
         for fd in fds:
             os.close(fd)
-        connection.sendall(b"fresh\n")  # the client runs it as a fresh process
+        connection.sendall(b"fresh\n")  # the client starts it as a fresh process
         return
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         connection.close()
-        _child(request["script"], request["argv"], request["cwd"], request["env"], fds)
+        _child(request["argv"], request["cwd"], request["env"], fds)
     for fd in fds:
         os.close(fd)
     with contextlib.suppress(OSError):  # a client past its timeout has killed the child and gone
         connection.sendall(f"{pid}\n".encode())
+    # A client that goes before its child ends (killed, as a launcher kills the ranks of a failed run) takes the
+    # child along: run fresh, the two would be one process.
+    child = os.pidfd_open(pid)
+    while child not in select.select([child, connection], [], [])[0]:
+        if not connection.recv(1):
+            os.kill(pid, signal.SIGKILL)
+            break
+    os.close(child)
     _, status = os.waitpid(pid, 0)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     with contextlib.suppress(OSError):
@@ -149,14 +196,25 @@ def main() -> None:
     unfit = _preload()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
-    server.listen(1)
+    server.listen(16)
     print(json.dumps({"unfit": unfit}), flush=True)  # ready
     if unfit:
         return
     while True:
         connection, _ = server.accept()
-        with connection:
-            _serve(connection)
+        with contextlib.suppress(ChildProcessError):  # the requests answered since the last one
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if os.fork() == 0:
+            server.close()
+            code = 1
+            try:
+                with connection:
+                    _serve(connection)
+                code = 0
+            finally:
+                os._exit(code)
+        connection.close()
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ from shapeplan.testing import FakeNeuron
 from shapeplan.warm.manifest import MANIFEST, Manifest, environment_key, machine_environment
 from shapeplan.warm.model import ManifestEntry
 from tests import console
-from tests.conftest import CAPYBARA, ROOT
-from tests.warm.harness import run_argv
+from tests.conftest import CAPYBARA, ROOT, WarmedSFT
 
 FILES = {"fxgraph/ab/graph.bin": b"\x00compiled\x01" * 50, "aotautograd/cd/entry": b"autograd entry"}
 
@@ -246,18 +245,14 @@ def test_export_needs_a_warmed_cache_of_one_environment(tmp_path: Path, capsys: 
 
 
 @pytest.mark.slow
-def test_imported_torch_compile_cache_compiles_nothing(tmp_path: Path) -> None:
+def test_imported_torch_compile_cache_compiles_nothing(warmed_sft: WarmedSFT, tmp_path: Path) -> None:
     """A real warm-up (torch.compile, Inductor's FX-graph and AOTAutograd caches), exported and imported into an
     empty dir: `verify` there hits every graph and misses none."""
     def shapeplan(*args: str) -> subprocess.CompletedProcess[str]:
         return console.run(args)
 
-    plan, warmed_dir, imported_dir = tmp_path / "plan.json", tmp_path / "warmed", tmp_path / "imported"
-    argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]
-    assert shapeplan("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", str(plan)).returncode == 0
-    warmed = shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(warmed_dir), "--json")
-    assert warmed.returncode == 0, warmed.stderr[-3000:]
-    (result,) = json.loads(warmed.stdout)["results"]
+    plan, warmed_dir, imported_dir = warmed_sft.plan, warmed_sft.cache, tmp_path / "imported"
+    (result,) = warmed_sft.report["results"]
     assert result["status"] == "compiled" and result["counters"]["fxgraph_cache_miss"] > 0
 
     archive = tmp_path / "cache.tar.gz"

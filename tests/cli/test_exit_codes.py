@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -24,8 +25,8 @@ from shapeplan.cache.archive import ARCHIVE_META
 from shapeplan.plan.io import write_plan
 from tests import console
 from tests.cache.test_archive import _rewrite, _warmed_cache
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
-from tests.warm.harness import LORA, plan_for, run_argv
+from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, WarmedSFT
+from tests.warm.harness import LORA, plan_for
 
 SHAPEPLAN = console.SHAPEPLAN
 EAGER = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1"]
@@ -292,13 +293,12 @@ def test_verify_and_import_refuse_a_cache_warmed_with_other_peft_settings(tmp_pa
 
 
 @pytest.mark.slow
-def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list[Path]) -> None:
+def test_verify_never_writes_the_cache_it_checks(warmed_sft: WarmedSFT, tmp_path: Path,
+                                                 read_only: list[Path]) -> None:
     """torch.compile on Inductor: verify on an unwarmed cache fails twice in a row (the first run's compiles did
-    not land in the cache), leaving it unchanged; once warmed and made read-only, verify passes and changes
-    nothing."""
-    plan = tmp_path / "plan.json"
-    argv = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "1", "--torch_compile", "true"]
-    ok(shapeplan("analyze", *run_argv(CAPYBARA, argv, tmp_path / "out"), "-o", plan))
+    not land in the cache), leaving it unchanged; once warmed (with the session's warm-up of the same plan) and made
+    read-only, verify passes and changes nothing."""
+    plan = warmed_sft.plan
     cache = tmp_path / "cache"  # Inductor's C++ builds fail under a path with a space
     cache.mkdir()
     (cache / "unrelated.txt").write_text("kept as it is")
@@ -310,17 +310,16 @@ def test_verify_never_writes_the_cache_it_checks(tmp_path: Path, read_only: list
         assert row["status"] == "compiled" and row["counters"]["fxgraph_cache_miss"] > 0
         assert snapshot(cache) == before
 
-    env_file = tmp_path / "shapeplan.env"
-    warmed = json.loads(ok(shapeplan("warm", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json",
-                                     "--env-file", env_file)))
+    warmed = warmed_sft.report
     assert [r["status"] for r in warmed["results"]] == ["compiled"]
     # what a Packer/systemd step sources is what --json reports
     assert warmed["environment_variables"] == {
-        "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
-    sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', env_file],
+        "TORCHINDUCTOR_CACHE_DIR": str(warmed_sft.cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
+    sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', warmed_sft.env_file],
                              capture_output=True, text=True, check=True)
-    assert sourced.stdout == f"{cache}\n"
+    assert sourced.stdout == f"{warmed_sft.cache}\n"
+    shutil.copytree(warmed_sft.cache, cache, dirs_exist_ok=True)  # as `cache import` would bring it here
     make_read_only(cache, read_only)
     before = snapshot(cache)
     (row,) = json.loads(ok(shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from shapeplan.guard.recorder import Forward
+from tests import console
 from tests.conftest import ROOT, TINY_MODEL
 
 
@@ -93,11 +94,12 @@ def run_ranks(module: str, spec: dict[str, Any], *, num_processes: int, tmp_dir:
     procs = []
     for rank in range(num_processes):
         out = tmp_dir / f"rank{rank}.json"
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
-               "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        python, env = console.forked_python({
+            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
+            "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
         with open(tmp_dir / f"rank{rank}.log", "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", module, json.dumps({**spec, "out": str(out)})],
+            procs.append(subprocess.Popen([*python, "-m", module, json.dumps({**spec, "out": str(out)})],
                                           cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     # A rank that fails leaves the others waiting in a collective: stop them rather than wait for gloo's timeout.
     deadline = time.monotonic() + timeout_s

@@ -1,7 +1,8 @@
 """2-rank warm-ups and real runs under `accelerate launch` (gloo on CPU), for the data-parallel coverage tests
 (tests/warm/test_data_parallel.py, tests/warm/test_generation_data_parallel.py): each rank runs
 tests/warm/dp_rank.py and leaves its record (the device-op signatures it dispatched, its compile counters) in a
-pickle."""
+pickle. The launcher and its ranks are forks of the worker's server for their environment (tests/forked_python.py
+stands for `python`), which imported torch and TRL once for all of them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from shapeplan.plan.io import write_plan
 from shapeplan.plan.model import Plan
+from tests import console
 from tests.conftest import ROOT
 
 
@@ -39,9 +41,11 @@ def _launch(spec: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedPr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(port), "-m", "tests.warm.dp_rank", json.dumps(spec)]
+    python, env = console.forked_python(env)
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
+    rank = ["-m", "tests.warm.dp_rank", json.dumps(spec)]  # each rank: `python -m tests.warm.dp_rank SPEC`
+    command = [*python, *launch, *(rank if python == [sys.executable] else [*python[1:], *rank])]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -56,8 +60,9 @@ def warm_then_run_plan(plan: Plan, method: str, data: Path, argv: list[str], tmp
                                                          list[dict[str, Any]]]:
     """Warm the 2-rank `plan` under `accelerate launch`, checking that the ranks warmed its shapes of `phases`
     between them, each its own, none failed; then run `trl <method> ARGV` on `data` for real the same way, on the
-    warmed cache and a new datasets cache (so that a precompute pass runs instead of reading an earlier run's
-    result). Returns each rank's warm report, warm-up record and real-run record."""
+    warmed cache and a datasets cache no warm-up writes (so that a precompute pass runs instead of reading the
+    warm-up's result; the worker's real runs share it, and each test's data file is its own, which datasets keys
+    its cache by). Returns each rank's warm report, warm-up record and real-run record."""
     write_plan(plan, tmp_path / "plan.json")
     env = _env()
     warmed = _launch({"mode": "warm", "out": str(tmp_path / "warm"), "device_ops": device_ops,
@@ -73,7 +78,7 @@ def warm_then_run_plan(plan: Plan, method: str, data: Path, argv: list[str], tmp
              "data": str(data), "argv": argv, "output_dir": str(tmp_path / "run"),
              "script_lines": reports[0]["script_lines"]},
             {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
-             "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
+             "HF_DATASETS_CACHE": str(Path(os.environ["SHAPEPLAN_TESTS_CACHE"]) / "datasets-of-real-runs")})
     return reports, _ranks(tmp_path / "warm"), _ranks(tmp_path / "real")
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import console
 from tests.conftest import CAPYBARA, ROOT
 from tests.warm.harness import run_argv
 
 pytestmark = pytest.mark.slow
 
-SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 # Six shapes: train and eval at 128, 256 and 384 (batch 1); every shard gets one train shape to compile.
 ARGV = ["--max_length", "384", "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "1",
         "--max_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8", "--torch_compile", "true"]
@@ -33,13 +33,17 @@ def _env() -> dict[str, str]:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHAPEPLAN, *args], capture_output=True, text=True, env=_env(), timeout=3600)
+    console.server(_env())  # the module's calls share an environment other than the usual one
+    return console.run(args, env=_env(), timeout=3600)
 
 
-def _shard(plan: Path, cache: Path, index: int, log: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([SHAPEPLAN, "warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache),
-                             "--shard", f"{index}/{SHARDS}", "--json"], stdout=subprocess.PIPE,
-                            stderr=log.open("w"), text=True, env=_env())
+def _shard(plan: Path, cache: Path, index: int, log: Path, *, forked: bool = True) -> subprocess.Popen[str]:
+    """A shard's `shapeplan warm` started side by side with the others; `forked`: as a fork of the worker's server
+    (tests/forked_python.py), else a fresh process (one the test kills: a fork's client cannot pass on SIGKILL)."""
+    python, env = console.forked_python(_env()) if forked else ([sys.executable], _env())
+    return subprocess.Popen([*python, console.SHAPEPLAN, "warm", "--plan", str(plan), "--device", "cpu",
+                             "--cache-dir", str(cache), "--shard", f"{index}/{SHARDS}", "--json"],
+                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
 
 
 def _warmed(stdout: str) -> set[str]:
@@ -72,7 +76,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_shared_cache_dir_with_a_shard_killed_and_rerun(plan: Path, tmp_path: Path) -> None:
     cache = tmp_path / "fsx"
-    procs = [_shard(plan, cache, i, tmp_path / f"shard{i}.log") for i in range(SHARDS)]
+    procs = [_shard(plan, cache, i, tmp_path / f"shard{i}.log", forked=i != 0) for i in range(SHARDS)]
     victim = cache / f"shapeplan-manifest.0-of-{SHARDS}.json"
     while procs[0].poll() is None and not (victim.is_file() and '"status"' in victim.read_text()):
         time.sleep(0.05)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests import console
-from tests.conftest import CAPYBARA, ROOT
-from tests.warm.harness import run_argv
+from tests.conftest import CAPYBARA, ROOT, SFT_128_ARGV, WarmedSFT
 
 pytestmark = pytest.mark.slow
-
-# One shape, (2, 128): every row is cut or padded to 128.
-ARGV = ["--max_length", "128", "--per_device_train_batch_size", "2", "--max_steps", "2", "--torch_compile", "true"]
 
 
 def shapeplan(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -26,28 +21,12 @@ def shapeplan(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 
 def real_run_in_new_process(cache: Path, script_lines: list[str], out: Path, env: dict[str, str]) -> dict:
-    spec = {"data": str(CAPYBARA), "argv": ARGV, "output_dir": str(out), "script_lines": script_lines}
-    proc = subprocess.run([sys.executable, "-m", "tests.warm.real_sft", json.dumps(spec)], cwd=ROOT,
-                          env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, capture_output=True, text=True,
-                          timeout=1200)
+    spec = {"data": str(CAPYBARA), "argv": SFT_128_ARGV, "output_dir": str(out), "script_lines": script_lines}
+    python, env = console.forked_python({**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    proc = subprocess.run([*python, "-m", "tests.warm.real_sft", json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, dict, dict[str, str]]:  # type: ignore[type-arg]
-    """One warm-up, shared: (folder, plan, cache dir, the `--json` report, env); its env file is
-    folder/shapeplan.env."""
-    tmp_path = tmp_path_factory.mktemp("inductor")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHAPEPLAN_CACHE_DIR": str(tmp_path / "shapeplan")}
-    plan, cache = tmp_path / "plan.json", tmp_path / "cache"
-    analyzed = shapeplan("analyze", *run_argv(CAPYBARA, ARGV, tmp_path / "out"), "-o", str(plan), env=env)
-    assert analyzed.returncode == 0, analyzed.stderr
-
-    warmed = shapeplan("warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json",
-                       "--env-file", str(tmp_path / "shapeplan.env"), env=env)
-    assert warmed.returncode == 0, warmed.stderr[-3000:]
-    return tmp_path, plan, cache, json.loads(warmed.stdout), env
 
 
 # Dumps each process's compile-cache counters at exit, so a run through `trl`'s own console script (which starts
@@ -64,12 +43,12 @@ atexit.register(_dump)
 """
 
 
-def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed) -> None:  # type: ignore[no-untyped-def]
+def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed_sft: WarmedSFT,
+                                                                        tmp_path: Path) -> None:
     """`. ENV_FILE && trl sft ...` exactly as `warm` prints it (the data file as a dataset folder, the planned
     pad_to_multiple_of spelt out), with TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES from the file: 0 Inductor and
     AOTAutograd misses. Only what this machine lacks is added: --use_cpu, and where the run writes."""
-    tmp_path, _, _, report, env = warmed
-    env_file = tmp_path / "shapeplan.env"
+    report, env, env_file = warmed_sft.report, warmed_sft.env, warmed_sft.env_file
     assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0\n" in env_file.read_text()
     command = report["command"]
     assert command[:2] == ["trl", "sft"] and str(CAPYBARA) not in command
@@ -94,8 +73,8 @@ def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed) 
     assert totals.get("aot_autograd.autograd_cache_miss", 0) == 0, totals
 
 
-def test_warm_then_real_run_has_no_cache_miss(warmed) -> None:  # type: ignore[no-untyped-def]
-    tmp_path, plan, cache, report, env = warmed
+def test_warm_then_real_run_has_no_cache_miss(warmed_sft: WarmedSFT, tmp_path: Path) -> None:
+    plan, cache, report, env = warmed_sft.plan, warmed_sft.cache, warmed_sft.report, warmed_sft.env
     assert [(r["phase"], r["batch"], r["seq"], r["status"]) for r in report["results"]] == [
         ("train", 2, 128, "compiled")]
     assert report["results"][0]["counters"]["fxgraph_cache_miss"] > 0
