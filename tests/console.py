@@ -8,7 +8,7 @@ file itself (`.venv/bin/shapeplan`), with the call's argv, environment and worki
 call's own pipes, and its exit status is the returncode.
 
 A call runs as a fresh `subprocess.run` instead where a fork could differ from a fresh process: an environment
-that differs from the server's in a variable a library may read at import (any but FORK_SAFE_ENV), `guard` of a
+that differs from the server's in a variable a library may read at import, `guard` of a
 command other than `trl <method>` (it runs the command's first lines before torch loads, and a fork has loaded it;
 `trl` loads torch to parse its options before the guard runs anything, so there the two are the same), standard
 input, or SHAPEPLAN_TESTS_FRESH=1 (every call fresh:
@@ -38,7 +38,6 @@ SHAPEPLAN = str(Path(sys.executable).parent / "shapeplan")
 
 class _Server:
     def __init__(self, env: dict[str, str]) -> None:
-        self.signature = signature(env)
         self.folder = tempfile.mkdtemp(prefix="shapeplan-zygote-")
         self.path = os.path.join(self.folder, "socket")
         self.process = subprocess.Popen([sys.executable, "-m", "tests.zygote", self.path], cwd=ROOT, env=env,

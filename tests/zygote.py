@@ -147,7 +147,7 @@ def _shadowing(env: dict[str, str]) -> str:
 
 
 def _unfit_request(argv: list[str], env: dict[str, str]) -> str:
-    if not argv or (argv[0].startswith("-") and argv[0] != "-m") or argv[:1] == ["-m"] and len(argv) < 2:
+    if not argv or (argv[0].startswith("-") and argv[0] != "-m") or (argv[:1] == ["-m"] and len(argv) < 2):
         return "only `python SCRIPT ARGS` and `python -m MODULE ARGS` are forked"
     if signature(env) != signature(STARTED_WITH):
         return "its environment differs in a variable read at import"
