@@ -173,7 +173,7 @@ def _status(plan_path: str | None, method: str | None, model: str | None, eval_d
     """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests; exit 1
     unless complete."""
     from ..services.run import choose_backend, plan_tasks
-    from ..warm.manifest import plan_status, read_merged
+    from ..warm.manifest import differences_from_here, plan_status, read_merged
 
     if plan_path is None:
         raise UsageError("--status needs --plan PLAN: the plan whose shapes to look up")
@@ -186,6 +186,10 @@ def _status(plan_path: str | None, method: str | None, model: str | None, eval_d
 
         report = plan_status(tasks, merged(read_manifests(url)))
     where = {"cache_dir": str(cache)} if url is None else {"url": url}
+    differences = differences_from_here(report, backend.device) if report.complete else []
+    if differences:  # complete for the hosts that warmed it, not for a run here
+        click.echo(f"warning: the plan is complete only in environments other than this machine's: "
+                   f"{'; '.join(differences)}; a run here would compile its shapes again", err=True)
     if as_json:
         click.echo(json.dumps({**where, **report.to_dict()}, indent=2))
     else:

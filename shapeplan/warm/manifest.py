@@ -299,3 +299,15 @@ def plan_status(tasks: list[Task], merged: MergedManifest) -> PlanStatus:
     return PlanStatus(tasks={t.key: t.label for t in tasks}, done=done,
                       environments={k: s["environment"] for k, s in merged.environments.items() if k in used},
                       complete_in=complete_in)
+
+
+def differences_from_here(status: PlanStatus, device: str) -> list[str]:
+    """Where a plan is complete only in environments other than this machine's: the closest one's differences
+    (`mismatches`); empty where one of them is this machine's, or where this machine cannot use the device's caches
+    and so cannot tell (a coordinator without Neuron devices)."""
+    try:
+        here = machine_environment(device)
+    except CacheMismatchError:
+        return []
+    differences = [mismatches(status.environments[key], here) for key in status.complete_in]
+    return min(differences, key=len) if differences and all(differences) else []

@@ -103,7 +103,9 @@ def test_cli_refuses_a_bad_shard_in_one_line_exit_2(args: list[str], env: dict[s
 
 
 def test_status_merges_the_shard_manifests_and_exits_0_only_when_complete(tmp_path: Path) -> None:
-    from shapeplan.warm.manifest import Manifest, environment_key, manifest_name
+    import torch
+
+    from shapeplan.warm.manifest import Manifest, environment_key, machine_environment, manifest_name
     from shapeplan.warm.model import ManifestEntry
     from tests.conftest import CAPYBARA
     from tests.warm.harness import run_argv
@@ -115,12 +117,15 @@ def test_status_merges_the_shard_manifests_and_exits_0_only_when_complete(tmp_pa
     analyzed = console.run(["analyze", *argv, "-o", str(plan)], cwd=Path.cwd(), env=env, timeout=300)
     assert analyzed.returncode == 0, analyzed.stderr
 
-    def status() -> tuple[int, dict]:
-        done = console.run(["warm", "--plan", str(plan), "--status", "--cache-dir", str(cache), "--device", "cpu",
-                            "--json"], cwd=Path.cwd(), env=env, timeout=300)
+    def status(*json_flag: str) -> subprocess.CompletedProcess[str]:
+        return console.run(["warm", "--plan", str(plan), "--status", "--cache-dir", str(cache), "--device", "cpu",
+                            *json_flag], cwd=Path.cwd(), env=env, timeout=300)
+
+    def status_json() -> tuple[int, dict]:
+        done = status("--json")
         return done.returncode, json.loads(done.stdout)
 
-    code, empty = status()
+    code, empty = status_json()
     keys = [s["key"] for s in empty["shapes"]]
     assert code == 1 and empty["missing"] == keys and len(keys) == 3 and not cache.exists()  # nothing created
     environment = {"method": "sft", "versions": {"torch": "x"}, "compiler": {"device": "cpu"}}
@@ -134,15 +139,23 @@ def test_status_merges_the_shard_manifests_and_exits_0_only_when_complete(tmp_pa
         ManifestEntry(environment_key(other), keys[2], "cached", 1.0), other)
     Manifest(cache / manifest_name(None)).record(
         ManifestEntry(environment_key(environment), keys[2], "failed", 1.0), environment)
-    code, partial = status()
+    code, partial = status_json()
     assert code == 1 and partial["missing"] == [] and not partial["complete"]
     assert [[d["shard"] for d in s["done"]] for s in partial["shapes"]] == [["0/3"], ["1/3"], ["2/3"]]
     Manifest(cache / manifest_name(Shard(2, 3, "--shard"))).record(
         ManifestEntry(environment_key(environment), keys[2], "compiled", 1.0), environment)
-    code, complete = status()
+    code, complete = status_json()
     assert code == 0 and complete["complete_in"] == [environment_key(environment)]
-    text = subprocess.run([SHAPEPLAN, "warm", "--plan", str(plan), "--status", "--cache-dir", str(cache),
-                           "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
+    text = status()
     assert text.returncode == 0 and "3/3 shape(s) done, complete" in text.stdout
-    no_plan = subprocess.run([SHAPEPLAN, "warm", "--status"], capture_output=True, text=True, env=env, timeout=300)
+    # complete for the hosts that warmed it (torch "x"), not for a run on this machine: said in one line
+    (warning,) = text.stderr.splitlines()
+    assert warning.startswith("warning: the plan is complete only in environments other than this machine's: ")
+    assert f"torch=x (this machine: {torch.__version__})" in warning
+    here = {"method": "sft", **machine_environment("cpu")}
+    for key in keys:  # and once warmed in this machine's environment, nothing to say
+        Manifest(cache / manifest_name(None)).record(ManifestEntry(environment_key(here), key, "cached", 1.0), here)
+    text = status()
+    assert text.returncode == 0 and "3/3 shape(s) done, complete" in text.stdout and text.stderr == ""
+    no_plan = console.run(["warm", "--status"], env=env, timeout=300)
     assert no_plan.returncode == 2 and no_plan.stderr.count("\n") == 1 and "--plan" in no_plan.stderr
