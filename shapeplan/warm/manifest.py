@@ -166,27 +166,30 @@ def machine_environment(device: str) -> dict[str, Any]:
     from .backends import make_backend
 
     try:
-        compiler = make_backend(device).settings()
+        if device == "neuron":  # as a torch_compile warm-up records it; `mismatches` takes an eager one's part
+            from .backends.neuron import NeuronBackend
+
+            neuron = NeuronBackend()
+            neuron.torch_compile = True
+            compiler = neuron.settings()
+        else:
+            compiler = make_backend(device).settings()
     except UsageError as exc:  # e.g. a neuron cache on a machine without torch-neuronx
         raise CacheMismatchError(f"this machine cannot use a {device} cache: {exc}") from None
-    if device == "neuron":  # compared only with a cache that records them (compiled graphs')
-        from .backends.neuron import source_paths
-
-        compiler.update(source_paths())
     versions = {name: version or "none" for name, version in installed_versions(MACHINE_PACKAGES).items()}
     return {"versions": versions, "compiler": compiler}
 
 
 def mismatches(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """'name=recorded (this machine: value)' for every version or compiler setting that differs."""
-    from .backends.neuron import SOURCE_PATHS
+    from .backends.neuron import SOURCE_PATHS, eager_settings
 
     out = []
     for group in ("versions", "compiler"):
         a, b = recorded.get(group) or {}, here.get(group) or {}
+        if group == "compiler" and b.get("backend") == "neuron" and SOURCE_PATHS[0] not in a:  # an eager cache
+            b = eager_settings(b)
         for name in sorted(set(a) | set(b)):
-            if name in SOURCE_PATHS and name not in a:  # what only compiled graphs' keys depend on
-                continue
             if a.get(name) != b.get(name):
                 out.append(f"{name}={a.get(name, '<unset>')!s} (this machine: {b.get(name, '<unset>')!s})")
     if any(item.startswith(SOURCE_PATHS) for item in out):

@@ -19,7 +19,7 @@ from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeNeuron, FakeWarmer, fake_env, xla_site
 from shapeplan.warm.backends import default_device, make_backend, neuron
 from shapeplan.warm.backends.base import counter_delta
-from shapeplan.warm.backends.neuron import NeuronBackend
+from shapeplan.warm.backends.neuron import SYNC_COMPILER, NeuronBackend
 from shapeplan.warm.manifest import MANIFEST, environment_key
 from shapeplan.warm.runner import warm
 
@@ -249,8 +249,31 @@ def test_sync_mode_compiles_show_only_as_files(monkeypatch: pytest.MonkeyPatch, 
     assert neff.parent.name == neff.stem and len(neff.stem) == 64
     fake.restart()
     before = backend.counters()
+    eager = backend.settings()
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer")
+    monkeypatch.setenv("NEURON_COMPILER_OPT_LEVEL", "3")
     fake.kernel("matmul 2x768")
-    assert counter_delta(before, backend.counters()) == {}  # loaded: nothing tells a hit in this mode
+    # loaded, flags or not: this path compiles at a fixed -O1 and keys neither; nothing tells a hit in this mode
+    assert counter_delta(before, backend.counters()) == {} and len(list(tmp_path.rglob("*.neff"))) == 1
+    assert backend.settings() == eager  # so recorded: the eager cache serves a host that differs only there
+    assert eager["NEURON_CC_FLAGS"] == "none (sync mode's fixed flags)"
+    backend.torch_compile = True  # compiled graphs take the C++ path, which passes and keys both
+    graphs = backend.settings()
+    assert graphs["NEURON_CC_FLAGS"] == "--model-type=transformer" and graphs["NEURON_COMPILER_OPT_LEVEL"] == "3"
+
+
+def test_the_compiler_flags_key_async_modes_compiles(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = FakeNeuron().install(monkeypatch)
+    backend = make_backend("neuron")
+    backend.prepare(tmp_path)
+    fake.kernel("matmul 2x768")
+    fake.restart()
+    monkeypatch.setenv("NEURON_CC_FLAGS", "")  # set, if empty: passed on and keyed
+    before = backend.counters()
+    fake.kernel("matmul 2x768")
+    assert backend.compiled(counter_delta(before, backend.counters()))
+    assert len(list(tmp_path.rglob("*.neff"))) == 2
+    assert backend.settings()["NEURON_CC_FLAGS"] == ""
 
 
 @pytest.mark.parametrize(("mode", "present"), [("no_metrics", "total_compilations"),
@@ -340,7 +363,7 @@ def test_settings_are_read_after_the_import_defaults_and_normalized(monkeypatch:
     assert backend.settings()["NEURON_LOGICAL_NC_CONFIG"] == ""
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "1")
-    assert backend.settings() == {**unset, "NEURON_LAUNCH_BLOCKING": "1 (sync)"}
+    assert backend.settings() == {**unset, "NEURON_LAUNCH_BLOCKING": "1 (sync)", **SYNC_COMPILER}
     monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "0")
     monkeypatch.setenv("TORCH_NEURONX_ENABLE_STABLEHLO", "0")
     assert backend.settings() == {**unset, "TORCH_NEURONX_ENABLE_STABLEHLO": "0"}

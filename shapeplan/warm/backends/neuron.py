@@ -48,6 +48,11 @@ HITS = ("persistent_hits", "CompilationCache.PersistentHits")
 # Settings in the NEFF cache key besides the platform target (KernelExecution.cpp): equal in warm-up and training.
 KEY_ENV = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "NEURON_COMPILER_OPT_LEVEL")
 SYNC_ENV = "NEURON_LAUNCH_BLOCKING"  # "1": sync mode (PlatformUtils.cpp IsSyncModeEnabled compares with "1")
+# Sync mode's Python compile path (eager ops) compiles at a fixed -O1 with no extra flags, whatever the variables
+# say (kernels/compiler_config.py:16-35, python_ops/compilation/hlo_compiler.py:14-43): recorded so, two hosts that
+# differ only there share an eager sync-mode cache. `torch.compile` graphs still take the C++ path, which keys them.
+SYNC_COMPILER = {"NEURON_CC_FLAGS": "none (sync mode's fixed flags)",
+                 "NEURON_COMPILER_OPT_LEVEL": "-O1 (sync mode's fixed level)"}
 METRICS_ENV = "TORCH_NEURONX_METRICS_ENABLED"
 # TORCH_NEURONX_* variables that only say where things go, what is logged or measured; every other one may change
 # the compiled code (e.g. TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS, TORCH_NEURONX_MLIR_ATEN_OPS).
@@ -413,9 +418,8 @@ class NeuronBackend:
         out["NEURON_COMPILER_OPT_LEVEL"] = os.environ.get("NEURON_COMPILER_OPT_LEVEL", "default")
         out[SYNC_ENV] = "1 (sync)" if sync_mode() else "async"
         out.update((name, os.environ[name]) for name in code_settings())
-        if self.torch_compile:
-            out.update(source_paths())
-        return out
+        out.update(source_paths())
+        return out if self.torch_compile else eager_settings(out)
 
     def script_lines(self, cache_dir: Path, *, torch_compile: bool, graphs: int) -> tuple[str, ...]:
         lines = [f"export TORCH_NEURONX_NEFF_CACHE_DIR={cache_dir}", f"export {SYNC_ENV}={1 if sync_mode() else 0}"]
@@ -438,6 +442,15 @@ def source_paths() -> dict[str, str]:
     values = (sys.prefix, sysconfig.get_paths()["purelib"], os.environ.get("HF_MODULES_CACHE")
               or os.path.join(home, "modules"))
     return dict(zip(SOURCE_PATHS, values, strict=True))
+
+
+def eager_settings(compiler: dict[str, str]) -> dict[str, str]:
+    """A Neuron host's settings as an eager warm-up records them: without the source paths only compiled graphs'
+    keys hold, and in sync mode with its Python path's fixed compiler settings."""
+    out = {name: value for name, value in compiler.items() if name not in SOURCE_PATHS}
+    if out.get(SYNC_ENV) == "1 (sync)":
+        out.update(SYNC_COMPILER)
+    return out
 
 
 def code_settings() -> list[str]:

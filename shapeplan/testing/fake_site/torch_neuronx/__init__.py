@@ -36,10 +36,13 @@ What the source does, and so the fake:
   has not met is a persistent miss unless `ab/cd/<32 hex>.neff` exists; after a miss the compile takes the file lock
   `<lock dir>/locks/<key>.lock` and reads the disk again: a NEFF another process wrote meanwhile is a persistent
   hit, not a compile. Only `total_compilations` counts compiles (CompilationCache.cpp). Files are written through a
-  `.tmp.XXXXXX` temporary in the shard dir and a rename.
+  `.tmp.XXXXXX` temporary in the shard dir and a rename. The key holds NEURON_CC_FLAGS and
+  NEURON_COMPILER_OPT_LEVEL where they are set, an empty value too (KernelExecution.cpp:76-82).
 - Sync mode (NEURON_LAUNCH_BLOCKING=1), eager ops: the Python compile path (kernels/compiler_subprocess.py), with
   the cache and lock dirs the import saw, keyed with the neuronx-cc version, `<sha256>/<sha256>.neff` written
-  through `tmp*.tmp`, locks in `<lock dir>/<key>/locks/compile.lock`, and no counter moves.
+  through `tmp*.tmp`, locks in `<lock dir>/<key>/locks/compile.lock`, and no counter moves. It compiles at a fixed
+  -O1 with no extra flags: NEURON_CC_FLAGS and NEURON_COMPILER_OPT_LEVEL are not read there
+  (kernels/compiler_config.py:16-35, python_ops/compilation/hlo_compiler.py:14-43), nor keyed.
 - The built-in NKI flash attention (SDPA with no mask, no dropout, both sequence lengths multiples of 512, head_dim
   <= 128) keys its cache with Python's `hash()` of the shapes and dtypes (nki_op_impl.py:19-25), which differs in
   every process: it never hits across processes.
@@ -218,6 +221,10 @@ def _compile_delay() -> None:
         time.sleep(0.05)
 
 
+# What the C++ path passes to the compiler and keys with, where set (KernelExecution.cpp:76-82).
+COMPILER_ENV = ("NEURON_CC_FLAGS", "NEURON_COMPILER_OPT_LEVEL")
+
+
 def neff_path(key: str) -> Path:
     cache, _ = _cache()
     digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
@@ -243,7 +250,7 @@ def kernel(key: str, *, graph: bool = False) -> None:
 def _compile(key: str) -> None:
     """The C++ CompilationCache: a persistent miss, then the lock and a second look before compiling."""
     cache, locks = _cache()
-    path = neff_path(key)
+    path = neff_path(key + "".join(f"|{name}={os.environ[name]}" for name in COMPILER_ENV if name in os.environ))
     if cache is not None and not _cpp_cache_disabled():
         if _readable(path):
             _count("persistent_hits")
