@@ -16,6 +16,7 @@ from .generation import (
     plan_run,
     refuse_unplannable,
     static_cache,
+    tool_loop_warnings,
     train_order,
 )
 from .loop import sharding
@@ -40,7 +41,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     trainer = bare_trainer(args.spec, data.tokenizer, config)
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation
-    warnings: list[str] = []
+    warnings = tool_loop_warnings(config)
     repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
     train_lengths, epoch_batches, loop = train_order(
         args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation,

@@ -38,6 +38,18 @@ def refuse_unplannable(args: TrainingArgs) -> None:
                          "with transformers")
 
 
+def tool_loop_warnings(config: GenerationTrainingConfig) -> list[str]:
+    """A tool-calling bound with nothing to call: the trainer's tool loop runs only with the trainer's `tools` or
+    `environment_factory` (Python objects no `trl` command passes), which shapeplan does not take yet."""
+    iterations = getattr(config, "max_tool_calling_iterations", None)
+    if iterations is None:
+        return []
+    return [f"max_tool_calling_iterations={iterations} is planned without tool calls: the trainer runs its tool "
+            "loop only when given tools= or environment_factory=, which shapeplan does not take yet; with them "
+            "every prompt carries the tool schemas and each call generates again at a longer cache length, shapes "
+            "this plan lacks"]
+
+
 def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
     """The `GenerationConfig` the trainer builds (the options that size `generate`; sampling ones do not)."""
     from transformers import GenerationConfig

@@ -16,6 +16,7 @@ from .generation import (
     plan_run,
     refuse_unplannable,
     static_cache,
+    tool_loop_warnings,
     train_order,
 )
 from .trl_args import TrainingArgs, make_parser, parse_training_args
@@ -63,7 +64,7 @@ def _check_supported(args: TrainingArgs) -> list[str]:
     if getattr(config, "top_entropy_quantile", 1.0) < 1.0:
         warnings.append("top_entropy_quantile < 1 gathers a data-dependent number of entropies each step; those "
                         "small shapes are not planned")
-    return warnings
+    return warnings + tool_loop_warnings(config)
 
 
 def _check_split(args: TrainingArgs) -> None:

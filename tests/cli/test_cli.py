@@ -167,6 +167,21 @@ def test_the_default_dataset_is_named_as_such_when_it_cannot_load(tmp_path: Path
         "(no dataset was given: trl-lib/tldr is `--method grpo`'s default" in err
 
 
+@pytest.mark.parametrize("method", ["grpo", "distillation"])
+def test_a_tool_calling_bound_without_tools_is_said_in_the_plan(method: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """No `trl` command passes tools, so the plan has no tool turn: a run given tools in Python would meet shapes
+    the plan lacks, and the plan says so rather than stay silent."""
+    extra = ["--teacher_model_name_or_path", str(TINY_MODEL)] if method == "distillation" else \
+        ["--num_generations", "4"]
+    argv = ["analyze", "--method", method, *RUN, *extra, "--json"]
+    code, out, _ = _run([*argv, "--max_tool_calling_iterations", "2"], capsys)
+    (warning,) = [w for w in json.loads(out)["warnings"] if "tool" in w]
+    assert code == 0 and warning.startswith("max_tool_calling_iterations=2 is planned without tool calls: ")
+    code, out, _ = _run(argv, capsys)  # unset: nothing to say
+    assert code == 0 and not [w for w in json.loads(out)["warnings"] if "tool" in w]
+
+
 def test_python_dash_m_reports_one_line_without_traceback() -> None:
     result = subprocess.run([sys.executable, "-m", "shapeplan", "analyze", str(TLDR), *MODEL, "--max_lenght", "5"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
