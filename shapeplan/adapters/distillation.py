@@ -8,6 +8,7 @@ from ..errors import UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.model import Plan
 from . import generation_stream
+from .agentic import check_supported as check_agentic
 from .common import load_run_data, recorded_config
 from .generation import (
     bare_trainer,
@@ -31,6 +32,8 @@ def _check_supported(args: TrainingArgs) -> None:
         raise UsageError("a teacher model is required for distillation, as `trl distillation` requires; pass "
                          "--teacher_model_name_or_path")
     refuse_unplannable(args)
+    if args.agentic:
+        check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -41,7 +44,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     trainer = bare_trainer(args.spec, data.tokenizer, config)
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation
-    warnings = tool_loop_warnings(config)
+    warnings = tool_loop_warnings(args)
     repeat = generation_stream.Repeat(mini_repeat_count=1, batch_size=round_size, repeat_count=accumulation)
     train_lengths, epoch_batches, loop = train_order(
         args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * accumulation,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig
     from trl import DistillationConfig, GRPOConfig, RLOOConfig
 
+    from .agentic import Agentic
     from .trainer import TrainerSpec
 
     GenerationTrainingConfig = GRPOConfig | RLOOConfig | DistillationConfig
@@ -38,16 +39,22 @@ def refuse_unplannable(args: TrainingArgs) -> None:
                          "with transformers")
 
 
-def tool_loop_warnings(config: GenerationTrainingConfig) -> list[str]:
+def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     """A tool-calling bound with nothing to call: the trainer's tool loop runs only with the trainer's `tools` or
-    `environment_factory` (Python objects no `trl` command passes), which shapeplan does not take yet."""
-    iterations = getattr(config, "max_tool_calling_iterations", None)
+    `environment_factory` (Python objects no `trl` command passes); and a tool loop the plan bounds."""
+    iterations = getattr(args.training, "max_tool_calling_iterations", None)
+    agentic = args.agentic
+    if agentic and (agentic.tools or agentic.environment_factory is not None):
+        return ["tool calls make shapes the model's answers decide: each round's later generate calls (on the rows "
+                "that called a tool, any batch from 1 to the generation batch) and the cache lengths they reach are "
+                "planned as a bound (certain: false); pin the cache with --generation_kwargs "
+                "'{\"max_cache_len\": ...}' to keep one cache length"]
     if iterations is None:
         return []
     return [f"max_tool_calling_iterations={iterations} is planned without tool calls: the trainer runs its tool "
-            "loop only when given tools= or environment_factory=, which shapeplan does not take yet; with them "
-            "every prompt carries the tool schemas and each call generates again at a longer cache length, shapes "
-            "this plan lacks"]
+            "loop only when given tools= or environment_factory=; pass them as --tools module:attr or "
+            "--environment_factory module:attr (with them every prompt carries the tool schemas and each call "
+            "generates again at a longer cache length)"]
 
 
 def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
@@ -79,31 +86,41 @@ def static_cache(generation: GenerationConfig) -> bool:
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
-def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig) -> Any:
+def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig,
+                 agentic: Agentic | None = None) -> Any:
     """A trainer of `spec`'s class with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them
-    for a text model."""
+    for a text model (with `agentic`'s tools and environments)."""
+    from .agentic import Agentic, setup_trainer
+
     trainer_class = spec.trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
     trainer._is_vlm = False
-    trainer.environment_factories = None
-    trainer.tools = []
-    trainer.chat_template = None
     trainer.chat_template_kwargs = config.chat_template_kwargs or {}
+    setup_trainer(trainer, agentic or Agentic(), tokenizer)
     return trainer
 
 
 def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
-    """Token counts of every row's prompt, tokenized by the trainer's own `_tokenize_prompts` (never truncated)."""
-    if "prompt" not in dataset.column_names:
+    """Token counts of every row's prompt, tokenized by the trainer's own `_tokenize_prompts` (never truncated);
+    with environments, after each row's `reset` observation, in the row's environment's tool schemas."""
+    from .agentic import environment_prompts
+
+    with_environments = trainer.environment_factories is not None
+    if "prompt" not in dataset.column_names and not with_environments:
         raise DatasetError(f"the {name} dataset has no 'prompt' column (it has {', '.join(dataset.column_names)}); "
                            "GRPO, RLOO and Distillation generate from 'prompt': rename the column or pass another "
                            "dataset")
-    prompts = dataset["prompt"]
     lengths: list[int] = []
-    for start in range(0, len(prompts), _TOKENIZE_CHUNK):
+    for start in range(0, len(dataset), _TOKENIZE_CHUNK):
+        if with_environments:
+            chunk = dataset[start:start + _TOKENIZE_CHUNK]
+            rows = [dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)]
+            prompts, trainer._batch_environments = environment_prompts(trainer, rows)
+        else:
+            prompts = list(dataset[start:start + _TOKENIZE_CHUNK]["prompt"])
         try:
-            ids, _, _ = trainer._tokenize_prompts(list(prompts[start:start + _TOKENIZE_CHUNK]))
+            ids, _, _ = trainer._tokenize_prompts(prompts)
         except Exception as exc:  # the tokenizer raises many types for unusable prompts
             raise DatasetError(f"cannot tokenize the {name} prompts: {first_line(exc)}") from exc
         lengths.extend(len(row) for row in ids)

@@ -84,6 +84,9 @@ class _Measure:
 def check_supported(args: TrainingArgs) -> None:
     """What TRL and the Trainer refuse with a stream, and what planning does not follow."""
     config = args.training
+    if args.agentic and args.agentic.environment_factory is not None:
+        raise UsageError("--environment_factory with --dataset_streaming is not planned yet: drop "
+                         "--dataset_streaming (the environments' reset is called on every row)")
     if config.max_steps <= 0:
         raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
                          "--max_steps N")

@@ -8,6 +8,8 @@ from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from . import generation_stream
+from .agentic import check_supported as check_agentic
+from .agentic import tool_loop
 from .common import load_run_data, recorded_config
 from .generation import (
     bare_trainer,
@@ -50,6 +52,8 @@ def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArg
 def _check_supported(args: TrainingArgs) -> list[str]:
     """Refuse what planning cannot follow; warnings for what it plans without some of the run's shapes."""
     refuse_unplannable(args)
+    if args.agentic:
+        check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
     config = args.training
     if config.use_transformers_continuous_batching:
         raise UsageError("use_transformers_continuous_batching=True is not planned (its batches follow memory, "
@@ -64,7 +68,7 @@ def _check_supported(args: TrainingArgs) -> list[str]:
     if getattr(config, "top_entropy_quantile", 1.0) < 1.0:
         warnings.append("top_entropy_quantile < 1 gathers a data-dependent number of entropies each step; those "
                         "small shapes are not planned")
-    return warnings + tool_loop_warnings(config)
+    return warnings + tool_loop_warnings(args)
 
 
 def _check_split(args: TrainingArgs) -> None:
@@ -94,7 +98,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
     data = load_run_data(args, eval_source=eval_source)
-    trainer = bare_trainer(args.spec, data.tokenizer, config)
+    trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
     repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
                                       batch_size=size // config.num_generations,
                                       repeat_count=config.num_iterations * steps)
@@ -119,10 +123,13 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         round_forwards=round_forwards,
         eval_batch_size=config.per_device_eval_batch_size,
         eval_forwards=eval_forwards,
+        tool_loop=tool_loop(trainer, config),
     )
     evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations)
     recorded = recorded_config(args, argv)
     recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                     num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
+    if args.agentic:
+        recorded.update(args.agentic.recorded(), tool_turns=layout.tool_loop.turns if layout.tool_loop else 0)
     return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop, epoch_batches=epoch_batches,
                     evals=evals, config=recorded, warnings=warnings)

@@ -30,7 +30,7 @@ def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | 
 
     args = parse_training_args(spec, argv)
     data = _whole_data(args, eval_source)
-    return prompt_lengths(data.train, bare_trainer(spec, data.tokenizer, args.training), "train")
+    return prompt_lengths(data.train, bare_trainer(spec, data.tokenizer, args.training, args.agentic), "train")
 
 
 def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:

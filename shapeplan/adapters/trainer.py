@@ -51,7 +51,9 @@ class TrainerSpec:
     hold. `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
     completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
     neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
-    `phase_rules`: how the guard (and the oracle tests) tell its model calls' phases apart. `collated`: what its
+    `agentic`: the trainer arguments of Python objects (`tools`, `environment_factory`) its plans take, named on
+    the command line as `module:attr`. `phase_rules`: how the guard (and the oracle tests) tell its model calls'
+    phases apart. `collated`: what its
     collator makes of a batch of examples, which accelerate's dispatch_batches slices by rows: "rows" (one row per
     example in every tensor), "halves" (every example's chosen sequence, then every rejected one) or "examples" (the
     list of example dicts itself, strings included, which accelerate can neither concatenate nor broadcast).
@@ -72,6 +74,7 @@ class TrainerSpec:
     old_logprobs_always: bool = False
     phase_rules: PhaseRules = PhaseRules()
     collated: Literal["rows", "halves", "examples"] = "rows"
+    agentic: tuple[str, ...] = ()  # the trainer's arguments of Python objects shapeplan plans (tools=, ...)
 
     def plan(self, args: Any, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:

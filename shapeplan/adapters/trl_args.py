@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trl import ModelConfig, TrlParser
 
     from ..plan.model import Method
+    from .agentic import Agentic
     from .trainer import TrainerSpec
 
 # The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
@@ -46,6 +47,7 @@ class TrainingArgs:
     dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
+    agentic: Agentic | None = None  # tools, environments, a rollout function: objects, not TRL options
 
     @property
     def method(self) -> Method:
@@ -56,6 +58,11 @@ def make_parser(spec: TrainerSpec) -> TrlParser:
     method = spec.name
     module = importlib.import_module(spec.script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
+    if spec.generates:  # what a generating trainer takes as Python objects, named as module:attr
+        from .agentic import AgenticArguments
+
+        parser.dataclass_types.append(AgenticArguments)
+        parser._add_dataclass_arguments(AgenticArguments)
 
     def error(message: str) -> None:  # argparse would print usage and exit; we want one line
         raise UsageError(f"{message}; see `trl {method} --help` for TRL's options")
@@ -115,6 +122,10 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid {_option_behind(argv, exc)}: {_plain(first_line(exc))}; see `trl {method} "
                          "--help`") from exc
+    from .agentic import AgenticArguments, load
+
+    named = [item for item in parsed if isinstance(item, AgenticArguments)]
+    parsed = [item for item in parsed if not isinstance(item, AgenticArguments)]
     script, training, model, *rest = parsed
     _check_values(method, parsed)
     _check_positive(training)
@@ -127,6 +138,7 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         dataset_mixture=rest[0] if rest else None,
         num_processes=num_processes,
         given=frozenset(given),
+        agentic=load(named[0] if named else None) or None,
     )
 
 

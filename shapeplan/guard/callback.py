@@ -353,8 +353,10 @@ class ShapeGuard(TrainerCallback):
         stale = []
         for key, s in expected.items():
             got = met[key].count if key in met else 0
-            if s.certain and got != s.count:
-                stale.append(f"planned {s.count} x {s.phase} {(s.batch, s.seq)}, met {got}")
+            # a certain shape that tool calls can also produce: its certain count, up to its max_count
+            if s.certain and not s.count <= got <= (s.max_count or s.count):
+                stale.append(f"planned {s.count if s.max_count is None else f'{s.count}..{s.max_count}'} x "
+                             f"{s.phase} {(s.batch, s.seq)}, met {got}")
         self.stale = stale
         # after a drift the counts differ because of it: the verdict names the drift, not a stale plan
         why = "because of the drift above" if self.drift else "the plan is stale"

@@ -9,9 +9,9 @@ from .model import PHASES, Phase, Shape, ShapeKey
 
 @dataclass(slots=True)
 class _Entry:
-    count: int
-    first_step: int
-    certain: bool
+    count: int  # certain occurrences
+    first_step: int  # of the certain occurrences (of the possible ones in an entry that has none)
+    possible: int = 0  # occurrences only some runs meet (sampling, tool calls)
     cu_seq_lens: set[int] = field(default_factory=set)
     max_length_q: set[int] = field(default_factory=set)
     varlen_pairs: set[tuple[int, int]] = field(default_factory=set)
@@ -47,10 +47,14 @@ class ShapeCounter:
         key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(count=0, first_step=step, certain=certain)
-        entry.count += count
-        entry.first_step = min(entry.first_step, step)
-        entry.certain = entry.certain or certain
+            entry = self._entries[key] = _Entry(count=0, first_step=step)
+        if certain:
+            entry.first_step = step if entry.count == 0 else min(entry.first_step, step)
+            entry.count += count
+        else:
+            if entry.count == 0:
+                entry.first_step = min(entry.first_step, step)
+            entry.possible += count
         if cu_seq_lens is not None:
             entry.cu_seq_lens.add(cu_seq_lens)
         if max_length_q is not None:
@@ -69,9 +73,10 @@ class ShapeCounter:
                 phase=key.phase,
                 batch=key.batch,
                 seq=key.seq,
-                count=e.count,
+                count=e.count or e.possible,
                 first_step=e.first_step,
-                certain=e.certain,
+                certain=e.count > 0,
+                max_count=e.count + e.possible if e.count and e.possible else None,
                 cache_len=key.cache_len,
                 max_new_tokens=key.max_new_tokens,
                 logits_to_keep=key.logits_to_keep,

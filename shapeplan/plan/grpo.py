@@ -5,6 +5,10 @@ The prompt side is exact: the prompt bucket P of every round follows from the pr
 the padding multiple, and so does the static cache length (a running maximum kept on the model across calls).
 The completion bucket C = R(longest completion) depends on sampling, so every C in `completion_buckets` is planned
 for every P; those entries are `certain` only when there is a single bucket.
+
+With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
+last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
+writes decides them, so they are planned as a bound (`certain` False), and so is every cache length they can grow.
 """
 
 from __future__ import annotations
@@ -42,10 +46,34 @@ class GenerationLayout:
     round_forwards: tuple[Phase, ...]
     eval_batch_size: int  # per_device_eval_batch_size: the chunk size of the eval batches' no-grad forwards
     eval_forwards: tuple[Phase, ...]
+    tool_loop: ToolLoop | None = None  # the trainer's tool loop, where it runs
 
     @property
     def generate_every(self) -> int:
         return self.steps_per_generation * self.num_iterations
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLoop:
+    """The bound of GRPOTrainer's tool loop (`_tool_call_loop`): after a round's first `generate`, up to `turns`
+    more, each on k of the round's R rows (those whose completion called a tool, 1 <= k <= R) over prompt +
+    completion + tool response, a sequence that grows by at least `min_growth` tokens a turn (the call and the
+    response's formatting) and whose part past the prompt the trainer keeps within `max_completion_length` (longer
+    ones leave the loop)."""
+
+    turns: int
+    min_growth: int
+    max_completion_length: int
+
+    def buckets(self, prompt_lengths: Sequence[int], multiple: int | None) -> tuple[int, ...]:
+        """The padded prompt lengths a turn can meet for a round of these prompts."""
+        low = min(prompt_lengths) + self.min_growth
+        high = max(prompt_lengths) + self.max_completion_length
+        if low > high:
+            return ()
+        if multiple is None:
+            return tuple(range(low, high + 1))
+        return tuple(range(round_up(low, multiple), round_up(high, multiple) + 1, multiple))
 
 
 def completion_buckets(max_new_tokens: int, multiple: int | None) -> tuple[int, ...]:
@@ -59,19 +87,33 @@ class CacheLength:
     """The static cache length of successive `generate` calls on one model instance.
 
     transformers sizes the cache max(P + max_new_tokens - 1, max_cache_len, the previous call's length) and keeps
-    the result on the model, so it only grows. None for a dynamic cache.
+    the result on the model, so it only grows. None for a dynamic cache. After tool turns the previous length is
+    one of several: each call's is then the set of lengths it can have.
     """
 
     def __init__(self, layout: GenerationLayout) -> None:
         self._layout = layout
-        self._previous = -1
+        self._possible: frozenset[int] = frozenset({-1})
 
-    def next(self, prompt_bucket: int) -> int | None:
-        if not self._layout.static_cache:
-            return None
+    def _after(self, prompt_bucket: int) -> frozenset[int]:
         pinned = self._layout.max_cache_len if self._layout.max_cache_len is not None else -1
-        self._previous = max(prompt_bucket + self._layout.max_new_tokens - 1, pinned, self._previous)
-        return self._previous
+        return frozenset(max(prompt_bucket + self._layout.max_new_tokens - 1, pinned, p) for p in self._possible)
+
+    def next(self, prompt_bucket: int) -> tuple[int | None, ...]:
+        """The lengths a call at `prompt_bucket` can have (one, unless tool turns came before)."""
+        if not self._layout.static_cache:
+            return (None,)
+        self._possible = self._after(prompt_bucket)
+        return tuple(sorted(self._possible))
+
+    def turns(self, prompt_buckets: Sequence[int]) -> dict[int, tuple[int | None, ...]]:
+        """Tool turns that may run at any of `prompt_buckets`, or not at all: the lengths each bucket's call can
+        have. The lengths any number of turns can leave are those one can (each is a running maximum)."""
+        if not self._layout.static_cache:
+            return {bucket: (None,) for bucket in prompt_buckets}
+        each = {bucket: self._after(bucket) for bucket in prompt_buckets}
+        self._possible = self._possible.union(*each.values())
+        return {bucket: tuple(sorted(lengths)) for bucket, lengths in each.items()}
 
 
 def _chunks(rows: int, size: int) -> list[int]:
@@ -100,9 +142,25 @@ class _Counting:
             self.counter.add(phase, rows, prompt_bucket + completion, step, certain=self.certain,
                              logits_to_keep=completion)
 
-    def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache_len: int | None, step: int) -> None:
-        self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len,
-                         max_new_tokens=self.layout.max_new_tokens)
+    def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int) -> None:
+        lengths = cache.next(prompt_bucket)
+        for cache_len in lengths:
+            self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len, certain=len(lengths) == 1,
+                             max_new_tokens=self.layout.max_new_tokens)
+
+    def tool_turns(self, phase: Phase, rows: int, prompt_lengths: Sequence[int], cache: CacheLength,
+                   step: int) -> None:
+        """The bound of the tool loop's `generate` calls after a first one on `rows` prompts of these lengths:
+        each (k rows, bucket, cache length) it can meet, counted once per turn it can meet it in."""
+        loop = self.layout.tool_loop
+        if loop is None or loop.turns == 0:
+            return
+        possible = cache.turns(loop.buckets(prompt_lengths, self.layout.pad_to_multiple_of))
+        for bucket, lengths in possible.items():
+            for cache_len in lengths:
+                for k in range(1, rows + 1):
+                    self.counter.add(phase, k, bucket, step, count=loop.turns, cache_len=cache_len, certain=False,
+                                     max_new_tokens=self.layout.max_new_tokens)
 
 
 def plan_generation(
@@ -139,8 +197,10 @@ def plan_generation(
             evaluations += 1
             for rank_state, rank_batches in zip(ranks or [], eval_batches, strict=False):
                 for batch in rank_batches:
-                    bucket = round_up(max(eval_prompt_lengths[i] for i in batch), multiple)
-                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache.next(bucket), step)
+                    lengths = [eval_prompt_lengths[i] for i in batch]
+                    bucket = round_up(max(lengths), multiple)
+                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache, step)
+                    counting.tool_turns("eval_generate", len(batch), lengths, rank_state.cache, step)
                     for phase in layout.eval_forwards:
                         for rows in _chunks(len(batch), layout.eval_batch_size):
                             counting.forwards(phase, rows, bucket, step)
@@ -163,7 +223,8 @@ def plan_generation(
                 bucket = round_up(max(lengths), multiple)
                 rank_state.prompt_bucket = bucket
                 rank_state.train_rows = len(batch) // layout.steps_per_generation
-                counting.generate("generate", len(batch), bucket, rank_state.cache.next(bucket), mb.step)
+                counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step)
+                counting.tool_turns("generate", len(batch), lengths, rank_state.cache, mb.step)
                 for phase in layout.round_forwards:
                     for rows in _chunks(len(batch), layout.batch_size):
                         counting.forwards(phase, rows, bucket, mb.step)

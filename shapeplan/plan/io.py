@@ -18,8 +18,8 @@ from .model import METHODS, PHASES, Plan, PlanStats, Shape
 PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when not their default.
-_OPTIONAL = ("cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q", "varlen_pairs",
-             "unpadded", "completion_tokens", "chosen_rows")
+_OPTIONAL = ("max_count", "cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
+             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows")
 _DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
@@ -125,6 +125,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         count=_int(s["count"], f"{where}.count", 1),
         first_step=_int(s["first_step"], f"{where}.first_step", 0),
         certain=_typed(s.get("certain", True), bool, f"{where}.certain"),
+        max_count=None if s.get("max_count") is None else _int(s["max_count"], f"{where}.max_count", s["count"]),
         cache_len=_optional_int(s.get("cache_len"), f"{where}.cache_len", 1),
         max_new_tokens=_optional_int(s.get("max_new_tokens"), f"{where}.max_new_tokens", 1),
         logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),

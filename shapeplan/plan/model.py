@@ -43,7 +43,9 @@ class Shape:
 
     `first_step` is the optimizer step (1-based, as the Trainer counts) during which a train-side shape is first
     met, or after which an eval-side shape is first met; 0 means before the first step (`eval_on_start`).
-    `certain` is False for shapes that only sampling can produce (GRPO completion buckets).
+    `certain` is False for shapes that only sampling (GRPO completion buckets) or the model's tool calls can
+    produce; their `count` is the most the run can meet. A certain shape that tool calls can also produce carries
+    `max_count`, the most the run can meet it (`count` and `first_step` are those of its certain occurrences).
     Padding-free batches also carry the per-batch values that can trigger a compile under `torch.compile`:
     the lengths of `cu_seq_lens` and the values of `max_length_q` met with this shape, and `varlen_pairs`: the
     (len(cu_seq_lens), max_length_q) pairs met together (each pair is a graph of its own under `torch.compile`).
@@ -62,6 +64,7 @@ class Shape:
     count: int
     first_step: int
     certain: bool = True
+    max_count: int | None = None
     cache_len: int | None = None
     max_new_tokens: int | None = None
     logits_to_keep: int | None = None

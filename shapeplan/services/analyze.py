@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..plan.model import Plan
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
-            progress_bars: bool = True, parsed: TrainingArgs | None = None) -> Plan:
+            progress_bars: bool = True, parsed: TrainingArgs | None = None,
+            tools: Sequence[Callable[..., Any]] = (), environment_factory: Any = None) -> Plan:
     """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`); `eval_source` is
     a dataset to plan the eval loop on instead of the dataset's test split.
 
@@ -28,9 +29,22 @@ def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None,
     `progress_bars=False` keeps datasets' progress bars (tokenizing) off stderr.
     `parsed`: the run already parsed from exactly ARGV (`parse_training_args`, as `load_run` has it), planned
     without parsing it again.
+    `tools`, `environment_factory`: what the run hands `GRPOTrainer` (the objects themselves; ARGV can name them as
+    `--tools module:attr`, `--environment_factory module:attr`). A plan with them is never cached.
     """
     words = [*argv, *(["--eval-dataset", eval_source] if eval_source else [])]
-    return _cached(trainer_spec(method), words, lambda: list(argv), parsed=parsed, eval_source=eval_source,
+    spec = trainer_spec(method)
+    if tools or environment_factory is not None:
+        from ..adapters.agentic import Agentic
+        from ..adapters.trl_args import parse_training_args
+
+        args = parsed or parse_training_args(spec, argv)
+        given = Agentic(tools=tuple(tools), environment_factory=environment_factory)
+        if args.agentic:
+            raise UsageError("tools or an environment factory are given both as objects and in ARGV; pass them once")
+        parsed = replace(args, agentic=given)
+        use_cache = False
+    return _cached(spec, words, lambda: list(argv), parsed=parsed, eval_source=eval_source,
                    use_cache=use_cache, progress_bars=progress_bars)
 
 
@@ -73,7 +87,7 @@ def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list
         beyond = beyond_position_embeddings(plan, args)
         if beyond is not None:  # the run fails (or extrapolates) there; `warm` refuses such a plan
             plan = replace(plan, warnings=(*plan.warnings, f"{beyond}: lower --max_length to fit the model"))
-        if key is not None:
+        if key is not None and not args.agentic:  # tools are code: their schemas change with no word of the key
             plan_cache.store(key, plan)
     return plan
 

@@ -53,6 +53,8 @@ def shape_notes(shape: Shape) -> str:
         parts.append(f"chosen rows {_span(shape.chosen_rows)}")
     if not shape.certain:
         parts.append("possible")
+    if shape.max_count is not None:
+        parts.append(f"up to {shape.max_count} with tool calls")
     return ", ".join(parts)
 
 

@@ -79,6 +79,10 @@ class GenerationWarmer:
         self.warnings: list[str] = []
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
         self.eval_batches = self.eval_remainder = 0  # one eval pass's generation batches, its remainder (set by bind)
+        if args.agentic:  # checked before anything loads
+            raise UsageError("warming a run with --tools or --environment_factory is not built yet: its tool turns "
+                             "generate on the rows that called a tool, which the warm-up cannot drive; `analyze` "
+                             "plans the run and `guard` checks it against the plan")
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
         self.reward_funcs = self._reward_functions()
         reward_model = getattr(args.script, "reward_model_name_or_path", None)

@@ -27,9 +27,10 @@ def completion_length_reward(completions: list[Any], **kwargs: Any) -> list[floa
 
 def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *,
                            eval_path: Path | None = None, guard: Any = None,
-                           streaming: bool = False) -> list[Forward]:
+                           streaming: bool = False, **objects: Any) -> list[Forward]:
     """Train with `trl <method>`'s parser on `argv` (TRL options), recording what the models are fed. `streaming`
-    loads the data as `trl <method> --dataset_streaming` does (`harness.load_data`)."""
+    loads the data as `trl <method> --dataset_streaming` does (`harness.load_data`); `objects`: the trainer's
+    arguments no command line passes (tools=, environment_factory=)."""
     import torch
     import trl
     from transformers import AutoModelForCausalLM
@@ -49,7 +50,7 @@ def run_generation_trainer(method: str, train_path: Path, argv: Sequence[str], *
     guard.on_forward = seen.append
     trainer = TRAINERS[method].trainer()(model=model, reward_funcs=[completion_length_reward], args=config,
                                          train_dataset=train, eval_dataset=eval_ds, callbacks=[guard],
-                                         peft_config=trl.get_peft_config(model_args))
+                                         peft_config=trl.get_peft_config(model_args), **objects)
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

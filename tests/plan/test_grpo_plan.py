@@ -9,9 +9,10 @@ import re
 import pytest
 
 from shapeplan.cli import main
-from shapeplan.plan.grpo import cache_pin, completion_buckets
+from shapeplan.plan.grpo import GenerationLayout, ToolLoop, cache_pin, completion_buckets, plan_generation
 from shapeplan.plan.io import dumps, plan_from_dict
 from shapeplan.plan.model import GENERATE_PHASES
+from shapeplan.plan.schedule import TrainLoop
 from shapeplan.services.analyze import analyze
 from shapeplan.services.trainers import TRAINERS
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
@@ -25,6 +26,40 @@ def test_completion_buckets() -> None:
     assert completion_buckets(200, 128) == (128, 256)
     assert completion_buckets(512, 128) == (128, 256, 384, 512)
     assert completion_buckets(4, None) == (1, 2, 3, 4)
+
+
+def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
+    """The tool loop's bound, as a pure function of the prompt lengths: turn prompts from the shortest prompt plus
+    one turn's growth to the longest plus max_completion_length; any batch from 1 to the round's rows; each cache
+    length the running maximum can reach. The first generate stays certain until a tool turn may have grown the
+    cache; a certain entry that a tool turn may also meet keeps its certain count and says its most."""
+    loop = ToolLoop(turns=2, min_growth=20, max_completion_length=200)
+    assert loop.buckets([100, 120], 128) == (128, 256, 384)
+    assert loop.buckets([100, 120], None) == tuple(range(120, 321))
+    assert ToolLoop(turns=1, min_growth=20, max_completion_length=10).buckets([100], 128) == ()
+
+    def layout(tool_loop: ToolLoop | None, pinned: int | None = None) -> GenerationLayout:
+        return GenerationLayout(batch_size=2, steps_per_generation=1, num_iterations=1, pad_to_multiple_of=128,
+                                max_new_tokens=64, static_cache=True, max_cache_len=pinned, round_forwards=(),
+                                eval_batch_size=2, eval_forwards=(), tool_loop=tool_loop)
+
+    loop = ToolLoop(turns=2, min_growth=20, max_completion_length=64)
+    lengths, batches = [100, 100, 180, 180], lambda epoch: (((0, 1), (2, 3)),)  # one rank, two rounds
+    trainer_loop = TrainLoop(steps_in_epoch=2, gradient_accumulation_steps=1, max_steps=2, num_train_epochs=1)
+
+    def plan(layout: GenerationLayout) -> dict[tuple[int, int, int | None], tuple[int, int | None, bool]]:
+        shapes = plan_generation(method="grpo", prompt_lengths=lengths, layout=layout, loop=trainer_loop,
+                                 epoch_batches=batches).by_phase("generate")
+        return {(s.batch, s.seq, s.cache_len): (s.count, s.max_count, s.certain) for s in shapes}
+
+    assert plan(layout(None)) == {(2, 128, 191): (1, None, True), (2, 256, 319): (1, None, True)}
+    # round 1 (prompts of 100: turns at 128 or 256); round 2 (180: turns at 256), its first generate at 319
+    # whatever came before, since a turn of round 1 reaches at most 319 too
+    assert plan(layout(loop)) == {
+        (1, 128, 191): (2, None, False), (2, 128, 191): (1, 3, True),
+        (1, 256, 319): (4, None, False), (2, 256, 319): (1, 5, True)}
+    # pinned past every turn: one cache length
+    assert {key[2] for key in plan(layout(loop, pinned=400))} == {400}
 
 
 def test_no_training_option_plans_the_guide_example() -> None:

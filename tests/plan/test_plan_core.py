@@ -95,7 +95,7 @@ def test_reachable_seqs_batch_larger_than_dataset_repeats_rows() -> None:
 def _plan() -> Plan:
     return Plan(
         method="sft", exact=False, pad_to_multiple_of=128,
-        shapes=(Shape("train", 1, 256, count=3, first_step=1, cu_seq_lens=(4, 9), max_length_q=(97, 128),
+        shapes=(Shape("train", 1, 256, count=3, first_step=1, max_count=5, cu_seq_lens=(4, 9), max_length_q=(97, 128),
                       varlen_pairs=((4, 97), (9, 97), (9, 128))),
                 Shape("train", 4, 128, count=2, first_step=2, certain=False),
                 Shape("eval", 8, 384, count=5, first_step=0, unpadded=2)),
@@ -200,7 +200,7 @@ def test_atomic_write_uses_the_umask_and_removes_temporaries_of_dead_writers(tmp
 
 @pytest.mark.parametrize("shape, field, value", [
     ({"seq": 200}, "shapes[0].seq", 200), ({"batch": 0}, "shapes[0].batch", 0),
-    ({"count": 1.5}, "shapes[0].count", 1.5),
+    ({"count": 1.5}, "shapes[0].count", 1.5), ({"max_count": 2}, "shapes[0].max_count", 2),
     ({"seq": 1 << 30}, "shapes[0].seq", 1 << 30), ({"first_step": -1}, "shapes[0].first_step", -1),
 ])
 def test_plan_values_are_checked_and_the_error_carries_them(shape: dict, field: str, value: object) -> None:

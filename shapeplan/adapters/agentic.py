@@ -1,0 +1,224 @@
+"""Agentic GRPO: the tools, environments and custom rollouts `GRPOTrainer` takes as Python objects, which no `trl`
+command line passes. shapeplan names them as `module:attr` (or TRL's `--reward_funcs` form, `module.attr`, the
+module imported with the working directory on `sys.path` as TRL imports reward functions), or takes the objects
+themselves (`shapeplan.analyze(..., tools=[...])`), and sets them on the planning trainer as `GRPOTrainer.__init__`
+does (trl/trainer/grpo_trainer.py:656-779): the tool list, each environment's public methods, and the
+prefix-preserving training chat template where the model's is not one. The prompts are then rendered by the
+trainer's own `_tokenize_prompts`, schemas included.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError, first_line
+from ..plan.grpo import ToolLoop
+
+
+@dataclass
+class AgenticArguments:
+    """The options `trl grpo` cannot take on its command line; shapeplan adds them to TRL's parser (and `--config`
+    YAML keys of the same names)."""
+
+    tools: list[str] | None = field(default=None, metadata={
+        "help": "The run's `tools=`: `module:attr` names of functions (or of a list of them), imported with the "
+                "working directory on sys.path, as TRL imports --reward_funcs."})
+    environment_factory: str | None = field(default=None, metadata={
+        "help": "The run's `environment_factory=`: `module:attr` of a callable that returns an environment (or of a "
+                "dict of them by the dataset's `environment` column)."})
+    rollout_func: str | None = field(default=None, metadata={
+        "help": "The run's `rollout_func=` (`module:attr`): refused, its shapes are the function's own."})
+
+
+@dataclass(frozen=True)
+class Agentic:
+    """What the run hands `GRPOTrainer` besides TRL's options: tools, an environment factory, a rollout function."""
+
+    tools: tuple[Callable[..., Any], ...] = ()
+    environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None
+    rollout_func: Callable[..., Any] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.tools) or self.environment_factory is not None or self.rollout_func is not None
+
+    def recorded(self) -> dict[str, Any]:
+        """What the plan records of them: the names the trainer knows them by."""
+        factory = self.environment_factory
+        return {"tools": [tool.__name__ for tool in self.tools] or None,
+                "environment_factory": (sorted(factory) if isinstance(factory, dict) else _name(factory))
+                if factory is not None else None}
+
+
+def _name(thing: Any) -> str:
+    return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', repr(thing))}"
+
+
+def resolve(path: str, option: str) -> Any:
+    """The object `path` names: `module:attr`, or `module.attr` as TRL's `--reward_funcs` takes it."""
+    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"--{option} {path!r} names no object: write module:attr (a module importable from the "
+                         "working directory, and a name in it)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `trl grpo` does for --reward_funcs
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module can raise anything while it imports
+        raise UsageError(f"--{option} {path!r}: cannot import module {module_name!r}: {first_line(exc)}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"--{option} {path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load(arguments: AgenticArguments | None) -> Agentic:
+    """The objects the options name."""
+    if arguments is None:
+        return Agentic()
+    tools: list[Callable[..., Any]] = []
+    for path in arguments.tools or ():
+        obj = resolve(path, "tools")
+        for tool in (obj if isinstance(obj, (list, tuple)) else [obj]):
+            if not callable(tool):
+                raise UsageError(f"--tools {path!r} holds {type(tool).__name__} {tool!r}, not a function; name a "
+                                 "function or a list of them")
+            tools.append(tool)
+    factory = resolve(arguments.environment_factory, "environment_factory") \
+        if arguments.environment_factory else None
+    rollout = resolve(arguments.rollout_func, "rollout_func") if arguments.rollout_func else None
+    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout)
+
+
+def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:
+    """Refuse a rollout function, whose shapes are its own, and what the trainer's plans do not take."""
+    if agentic.rollout_func is not None:
+        raise UsageError("--rollout_func is not planned: the prompt_ids and completion_ids it returns, and the "
+                         "generate calls it makes, are its own; shapeplan would need them declared (the longest "
+                         "prompt_ids + completion_ids, and each generate call's batch and prompt length per round)")
+    given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory))
+             if value]
+    for name in given:
+        if name not in takes:
+            raise UsageError(f"--{name} is not planned for `{method}` (shapeplan plans it for GRPO); drop it")
+    factory = agentic.environment_factory
+    if factory is not None and not callable(factory) and not (
+            isinstance(factory, dict) and all(callable(f) for f in factory.values())):
+        raise UsageError(f"--environment_factory names {type(factory).__name__}, not a callable (or a dict of "
+                         "callables) that returns an environment")
+
+
+def setup_trainer(trainer: Any, agentic: Agentic, tokenizer: Any) -> None:
+    """Set the attributes `_tokenize_prompts` and `_get_tool_suffix_ids` read, as `GRPOTrainer.__init__` sets them
+    for these tools and environments (an environment is built once here, as the trainer probes it)."""
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
+
+    standalone = list(agentic.tools)
+    factory = agentic.environment_factory
+    trainer._multi_environment = isinstance(factory, dict)
+    trainer._tokenizer = tokenizer
+    if factory is None:
+        trainer.environment_factories = None
+        trainer.tools = standalone
+    else:
+        trainer.environment_factories = factory if isinstance(factory, dict) else {None: factory}
+        trainer._env_tools, trainer._environment_pool = {}, {}
+        trainer.tools = list(standalone)
+        for name, make in trainer.environment_factories.items():
+            instance = _build(make, name)
+            members = [member for member, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
+            if "reset" not in members:
+                raise UsageError(f"the environment {_env_label(name)} has no reset method: GRPOTrainer requires one "
+                                 "(it is called before each rollout)")
+            methods = [getattr(instance, member) for member in members
+                       if member not in ("reset", "get_reward") and not member.startswith("_")]
+            trainer._env_tools[name] = standalone + methods
+            trainer._environment_pool[name] = [instance]
+            trainer.tools += [method for method in methods if method not in trainer.tools]
+    if not trainer.tools:
+        trainer.chat_template = None
+        return
+    _check_schemas(trainer.tools)
+    if not supports_tool_calling(tokenizer):
+        raise UsageError("the model's chat template cannot render a tool-calling conversation (user, assistant with "
+                         "tool_calls, tool), which GRPOTrainer refuses with tools; use a model whose template does")
+    trainer.chat_template = None if is_chat_template_prefix_preserving(tokenizer) \
+        else get_training_chat_template(tokenizer)
+
+
+def _build(make: Callable[[], Any], name: str | None) -> Any:
+    try:
+        return make()
+    except Exception as exc:  # the user's factory can raise anything
+        raise UsageError(f"the environment factory {_env_label(name)} failed: {first_line(exc)}") from exc
+
+
+def _env_label(name: str | None) -> str:
+    return "given" if name is None else repr(name)
+
+
+def _check_schemas(tools: Sequence[Callable[..., Any]]) -> None:
+    """Each tool's JSON schema, as the chat template renders it: a tool without one fails there."""
+    from transformers.utils import get_json_schema
+
+    for tool in tools:
+        try:
+            get_json_schema(tool)
+        except Exception as exc:  # transformers raises its own error types for undocumented tools
+            raise UsageError(f"tool {getattr(tool, '__name__', tool)!r}: its schema cannot be built "
+                             f"({first_line(exc)}); give it type hints and a Google-style docstring with an Args "
+                             "section, as GRPOTrainer needs") from exc
+
+
+def environment_prompts(trainer: Any, rows: Sequence[dict[str, Any]]) -> tuple[list[Any], list[str | None]]:
+    """The prompts of `rows` as the trainer generates from them with environments: each row's environment's `reset`
+    (called with the row, once) appends its observation to the last message (grpo_trainer.py:2335-2398); and the
+    environment of each row."""
+    names = [row.get("environment") if trainer._multi_environment else None for row in rows]
+    prompts = []
+    for row, name in zip(rows, names, strict=True):
+        if name not in trainer.environment_factories:
+            raise UsageError(f"a row has environment={name!r}, which is not among the environment factories "
+                             f"({', '.join(map(repr, trainer.environment_factories))})")
+        prompt = row.get("prompt", [{"role": "user", "content": ""}])
+        kwargs = {k: v for k, v in row.items() if k != "environment"} if trainer._multi_environment else row
+        try:
+            observation = trainer._environment_pool[name][0].reset(**kwargs)
+        except Exception as exc:  # the user's environment can raise anything
+            raise UsageError(f"the environment {_env_label(name)}'s reset failed on a row: {first_line(exc)}") from exc
+        if observation is not None:
+            content = prompt[-1]["content"]
+            if isinstance(observation, list) and isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            if isinstance(observation, str) and isinstance(content, list):
+                observation = [{"type": "text", "text": observation}]
+            prompt = [*prompt[:-1], {**prompt[-1], "content": content + observation}]
+        prompts.append(prompt)
+    return prompts, names
+
+
+def tool_loop(trainer: Any, config: Any) -> ToolLoop | None:
+    """The bound of the trainer's tool loop (`_tool_call_loop`), or None where it does not run."""
+    if not trainer.tools:
+        return None
+    iterations = config.max_tool_calling_iterations
+    if iterations == 0:
+        return None
+    # A turn appends the call (at least one token) and the tool response's formatting (the suffix of an empty
+    # response, the shortest over the tools' names: some templates name the tool in it).
+    growth = 1 + min(len(trainer._get_tool_suffix_ids([{"role": "tool", "name": tool.__name__, "content": ""}]))
+                     for tool in trainer.tools)
+    most = config.max_completion_length // growth
+    return ToolLoop(turns=most if iterations is None else min(iterations, most), min_growth=growth,
+                    max_completion_length=config.max_completion_length)

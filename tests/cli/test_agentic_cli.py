@@ -1,0 +1,82 @@
+"""`--tools` and `--environment_factory` through the installed console script: named as `module:attr` (or TRL's
+`module.attr`), on the command line or in the `--config` YAML, imported from the working directory; every way of
+naming them wrongly is one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests import console
+from tests.conftest import CAPYBARA, TINY_MODEL
+
+RUN = ["analyze", "--method", "grpo", "--model", str(TINY_MODEL), "--per_device_train_batch_size", "2",
+       "--num_generations", "2", "--max_completion_length", "64", "--max_steps", "2", "--cache_implementation",
+       "static", "--json"]
+TOOLS = "tests.oracle.agentic_tools"
+
+
+def _prompts(tmp_path: Path) -> Path:
+    lines = CAPYBARA.read_text(encoding="utf-8").splitlines()[:4]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": json.loads(line)["messages"][:1]}) + "\n" for line in lines),
+                    encoding="utf-8")
+    return path
+
+
+def test_tools_named_on_the_command_line_or_in_the_config_are_planned(tmp_path: Path) -> None:
+    data = _prompts(tmp_path)
+    plain = json.loads(console.run([*RUN, data]).stdout)
+    named = console.run([*RUN, data, "--tools", f"{TOOLS}:get_weather"])
+    assert named.returncode == 0, named.stderr
+    plan = json.loads(named.stdout)
+    assert plan["config"]["tools"] == ["get_weather"]
+    assert max(s["seq"] for s in plan["shapes"]) > max(s["seq"] for s in plain["shapes"])  # the schemas
+    assert any(s.get("certain") is False for s in plan["shapes"] if s["phase"] == "generate")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"tools:\n  - {TOOLS}.get_weather\nenvironment_factory: {TOOLS}:Calculator\n",
+                      encoding="utf-8")
+    both = console.run([*RUN, data, "--config", config])
+    assert both.returncode == 0, both.stderr
+    recorded = json.loads(both.stdout)["config"]
+    assert recorded["tools"] == ["get_weather"] and recorded["environment_factory"] == f"{TOOLS}:Calculator"
+
+
+def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
+    data = _prompts(tmp_path)
+    (tmp_path / "broken_tools.py").write_text("raise RuntimeError('no network here')\n", encoding="utf-8")
+    (tmp_path / "bare_tools.py").write_text("def lookup(x):\n    return x\n\nclass NoReset:\n    pass\n\n"
+                                            "NUMBER = 3\n", encoding="utf-8")
+    cases = {
+        ("--tools", "bare_tools"): "--tools 'bare_tools' names no object: write module:attr (a module importable "
+                                   "from the working directory, and a name in it)",
+        ("--tools", "missing_module:f"): "--tools 'missing_module:f': cannot import module 'missing_module': No "
+                                         "module named 'missing_module'",
+        ("--tools", "broken_tools:f"): "--tools 'broken_tools:f': cannot import module 'broken_tools': no network "
+                                       "here",
+        ("--tools", "bare_tools:nothing"): "--tools 'bare_tools:nothing': module 'bare_tools' has no attribute "
+                                           "'nothing'",
+        ("--tools", "bare_tools:NUMBER"): "--tools 'bare_tools:NUMBER' holds int 3, not a function; name a function "
+                                          "or a list of them",
+        ("--environment_factory", "bare_tools:NoReset"): "the environment given has no reset method: GRPOTrainer "
+                                                         "requires one (it is called before each rollout)",
+        ("--rollout_func", "bare_tools:lookup"): "--rollout_func is not planned: the prompt_ids and completion_ids "
+                                                 "it returns, and the generate calls it makes, are its own; shapeplan "
+                                                 "would need them declared (the longest prompt_ids + completion_ids, "
+                                                 "and each generate call's batch and prompt length per round)",
+    }
+    for (option, value), message in cases.items():
+        result = console.run([*RUN, data, option, value], cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, ""), (option, value, result.stderr)
+        assert result.stderr.splitlines() == [f"Error: {message}"], (option, value)
+    undocumented = console.run([*RUN, data, "--tools", "bare_tools:lookup"], cwd=tmp_path)
+    assert undocumented.returncode == 2 and undocumented.stderr.startswith(
+        "Error: tool 'lookup': its schema cannot be built (") and undocumented.stderr.count("\n") == 1
+    warm = console.run(["warm", "--device", "cpu", *RUN[1:-1], data, "--tools", f"{TOOLS}:get_weather",
+                        "--reward_funcs", f"{TOOLS}.get_weather", "--cache-dir", tmp_path / "cache"])
+    assert (warm.returncode, warm.stdout) == (2, "") and warm.stderr.startswith(
+        "Error: warming a run with --tools or --environment_factory is not built yet: ")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
+    assert rloo.returncode == 2
+    assert rloo.stderr == "Error: --tools is not planned for `rloo` (shapeplan plans it for GRPO); drop it\n"

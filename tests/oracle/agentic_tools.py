@@ -1,0 +1,41 @@
+"""Tools and an environment for agentic GRPO runs, importable as `tests.oracle.agentic_tools:NAME` (the form
+`--tools` and `--environment_factory` take), and a generation option that makes the tiny random model call one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def get_weather(city: str) -> str:
+    """Get the current weather in a city.
+
+    Args:
+        city: The city's name.
+    """
+    return f"sunny in {city}"
+
+
+class Calculator:
+    """An environment: `reset` before each rollout, its public methods are the tools."""
+
+    def reset(self, **row: Any) -> str:
+        return " Use the calculator."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+
+def forced_call(tokenizer: Any, name: str, arguments: dict[str, Any]) -> str:
+    """`--generation_kwargs` JSON whose `sequence_bias` makes any model write one call of `name` (the Qwen3
+    template's `<tool_call>` form) and end its turn: each prefix of the call biased more than the one before it, so
+    the longest matched prefix wins the next token."""
+    call = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>{tokenizer.eos_token}"
+    ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+    return json.dumps({"sequence_bias": [[ids[:i + 1], 10.0 * (i + 1)] for i in range(len(ids))]})

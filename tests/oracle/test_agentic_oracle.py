@@ -1,0 +1,91 @@
+"""Agentic GRPO (`tools=`, `environment_factory=`) against the real `GRPOTrainer`: the prompts carry the tool
+schemas exactly (every certain entry equals the run), and the tool loop's later `generate` calls, forced here by a
+`sequence_bias` that makes the tiny model call a tool every turn, fall inside the plan's bound, cache lengths
+included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shapeplan import ShapeGuard
+from shapeplan.services.analyze import analyze
+from tests.conftest import TINY_MODEL
+from tests.oracle import agentic_tools
+from tests.oracle.grpo_harness import observed, run_generation_trainer
+from tests.oracle.test_grpo_oracle import _conversational_prompts
+
+pytestmark = pytest.mark.slow
+
+RUN = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_steps", "3",
+       "--cache_implementation", "static"]
+
+
+def _tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
+def _plan_and_run(tmp_path: Path, argv: list[str], **objects: Any):  # type: ignore[no-untyped-def]
+    """The plan, and what the real run met under a guard holding it: the guard finds nothing unplanned and the
+    counts as planned (a certain entry's within its max_count)."""
+    train = _conversational_prompts(tmp_path / "train.jsonl", 12)
+    plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *RUN, *argv],
+                   **objects)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = run_generation_trainer("grpo", train, ["--pad_to_multiple_of", "128", *RUN, *argv], guard=guard,
+                                  **objects)
+    assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
+    return plan, observed(seen)
+
+
+def _inside_bound(plan: Any, seen: dict) -> None:  # type: ignore[type-arg]
+    """Every shape the run met is planned; a certain one exactly, or (tool turns can add to it) at most its
+    max_count; a possible one at most its count, no earlier than its first step."""
+    bound = {(s.phase, s.batch, s.seq, s.cache_len, s.logits_to_keep): s for s in plan.shapes}
+    for key, (count, first_step) in seen.items():
+        shape = bound.get(key)
+        assert shape is not None, key
+        if shape.certain and shape.max_count is None:
+            assert (count, first_step) == (shape.count, shape.first_step), key
+        elif shape.certain:
+            assert shape.count <= count <= shape.max_count, key
+        else:
+            assert count <= shape.count and first_step >= shape.first_step, key
+
+
+def test_tool_schemas_make_every_certain_entry_exact(tmp_path: Path) -> None:
+    """Tools the model never calls: the schemas lengthen every prompt (a generate and a train bucket later than
+    without tools), and the run meets exactly the plan's certain entries."""
+    plan, seen = _plan_and_run(tmp_path, ["--max_completion_length", "64"], tools=[agentic_tools.get_weather])
+    plain = analyze("grpo", ["--dataset_name", str(tmp_path / "train.jsonl"), "--model_name_or_path",
+                             str(TINY_MODEL), *RUN, "--max_completion_length", "64"], use_cache=False)
+    certain = {(s.phase, s.batch, s.seq, s.cache_len, s.logits_to_keep): (s.count, s.first_step)
+               for s in plan.shapes if s.certain}
+    assert certain == seen
+    assert max(s.seq for s in plan.shapes if s.phase == "train") > max(s.seq for s in plain.shapes
+                                                                       if s.phase == "train")
+    assert any(not s.certain for s in plan.shapes if s.phase == "generate")
+    assert plan.config["tools"] == ["get_weather"]
+
+
+@pytest.mark.parametrize("name", ["tool", "environment"])
+def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> None:
+    """Every turn calls a tool (two iterations): the later generate calls, their growing cache lengths and the
+    longer completions' train buckets are all inside the plan's bound."""
+    tokenizer = _tokenizer()
+    if name == "tool":
+        objects: dict[str, Any] = {"tools": [agentic_tools.get_weather]}
+        call = agentic_tools.forced_call(tokenizer, "get_weather", {"city": "Paris"})
+    else:
+        objects = {"environment_factory": agentic_tools.Calculator}
+        call = agentic_tools.forced_call(tokenizer, "add", {"a": 1, "b": 2})
+    plan, seen = _plan_and_run(tmp_path, ["--max_completion_length", "200", "--max_tool_calling_iterations", "2",
+                                          "--generation_kwargs", call], **objects)
+    _inside_bound(plan, seen)
+    turns = [key for key in seen if key[0] == "generate"]
+    assert len(turns) > 1  # the tool loop generated again, at more than one (bucket, cache length)
+    assert plan.config["tool_turns"] == 2
