@@ -210,6 +210,8 @@ class ShapeGuard(TrainerCallback):
         where = f"{forward.phase} {(forward.batch, forward.seq)}"
         if forward.cache_len is not None:
             where += f" cache_len {forward.cache_len}"
+        if forward.turn is not None:
+            where += f" in tool turn {forward.turn}"
         if forward.logits_to_keep is not None:
             where += f" logits_to_keep {forward.logits_to_keep}"
         if key is not None:

@@ -21,9 +21,11 @@ their eval twins), as TRL runs it instead of a reference model.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from ..adapters.lora import adapters_off, inner_model
@@ -48,11 +50,23 @@ class Forward:
     rank: int = 0
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: the token counts the loss selects by mask
     chosen_rows: int | None = None  # KTO policy forwards: the desirable rows of the batch
+    turn: int | None = None  # GRPO's tool loop: the turn (1, 2, ...) of a round whose `generate` this is
 
     @property
     def key(self) -> tuple[Any, ...]:
         """What the plan's `Shape.key` holds for this input (max_new_tokens is a generate's setting, not seen)."""
         return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep)
+
+
+def _tool_turn() -> int | None:
+    """Which turn of GRPOTrainer's tool loop (`_tool_call_loop`, counting `iteration_num` from 0) calls `generate`
+    now, or None outside it."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_tool_call_loop":
+            return int(frame.f_locals.get("iteration_num", 0)) + 1
+        frame = frame.f_back
+    return None
 
 
 def shape_key(shape: Any) -> tuple[Any, ...]:
@@ -119,6 +133,7 @@ class ShapeRecorder:
         self._hooked: set[int] = set()
         self._handles: list[Any] = []
         self._in_generate = False
+        self._turn: int | None = None  # the tool turn of the `generate` in progress
         self._cache: Any = None
         self._logits_to_keep: int | None = None
         self._kl = False
@@ -184,7 +199,7 @@ class ShapeRecorder:
         generate = model.generate
 
         def recording_generate(*args: Any, **kwargs: Any) -> Any:
-            self._in_generate, self._cache = True, None
+            self._in_generate, self._cache, self._turn = True, None, _tool_turn()
             try:
                 return generate(*args, **kwargs)
             finally:
@@ -265,7 +280,8 @@ class ShapeRecorder:
         self._cache = cache
         cache_len = cache.get_max_length() if isinstance(cache, StaticCache) else None
         self.listener(Forward("generate" if module.training else "eval_generate", int(ids.shape[0]),
-                              int(ids.shape[1]), self._step(), cache_len=cache_len, rank=self._rank))
+                              int(ids.shape[1]), self._step(), cache_len=cache_len, rank=self._rank,
+                              turn=self._turn))
 
     def _policy_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch

@@ -59,11 +59,36 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         pairs.append(("dataset_name", str(dataset_folder(splits))))
     elif not mixture and "dataset_name" not in args.given:  # shapeplan's default dataset; TRL has none
         pairs.append(("dataset_name", str(script.dataset_name)))
+    if args.agentic:
+        out = _without_agentic_options(out)
+        names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v)
+        notes.append(f"`trl {method}` cannot pass {names}: train with your own script, which hands them to the "
+                     "trainer; the options above are the run's TRL options" + (
+                         " (drop `tools:` and `environment_factory:` from the --config file for `trl`)"
+                         if "--config" in out else ""))
     if hasattr(script, "reward_funcs") and not script.reward_funcs and not script.reward_model_name_or_path:
         pairs.append(("reward_funcs", PLACEHOLDER_REWARD))
         notes.append(f"--reward_funcs {PLACEHOLDER_REWARD} is a placeholder so that the command runs: give your "
                      "reward functions (TRL registry names or dotted import paths) or --reward_model_name_or_path")
     return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
+
+
+_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func")
+
+
+def _without_agentic_options(argv: Sequence[str]) -> list[str]:
+    """`argv` without shapeplan's options for Python objects (`trl` has none of them), each with its values."""
+    out: list[str] = []
+    skipping = False
+    for token in argv:
+        if token.startswith("--"):
+            skipping = token[2:].split("=", 1)[0].replace("-", "_") in _AGENTIC_OPTIONS
+            if skipping:
+                continue
+        elif skipping:
+            continue
+        out.append(token)
+    return out
 
 
 def with_options(argv: Sequence[str], pairs: Sequence[tuple[str, str]], *, in_place: bool = False) -> list[str]:

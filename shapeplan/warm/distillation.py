@@ -26,7 +26,7 @@ class DistillationWarmer(GenerationWarmer):
     round_phases = ROUND_PHASES
     eval_round_phases = EVAL_ROUND_PHASES
 
-    def _reward_functions(self) -> list[Any]:
+    def _reward_functions(self, extra: int = 0) -> list[Any]:
         return []  # the teacher's log-probabilities are the signal
 
     def _generations_per_prompt(self) -> int:

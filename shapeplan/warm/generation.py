@@ -23,6 +23,12 @@ Planned `eval_generate` sizes (an `--eval_strategy` run) are tasks too, with the
 of the eval forwards, run after training by the Trainer's own eval loop (`trainer.evaluate()`), one eval batch per
 round, in passes of as many batches as a planned eval pass.
 
+A run with tools (GRPO's `tools=` / `environment_factory=`) builds the trainer with them (an environment's as one
+probed instance's methods), so its tool mask and tool metrics run as in the run, on conversational placeholder
+prompts. Each planned tool turn (a possible `generate` no round makes: k rows, bucket, cache length) is a task run
+inside the first round of its side as the tool loop runs it: `_generate_single_turn` on k synthetic sequences, the
+model's own `generate` at the planned cache length, then the post-processing of every length it can return.
+
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
 padding its share with repeats of work already warmed.
@@ -33,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, cast
 
@@ -51,6 +57,7 @@ from .rounds import (
     lockstep,
     prompt_layouts,
     task_rounds,
+    turn_calls,
 )
 from .tracker import Tracker
 from .trainer_setup import callback_base, last_step_logs, run_logs, script_config
@@ -79,12 +86,11 @@ class GenerationWarmer:
         self.warnings: list[str] = []
         self.shares: list[list[GenerateTask]] | None = None  # every rank's tasks, set by the runner under ranks
         self.eval_batches = self.eval_remainder = 0  # one eval pass's generation batches, its remainder (set by bind)
-        if args.agentic:  # checked before anything loads
-            raise UsageError("warming a run with --tools or --environment_factory is not built yet: its tool turns "
-                             "generate on the rows that called a tool, which the warm-up cannot drive; `analyze` "
-                             "plans the run and `guard` checks it against the plan")
+        # the run's tools (an environment's as one probed instance's methods): the trainer runs its tool loop, tool
+        # mask and tool metrics with them; the tool turns' `generate` calls are driven as planned (`turn_calls`)
+        self.tools, environment_rewards = _warm_tools(args.agentic)
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
-        self.reward_funcs = self._reward_functions()
+        self.reward_funcs = self._reward_functions(environment_rewards)
         reward_model = getattr(args.script, "reward_model_name_or_path", None)
         if reward_model:  # the plan says so too: its inputs are re-tokenized text, a new length almost every round
             self.warnings.append(f"reward model {reward_model} is not warmed (its shapes are not planned): a "
@@ -118,19 +124,21 @@ class GenerationWarmer:
 
     # -- rounds -----------------------------------------------------------------------------------------------
 
-    def _rounds(self, tasks: Sequence[GenerateTask]) -> list[tuple[list[Round], list[Round]]]:
-        """Every rank's (train rounds, eval-loop rounds), each side in lockstep across ranks."""
+    def _rounds(self, tasks: Sequence[GenerateTask]) -> list[tuple[list[Round], list[Round], list[GenerateTask]]]:
+        """Every rank's (train rounds, eval-loop rounds, tool-turn tasks), each side's rounds in lockstep across
+        ranks (a turn's `generate` has no collective: each rank runs its own)."""
         shares = self.shares if self.shares is not None else [list(tasks)]
         sides: list[list[list[Round]]] = [[], []]
         for share in shares:
             for side, phase in enumerate(("generate", "eval_generate")):
                 rounds: list[Round] = []
-                for task in (t for t in share if t.phase == phase):
+                for task in (t for t in share if t.phase == phase and not t.turn):
                     layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
                     rounds += task_rounds(task, self.multiple, layouts, len(shares))
                 sides[side].append(rounds)
         train, evals = (lockstep(s) if len(s) > 1 and any(s) else s for s in sides)
-        return list(zip(train, evals, strict=True))
+        turns = [[t for t in share if t.turn] for share in shares]
+        return list(zip(train, evals, turns, strict=True))
 
     def _generations_per_prompt(self) -> int:
         return self.config.num_generations
@@ -139,9 +147,10 @@ class GenerationWarmer:
         """How many micro-steps train on one generation batch."""
         return self.config.steps_per_generation * self.config.num_iterations
 
-    def _reward_functions(self) -> list[Any]:
-        """Stand-ins for the run's reward functions and reward model (refusing a run without any)."""
-        return _stand_in_rewards(self.args.script)
+    def _reward_functions(self, extra: int = 0) -> list[Any]:
+        """Stand-ins for the run's reward functions and reward model, and `extra` more (an environment's
+        `get_reward`); refusing a run without any."""
+        return _stand_in_rewards(self.args.script, extra)
 
     # -- the run ----------------------------------------------------------------------------------------------
 
@@ -167,17 +176,18 @@ class GenerationWarmer:
             train_dataset=dataset,
             peft_config=trl.get_peft_config(model_args),
             quantization_config=trl.get_quantization_config(model_args),
+            **({"tools": self.tools} if self.tools else {}),
         )
 
     def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:
         from accelerate import PartialState
 
         all_rounds = self._rounds(tasks)
-        rounds, eval_rounds = all_rounds[PartialState().process_index if len(all_rounds) > 1 else 0]
+        rounds, eval_rounds, turns = all_rounds[PartialState().process_index if len(all_rounds) > 1 else 0]
         with contextlib.redirect_stdout(sys.stderr):
             try:
-                carrier = next((t for t in context if t.phase == "generate"), None)
-                self._train(rounds, eval_rounds, carrier, tracker)
+                carrier = next((t for t in context if t.phase == "generate" and not t.turn), None)
+                self._train(rounds, eval_rounds, turns, carrier, tracker)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # a failure stops the lockstep; every task not finished failed with it
@@ -185,19 +195,25 @@ class GenerationWarmer:
                 for task in tracker.pending(tasks):
                     tracker.fail(task, error)
 
-    def _train(self, rounds: list[Round], eval_rounds: list[Round], carrier: GenerateTask | None,
-               tracker: Tracker) -> None:
+    def _train(self, rounds: list[Round], eval_rounds: list[Round], turns: list[GenerateTask],
+               carrier: GenerateTask | None, tracker: Tracker) -> None:
         ga = self.config.gradient_accumulation_steps
         every = self._micro_steps_per_round()
         if not rounds and carrier is not None:  # only eval-loop work left: a train task's size carries the training
             rounds = [Round(None, Call(carrier.batch, carrier.seq, 1, carrier.batch))]
+        # the tool turns run in the first round of their side (the eval loop's in train mode where it has none)
+        eval_turns = [t for t in turns if t.phase == "eval_generate"] if eval_rounds else []
+        for side, side_turns in ((rounds, [t for t in turns if t not in eval_turns]), (eval_rounds, eval_turns)):
+            calls = tuple((t, call) for t in side_turns for call in turn_calls(t, self.multiple))
+            if calls:
+                side[0] = replace(side[0], turns=calls)
         # whole optimizer steps, and a step after the log where the run logs but not at its last step (see
         # `last_step_logs`): repeat warmed work
         after_log = 2 if self.logs and not self.logs_last else 1
         while (len(rounds) * every) % ga or len(rounds) * every < after_log * ga:
             rounds.append(Round(None, _repeat(rounds[-1].own)))
         passes = _eval_passes(eval_rounds, self.eval_batches)
-        rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
+        rows = [{"prompt": _placeholder(r.own, i, bool(self.tools))} for r in rounds for i in range(r.own.rows)]
         trainer = self._build_trainer(rows[: rounds[0].own.rows])
         state = _State(rounds + [r for p in passes for r in p])
         _use_rounds(trainer, rows, rounds, every)
@@ -218,11 +234,11 @@ class GenerationWarmer:
         return next(i for i in range(10, 10 + len(eos) + 1) if i not in eos)
 
 
-def _stand_in_rewards(script: Any) -> list[Any]:
-    """One host-side stand-in per reward of the run, its reward model first as `trl grpo` puts it (each returns 0.0;
-    their number sizes the rewards); a run without one is refused."""
+def _stand_in_rewards(script: Any, extra: int = 0) -> list[Any]:
+    """One host-side stand-in per reward of the run, its reward model first as `trl grpo` puts it, and `extra` more
+    (each returns 0.0; their number sizes the rewards); a run without one is refused."""
     names = [*([script.reward_model_name_or_path] if getattr(script, "reward_model_name_or_path", None) else []),
-             *(getattr(script, "reward_funcs", None) or [])]
+             *(getattr(script, "reward_funcs", None) or []), *[f"environment {i}" for i in range(extra)]]
     if not names:
         raise UsageError("the run has no reward function; pass --reward_funcs as for `trl grpo` / `trl rloo`")
 
@@ -236,20 +252,51 @@ def _stand_in_rewards(script: Any) -> list[Any]:
     return [make(i) for i in range(len(names))]
 
 
+def _warm_tools(agentic: Any) -> tuple[list[Any], int]:
+    """The tools the warm-up's trainer takes: the run's, and the methods of one instance of each environment (the
+    trainer calls an environment's `reset` with the dataset's rows, which the warm-up does not have); and how many
+    environments own a reward (`get_reward`: one reward column each)."""
+    import inspect
+
+    if not agentic:
+        return [], 0
+    tools = list(agentic.tools)
+    factory = agentic.environment_factory
+    factories = [] if factory is None else list(factory.values()) if isinstance(factory, dict) else [factory]
+    rewarded: set[type] = set()
+    for make in factories:
+        instance = make()
+        members = [name for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
+        if "get_reward" in members:
+            rewarded.add(type(instance))
+        tools += [getattr(instance, name) for name in members
+                  if name not in ("reset", "get_reward") and not name.startswith("_")
+                  and name not in {tool.__name__ for tool in tools}]
+    return tools, len(rewarded)
+
+
 def _repeat(call: Call) -> Call:
     """A call that repeats warmed work of `call`'s size (padding a round count)."""
     return Call(call.rows, call.prompt, call.length or 1, call.rows)
 
 
-def _placeholder(call: Call, row: int) -> str:
-    return f"shapeplan:{call.prompt}:{row}:{int(call.unpadded)}"
+def _placeholder(call: Call, row: int, conversational: bool = False) -> Any:
+    """The prompt of `row` of `call`: text naming its size, or (`conversational`: a run with tools, whose tool loop
+    reads conversations) a user turn holding that text."""
+    text = f"shapeplan:{call.prompt}:{row}:{int(call.unpadded)}"
+    return [{"role": "user", "content": text}] if conversational else text
 
 
-def _prompt_ids(prompts: Sequence[str], filler: int) -> list[list[int]]:
+def _conversational(trainer: Any) -> bool:
+    return bool(getattr(trainer, "tools", None))
+
+
+def _prompt_ids(prompts: Sequence[Any], filler: int) -> list[list[int]]:
     """Synthetic ids for placeholder prompts: P tokens per row, but one fewer in the first row of a batch padded on
     the left (a single prompt too: a padded layout needs a padding multiple, which pads P - 1 to P)."""
     out = []
-    for text in prompts:
+    for prompt in prompts:
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         _, p, row, unpadded = text.split(":")
         length = max(int(p) - 1, 1) if int(row) == 0 and unpadded == "0" else int(p)
         out.append([filler] * length)
@@ -288,7 +335,7 @@ def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remaind
 
     from .trainer_setup import prepared_loader
 
-    rows = [{"prompt": _placeholder(r.own, i)} for r in rounds for i in range(r.own.rows)]
+    rows = [{"prompt": _placeholder(r.own, i, _conversational(trainer))} for r in rounds for i in range(r.own.rows)]
     batches, start = [], 0
     for r in rounds:
         batches.append(list(range(start, start + r.own.rows)))
@@ -348,7 +395,15 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
         current = state.rounds[state.index]
         for call in current.before:
             state.call = call
-            original_generate_calls([_placeholder(call, i) for i in range(call.rows)])
+            original_generate_calls([_placeholder(call, i, _conversational(trainer)) for i in range(call.rows)])
+        if current.turns:
+            _Progress.charge_round(tracker, state, ending=False)
+            for n, (task, call) in enumerate(current.turns):  # as the tool loop calls it: no collective
+                state.call = call
+                trainer._generate_single_turn(_prompt_ids([_placeholder(call, i) for i in range(call.rows)], filler),
+                                              None, {}, 1)
+                if n + 1 == len(current.turns) or current.turns[n + 1][0] != task:  # the task's last call
+                    tracker.finish(task)
         state.call = current.own
         return original_generate_calls(prompts)
 
@@ -375,13 +430,14 @@ class _Progress(callback_base()):  # type: ignore[misc]  # a base class made at 
         self.steps = 0
 
     @staticmethod
-    def charge_round(tracker: Tracker, state: _State) -> None:
-        """The round in progress ends: charge it to its task, and finish the task after its last round."""
+    def charge_round(tracker: Tracker, state: _State, *, ending: bool = True) -> None:
+        """The round in progress ends (`ending`; else its tool turns start): charge it to its task, and finish the
+        task after its last round."""
         current = state.rounds[state.index]
         if current.task is None or current.task in tracker.results:
             tracker.start()  # padding rounds are charged to no task
             return
-        if current.last:
+        if current.last and ending:
             tracker.finish(current.task)
         else:
             tracker.charge(current.task)

@@ -30,12 +30,15 @@ class GenerateTask:
     max_new_tokens: int
     completions: tuple[int, ...] = ()  # C buckets trained with this task (empty: an earlier task of this P has)
     sliding_window: int | None = None  # the model's sliding layers' window (their static cache: the lesser of two)
+    turn: bool = False  # a tool turn: the tool loop's `generate` on the rows that called a tool, no round of its own
 
     @property
     def key(self) -> str:
         parts = [self.phase, f"{self.batch}x{self.seq}", f"cache={self.cache_len}", f"new={self.max_new_tokens}"]
         if self.completions:
             parts.append(f"C={','.join(map(str, self.completions))}")
+        if self.turn:
+            parts.append("turn")
         return " ".join(parts)
 
     @property
@@ -45,7 +48,8 @@ class GenerateTask:
         cache = "dynamic cache" if self.cache_len is None else f"cache {self.cache_len}"
         if self.sliding_window is not None and self.cache_len is not None:
             cache += f", sliding {min(self.sliding_window, self.cache_len)}"
-        return f"{self.phase} ({self.batch}, {self.seq}, {cache}, new {self.max_new_tokens})"
+        turn = " turn" if self.turn else ""
+        return f"{self.phase}{turn} ({self.batch}, {self.seq}, {cache}, new {self.max_new_tokens})"
 
     @property
     def cost(self) -> float:
@@ -72,14 +76,19 @@ def _side_tasks(plan: Plan, generate_phase: Phase, round_phases: tuple[str, ...]
     for shape in plan.shapes:
         if shape.phase in round_phases and shape.logits_to_keep is not None:
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
+    generates = plan.by_phase(generate_phase)
+    rounds = {s.batch for s in generates if s.certain}  # generation batches: a round's own generate is certain
     tasks, trained = [], set()
-    for shape in plan.by_phase(generate_phase):
+    for shape in generates:
         assert shape.max_new_tokens is not None
-        buckets = () if shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
-        trained.add(shape.seq)
+        # a possible generate (GRPO's tool loop) that no round can make is a tool turn
+        turn = not shape.certain and not (shape.batch in rounds and shape.seq in completions)
+        buckets = () if turn or shape.seq in trained else tuple(sorted(completions.get(shape.seq, ())))
+        if not turn:
+            trained.add(shape.seq)
         tasks.append(GenerateTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, cache_len=shape.cache_len,
                                   max_new_tokens=shape.max_new_tokens, completions=buckets,
-                                  sliding_window=plan.config.get("sliding_window")))
+                                  sliding_window=plan.config.get("sliding_window"), turn=turn))
     return tasks
 
 
@@ -120,6 +129,7 @@ class Round:
     own: Call
     before: tuple[Call, ...] = ()
     last: bool = False  # the task's last round
+    turns: tuple[tuple[GenerateTask, Call], ...] = ()  # tool turns run in this round, each finishing its task
 
 
 def completion_length(bucket: int, max_new_tokens: int, multiple: int | None) -> int:
@@ -141,6 +151,23 @@ def prompt_layouts(rows: int, generations: int, multiple: int | None) -> tuple[b
     if rows > generations:
         return (False,)
     return (True,) if multiple in (None, 1) else (False, True)
+
+
+def turn_calls(task: GenerateTask, multiple: int | None) -> tuple[Call, ...]:
+    """The calls of a tool-turn task, each a `_generate_single_turn` as the tool loop makes it: the model's own
+    `generate` (its rows are different sequences, so padded on the left, unless it has one row, which a padding
+    multiple leaves unpadded when its length is one, and no multiple always); then the post-processing of every
+    length it can return, as `task_rounds`' calls before a round (L < max_new_tokens: every row ended in EOS;
+    L = max_new_tokens: 0..k rows did)."""
+    b, p, new = task.batch, task.seq, task.max_new_tokens
+    if b > 1:
+        layouts: tuple[bool, ...] = (False,)
+    else:
+        layouts = (True,) if multiple in (None, 1) else (False, True)
+    calls = [Call(b, p, unpadded=u, cache_len=task.cache_len) for u in layouts]
+    calls += [Call(b, p, length, b) for length in range(1, new)]
+    calls += [Call(b, p, new, k) for k in range(b + 1)]
+    return tuple(calls)
 
 
 def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,),

@@ -72,11 +72,23 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
     undocumented = console.run([*RUN, data, "--tools", "bare_tools:lookup"], cwd=tmp_path)
     assert undocumented.returncode == 2 and undocumented.stderr.startswith(
         "Error: tool 'lookup': its schema cannot be built (") and undocumented.stderr.count("\n") == 1
-    warm = console.run(["warm", "--device", "cpu", *RUN[1:-1], data, "--tools", f"{TOOLS}:get_weather",
-                        "--reward_funcs", f"{TOOLS}.get_weather", "--cache-dir", tmp_path / "cache"])
-    assert (warm.returncode, warm.stdout) == (2, "") and warm.stderr.startswith(
-        "Error: warming a run with --tools or --environment_factory is not built yet: ")
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
     assert rloo.returncode == 2
     assert rloo.stderr == "Error: --tools is not planned for `rloo` (shapeplan plans it for GRPO); drop it\n"
+
+
+def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_path: Path) -> None:
+    """`trl grpo` has no option for Python objects: the command warm and advise print carries the run's TRL options
+    (it runs as printed) and a note to hand the tools over in the user's own script."""
+    from shapeplan.services.trl_command import trl_command
+
+    argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
+            "--tools", f"{TOOLS}:get_weather", f"{TOOLS}:now", "--max_steps", "2",
+            f"--environment_factory={TOOLS}:Calculator", "--reward_funcs", "accuracy_reward"]
+    command = trl_command("grpo", argv)
+    assert [w for w in command.words if "agentic_tools" in w or w.startswith(("--tools", "--environment"))] == []
+    assert command.words[-6:] == ("--max_steps", "2", "--reward_funcs", "accuracy_reward", "--pad_to_multiple_of",
+                                  "128")
+    (note,) = command.notes
+    assert note.startswith("`trl grpo` cannot pass tools=['get_weather', 'now'], environment_factory="
+                           f"{TOOLS}:Calculator: train with your own script")

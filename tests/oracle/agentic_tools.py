@@ -16,6 +16,11 @@ def get_weather(city: str) -> str:
     return f"sunny in {city}"
 
 
+def now() -> str:
+    """Get the current time."""
+    return "noon"
+
+
 class Calculator:
     """An environment: `reset` before each rollout, its public methods are the tools."""
 

@@ -5,6 +5,8 @@ included."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,21 @@ def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> N
     turns = [key for key in seen if key[0] == "generate"]
     assert len(turns) > 1  # the tool loop generated again, at more than one (bucket, cache length)
     assert plan.config["tool_turns"] == 2
+
+
+def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """A plan without the tool turns' bound: each generate the tool loop makes is reported unplanned, naming its
+    turn; the rounds' first generate calls are planned (the cache is pinned, so a turn does not grow it)."""
+    train = _conversational_prompts(tmp_path / "train.jsonl", 12)
+    generation = {**json.loads(agentic_tools.forced_call(_tokenizer(), "now", {})), "max_cache_len": 1024}
+    argv = [*RUN, "--max_completion_length", "64", "--max_tool_calling_iterations", "1",
+            "--generation_kwargs", json.dumps(generation)]
+    objects = {"tools": [agentic_tools.now]}
+    plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *argv], **objects)
+    first_turns = dataclasses.replace(plan, shapes=tuple(s for s in plan.shapes if s.certain))
+    guard = ShapeGuard(first_turns, on_unplanned="warn")
+    run_generation_trainer("grpo", train, ["--pad_to_multiple_of", "128", *argv], guard=guard, **objects)
+    assert guard.unplanned and {(f.phase, f.turn) for f in guard.unplanned.values()} == {("generate", 1)}
+    lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
+    assert lines and all(" in tool turn 1 at step " in line for line in lines), lines

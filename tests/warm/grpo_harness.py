@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shapeplan.plan.model import Plan
 from shapeplan.services.analyze import analyze
@@ -38,9 +39,10 @@ def plan_for(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
     return analyze(method, run_argv(data, argv, output_dir, method))
 
 
-def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> None:
+def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path, **objects: Any) -> None:
     """`trl <method> ARGV` as its main() builds the trainer (the dataset read from a local file, streamed with
-    --dataset_streaming; the eval split only when the run evaluates; no final save)."""
+    --dataset_streaming; the eval split only when the run evaluates; no final save); `objects`: the trainer's
+    arguments no command line passes (tools=, environment_factory=)."""
     import trl
     from datasets import load_dataset
 
@@ -61,7 +63,7 @@ def real_run(method: str, data: Path, argv: Sequence[str], output_dir: Path) -> 
         model=model_args.model_name_or_path, args=config, train_dataset=dataset[script.dataset_train_split],
         eval_dataset=dataset[script.dataset_test_split] if config.eval_strategy != "no" else None,
         quantization_config=trl.get_quantization_config(model_args), peft_config=trl.get_peft_config(model_args),
-        **signal)
+        **signal, **objects)
     trainer.train()
 
 
