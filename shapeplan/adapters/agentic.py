@@ -208,6 +208,17 @@ def environment_prompts(trainer: Any, rows: Sequence[dict[str, Any]]) -> tuple[l
     return prompts, names
 
 
+def batch_prompts(trainer: Any, columns: dict[str, list[Any]]) -> list[Any]:
+    """The prompts of a batch of rows (`columns`: a column-major slice) as the trainer generates from them: the
+    `prompt` column, or with environments each row's after its environment's `reset` (and the trainer's
+    `_batch_environments` set, whose tool schemas `_tokenize_prompts` renders)."""
+    if trainer.environment_factories is None:
+        return list(columns["prompt"])
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    prompts, trainer._batch_environments = environment_prompts(trainer, rows)
+    return prompts
+
+
 def tool_loop(trainer: Any, config: Any) -> ToolLoop | None:
     """The bound of the trainer's tool loop (`_tool_call_loop`), or None where it does not run."""
     if not trainer.tools:

@@ -104,21 +104,15 @@ def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingCo
 def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
     """Token counts of every row's prompt, tokenized by the trainer's own `_tokenize_prompts` (never truncated);
     with environments, after each row's `reset` observation, in the row's environment's tool schemas."""
-    from .agentic import environment_prompts
+    from .agentic import batch_prompts
 
-    with_environments = trainer.environment_factories is not None
-    if "prompt" not in dataset.column_names and not with_environments:
+    if "prompt" not in dataset.column_names and trainer.environment_factories is None:
         raise DatasetError(f"the {name} dataset has no 'prompt' column (it has {', '.join(dataset.column_names)}); "
                            "GRPO, RLOO and Distillation generate from 'prompt': rename the column or pass another "
                            "dataset")
     lengths: list[int] = []
     for start in range(0, len(dataset), _TOKENIZE_CHUNK):
-        if with_environments:
-            chunk = dataset[start:start + _TOKENIZE_CHUNK]
-            rows = [dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)]
-            prompts, trainer._batch_environments = environment_prompts(trainer, rows)
-        else:
-            prompts = list(dataset[start:start + _TOKENIZE_CHUNK]["prompt"])
+        prompts = batch_prompts(trainer, dataset[start:start + _TOKENIZE_CHUNK])
         try:
             ids, _, _ = trainer._tokenize_prompts(prompts)
         except Exception as exc:  # the tokenizer raises many types for unusable prompts

@@ -68,12 +68,15 @@ class _Measure:
         self.lengths: list[int] = []
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[int]]:
-        if "prompt" not in batch:
+        from .agentic import batch_prompts
+
+        if "prompt" not in batch and self.trainer.environment_factories is None:
             raise DatasetError(f"the {self.name} stream has no 'prompt' column (it has {', '.join(batch)}); GRPO, "
                                "RLOO and Distillation generate from 'prompt': rename the column or pass another "
                                "dataset")
+        prompts = batch_prompts(self.trainer, batch)
         try:
-            ids, _, _ = self.trainer._tokenize_prompts(batch["prompt"])
+            ids, _, _ = self.trainer._tokenize_prompts(prompts)
         except Exception as exc:  # the tokenizer raises many types for unusable prompts
             raise DatasetError(f"cannot tokenize the {self.name} prompts: {first_line(exc)}") from exc
         first = len(self.lengths)
@@ -84,9 +87,6 @@ class _Measure:
 def check_supported(args: TrainingArgs) -> None:
     """What TRL and the Trainer refuse with a stream, and what planning does not follow."""
     config = args.training
-    if args.agentic and args.agentic.environment_factory is not None:
-        raise UsageError("--environment_factory with --dataset_streaming is not planned yet: drop "
-                         "--dataset_streaming (the environments' reset is called on every row)")
     if config.max_steps <= 0:
         raise UsageError("a streamed dataset has no length, so the Trainer refuses it without max_steps; pass "
                          "--max_steps N")

@@ -31,15 +31,18 @@ def _tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(TINY_MODEL)
 
 
-def _plan_and_run(tmp_path: Path, argv: list[str], **objects: Any):  # type: ignore[no-untyped-def]
+def _plan_and_run(tmp_path: Path, argv: list[str], *, evaluate: bool = False, streaming: bool = False,
+                  **objects: Any):  # type: ignore[no-untyped-def]
     """The plan, and what the real run met under a guard holding it: the guard finds nothing unplanned and the
-    counts as planned (a certain entry's within its max_count)."""
+    counts as planned (a certain entry's within its max_count). `evaluate`: an eval set of 4 prompts;
+    `streaming`: the data streamed (`--dataset_streaming`)."""
     train = _conversational_prompts(tmp_path / "train.jsonl", 12)
+    eval_data = _conversational_prompts(tmp_path / "eval.jsonl", 4) if evaluate else None
     plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *RUN, *argv],
-                   **objects)
+                   eval_source=str(eval_data) if eval_data else None, **objects)
     guard = ShapeGuard(plan, on_unplanned="record")
     seen = run_generation_trainer("grpo", train, ["--pad_to_multiple_of", "128", *RUN, *argv], guard=guard,
-                                  **objects)
+                                  eval_path=eval_data, streaming=streaming, **objects)
     assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
     return plan, observed(seen)
 
@@ -74,21 +77,27 @@ def test_tool_schemas_make_every_certain_entry_exact(tmp_path: Path) -> None:
     assert plan.config["tools"] == ["get_weather"]
 
 
-@pytest.mark.parametrize("name", ["tool", "environment"])
+@pytest.mark.parametrize("name", ["tool", "environment", "environment-stream", "eval"])
 def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> None:
     """Every turn calls a tool (two iterations): the later generate calls, their growing cache lengths and the
-    longer completions' train buckets are all inside the plan's bound."""
+    longer completions' train buckets are all inside the plan's bound; in the eval loop too (`eval`), and with the
+    environments' prompts read from a stream."""
     tokenizer = _tokenizer()
-    if name == "tool":
-        objects: dict[str, Any] = {"tools": [agentic_tools.get_weather]}
-        call = agentic_tools.forced_call(tokenizer, "get_weather", {"city": "Paris"})
-    else:
-        objects = {"environment_factory": agentic_tools.Calculator}
+    if name.startswith("environment"):
+        objects: dict[str, Any] = {"environment_factory": agentic_tools.Calculator}
         call = agentic_tools.forced_call(tokenizer, "add", {"a": 1, "b": 2})
+    else:
+        objects = {"tools": [agentic_tools.get_weather]}
+        call = agentic_tools.forced_call(tokenizer, "get_weather", {"city": "Paris"})
+    evaluate = ["--eval_strategy", "steps", "--eval_steps", "2", "--per_device_eval_batch_size", "2",
+                "--num_generations_eval", "2"] if name == "eval" else []
+    streaming = ["--dataset_streaming", "true"] if name.endswith("stream") else []
     plan, seen = _plan_and_run(tmp_path, ["--max_completion_length", "200", "--max_tool_calling_iterations", "2",
-                                          "--generation_kwargs", call], **objects)
+                                          "--generation_kwargs", call, *evaluate, *streaming],
+                               evaluate=bool(evaluate), streaming=bool(streaming), **objects)
     _inside_bound(plan, seen)
-    turns = [key for key in seen if key[0] == "generate"]
+    phase = "eval_generate" if evaluate else "generate"
+    turns = [key for key in seen if key[0] == phase]
     assert len(turns) > 1  # the tool loop generated again, at more than one (bucket, cache length)
     assert plan.config["tool_turns"] == 2
 
