@@ -44,13 +44,15 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     Every other option is TRL's, under TRL's name (see `trl sft --help`), and `--config FILE` reads the same
     YAML file as `trl sft --config`. pad_to_multiple_of defaults to 128, the value TRL resolves on Neuron;
     `--pad_to_multiple_of none` plans the unpadded run. accelerate options such as `--num_processes 2` plan
-    a data-parallel run.
+    a data-parallel run. GRPO's `tools=` and `environment_factory=`, which no `trl` command passes, are named
+    as `--tools module:attr` and `--environment_factory module:attr`.
 
     \b
     Examples:
       shapeplan analyze trl-lib/Capybara
       shapeplan analyze data.jsonl --model ./my-model --max_length 2048 --packing -o plan.json
       shapeplan analyze --config sft.yaml --num_processes 4 --json
+      shapeplan analyze --method grpo prompts.jsonl --tools my_tools:get_weather
     """
     from ..services.analyze import analyze_command_line
 
