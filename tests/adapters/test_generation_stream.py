@@ -23,7 +23,10 @@ GRPO = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--gradi
 
 
 class _Numbering:
-    """A trainer whose `_tokenize_prompts` gives a prompt "N ..." N + 1 tokens: lengths name the rows."""
+    """A trainer whose `_tokenize_prompts` gives a prompt "N ..." N + 1 tokens: lengths name the rows (without
+    environments, as `bare_trainer` sets it for a run without them)."""
+
+    environment_factories = None
 
     def _tokenize_prompts(self, prompts: list[str]) -> tuple[list[list[int]], None, None]:
         return [[0] * (int(p.split()[0]) + 1) for p in prompts], None, None
