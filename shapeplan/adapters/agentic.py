@@ -107,7 +107,7 @@ def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> N
              if value]
     for name in given:
         if name not in takes:
-            raise UsageError(f"--{name} is not planned for `{method}` (shapeplan plans it for GRPO); drop it")
+            raise UsageError(f"--{name} is not an argument `{method}`'s trainer takes; drop it")
     factory = agentic.environment_factory
     if factory is not None and not callable(factory) and not (
             isinstance(factory, dict) and all(callable(f) for f in factory.values())):

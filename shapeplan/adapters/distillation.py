@@ -4,11 +4,14 @@ times), and the generation settings, into `plan_generation` with the distillatio
 
 from __future__ import annotations
 
+import inspect
+
 from ..errors import UsageError
 from ..plan.distillation import distillation_layout
 from ..plan.model import Plan
 from . import generation_stream
 from .agentic import check_supported as check_agentic
+from .agentic import tool_loop
 from .common import load_run_data, recorded_config
 from .generation import (
     bare_trainer,
@@ -34,6 +37,8 @@ def _check_supported(args: TrainingArgs) -> None:
     refuse_unplannable(args)
     if args.agentic:
         check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
+        if any(inspect.iscoroutinefunction(tool) for tool in args.agentic.tools):
+            raise UsageError("DistillationTrainer refuses async tools; pass synchronous functions as --tools")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
@@ -41,7 +46,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     config = args.training
     generation = generation_settings(config)
     data = load_run_data(args, eval_source=eval_source)
-    trainer = bare_trainer(args.spec, data.tokenizer, config)
+    trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation
     warnings = tool_loop_warnings(args)
@@ -58,6 +63,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         static_cache=static_cache(generation),
         max_cache_len=generation.max_cache_len,
         eval_batch_size=config.per_device_eval_batch_size,
+        tool_loop=tool_loop(trainer, config),
     )
     evals = eval_loop(args, data, trainer, loop, generations=1)
     recorded = recorded_config(args, argv)

@@ -203,7 +203,10 @@ def sliding_window(args: TrainingArgs) -> int | None:
 def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...], layout: GenerationLayout,
              loop: TrainLoop, epoch_batches: Callable[[int], RankBatches], evals: EvalLoop, config: dict[str, Any],
              warnings: Sequence[str] = ()) -> Plan:
-    """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run."""
+    """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run (and its tools)."""
+    if args.agentic:
+        config = {**config, **args.agentic.recorded(),
+                  "tool_turns": layout.tool_loop.turns if layout.tool_loop else 0}
     return plan_generation(
         method=args.method,
         prompt_lengths=train_lengths,

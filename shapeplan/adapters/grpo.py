@@ -129,7 +129,5 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     recorded = recorded_config(args, argv)
     recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                     num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
-    if args.agentic:
-        recorded.update(args.agentic.recorded(), tool_turns=layout.tool_loop.turns if layout.tool_loop else 0)
     return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop, epoch_batches=epoch_batches,
                     evals=evals, config=recorded, warnings=warnings)

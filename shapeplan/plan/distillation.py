@@ -6,17 +6,18 @@ whole round to (P, C), shuffles it and trains on `GA` slices of `B` rows; each m
 with grad and the teacher backbone without, both on `(B, P + C)`. The teacher forwards of a round are therefore
 `GA` forwards of `B` rows within the round's optimizer step: the generation planner's per-round forwards in chunks of
 `B`. The eval loop generates on each eval batch, then runs the student (`eval`) and the teacher (`eval_teacher`).
-`logits_to_keep` is C, what TRL passes to `_get_last_hidden_state` (which hands the backbone C + 1).
+`logits_to_keep` is C, what TRL passes to `_get_last_hidden_state` (which hands the backbone C + 1). With tools,
+the trainer's tool loop is GRPO's (`ToolLoop`).
 """
 
 from __future__ import annotations
 
-from .grpo import GenerationLayout
+from .grpo import GenerationLayout, ToolLoop
 
 
 def distillation_layout(*, batch_size: int, gradient_accumulation_steps: int, pad_to_multiple_of: int | None,
                         max_new_tokens: int, static_cache: bool, max_cache_len: int | None,
-                        eval_batch_size: int) -> GenerationLayout:
+                        eval_batch_size: int, tool_loop: ToolLoop | None = None) -> GenerationLayout:
     """The `GenerationLayout` for `plan_generation(method="distillation", ...)`."""
     return GenerationLayout(
         batch_size=batch_size,
@@ -29,5 +30,6 @@ def distillation_layout(*, batch_size: int, gradient_accumulation_steps: int, pa
         round_forwards=("teacher",),
         eval_batch_size=eval_batch_size,
         eval_forwards=("eval", "eval_teacher"),
+        tool_loop=tool_loop,
     )
 

@@ -138,7 +138,7 @@ _SPECS = (
                 phases=("generate", "eval_generate", "train", "eval", "teacher", "eval_teacher"),
                 generates=True, lengths="prompts",
                 phase_rules=PhaseRules(generates=True, logits_helper="_get_last_hidden_state", backbone=True),
-                collated="examples"),
+                collated="examples", agentic=("tools",)),
 )
 
 TRAINERS: dict[str, TrainerSpec] = {spec.name: spec for spec in _SPECS}

@@ -32,6 +32,11 @@ class DistillationWarmer(GenerationWarmer):
     def _generations_per_prompt(self) -> int:
         return 1
 
+    @staticmethod
+    def _single_turn(trainer: Any, prompt_ids: list[list[int]]) -> Any:
+        """One tool-loop `generate` as DistillationTrainer's `_tool_call_loop` calls it."""
+        return trainer._generate_single_turn(prompt_ids, None, {})
+
     def _micro_steps_per_round(self) -> int:
         return self.config.gradient_accumulation_steps
 
@@ -51,4 +56,5 @@ class DistillationWarmer(GenerationWarmer):
             train_dataset=dataset,
             quantization_config=trl.get_quantization_config(model_args),
             peft_config=trl.get_peft_config(model_args),
+            **({"tools": self.tools} if self.tools else {}),
         )

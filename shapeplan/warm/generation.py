@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, cast
@@ -152,6 +152,11 @@ class GenerationWarmer:
         `get_reward`); refusing a run without any."""
         return _stand_in_rewards(self.args.script, extra)
 
+    @staticmethod
+    def _single_turn(trainer: Any, prompt_ids: list[list[int]]) -> Any:
+        """One tool-loop `generate` as GRPOTrainer's `_tool_call_loop` calls it: one completion per row."""
+        return trainer._generate_single_turn(prompt_ids, None, {}, 1)
+
     # -- the run ----------------------------------------------------------------------------------------------
 
     def _build_trainer(self, rows: list[dict[str, Any]]) -> Any:
@@ -220,7 +225,7 @@ class GenerationWarmer:
         trainer.args.max_steps = len(rounds) * every // ga
         progress = _Progress(tracker, state, logs=self.logs, logs_last=self.logs_last)
         trainer.add_callback(progress)
-        with _controlled_generation(trainer, state, tracker, self._filler_token(trainer)):
+        with _controlled_generation(trainer, state, tracker, self._filler_token(trainer), self._single_turn):
             trainer.train()
             for eval_pass in passes:  # the Trainer's own eval loop, one batch per eval round
                 _use_eval_rounds(trainer, eval_pass, self.config.per_device_eval_batch_size, self.eval_remainder,
@@ -346,8 +351,10 @@ def _use_eval_rounds(trainer: Any, rounds: list[Round], batch_size: int, remaind
 
 
 @contextlib.contextmanager
-def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler: int) -> Iterator[None]:
-    """Make `trainer._generate` run each round's calls, and the model's `generate` do what each call says."""
+def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler: int,
+                           single_turn: Callable[[Any, list[list[int]]], Any]) -> Iterator[None]:
+    """Make `trainer._generate` run each round's calls (a tool turn through `single_turn`, as the trainer's tool loop
+    calls `_generate_single_turn`), and the model's `generate` do what each call says."""
     import torch
     from transformers.generation import utils as generation_utils
 
@@ -400,8 +407,7 @@ def _controlled_generation(trainer: Any, state: _State, tracker: Tracker, filler
             _Progress.charge_round(tracker, state, ending=False)
             for n, (task, call) in enumerate(current.turns):  # as the tool loop calls it: no collective
                 state.call = call
-                trainer._generate_single_turn(_prompt_ids([_placeholder(call, i) for i in range(call.rows)], filler),
-                                              None, {}, 1)
+                single_turn(trainer, _prompt_ids([_placeholder(call, i) for i in range(call.rows)], filler))
                 if n + 1 == len(current.turns) or current.turns[n + 1][0] != task:  # the task's last call
                     tracker.finish(task)
         state.call = current.own

@@ -74,7 +74,7 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
         "Error: tool 'lookup': its schema cannot be built (") and undocumented.stderr.count("\n") == 1
     rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
     assert rloo.returncode == 2
-    assert rloo.stderr == "Error: --tools is not planned for `rloo` (shapeplan plans it for GRPO); drop it\n"
+    assert rloo.stderr == "Error: --tools is not an argument `rloo`'s trainer takes; drop it\n"
 
 
 def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_path: Path) -> None:

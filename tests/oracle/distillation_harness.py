@@ -17,9 +17,10 @@ from tests.oracle.harness import load_data
 
 
 def run_distillation_trainer(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                             guard: Any = None, streaming: bool = False) -> list[Forward]:
+                             guard: Any = None, streaming: bool = False, **objects: Any) -> list[Forward]:
     """Train with `trl distillation`'s parser on `argv` (TRL options), recording what the models are fed. `streaming`
-    loads the data as `trl distillation --dataset_streaming` does (`harness.load_data`)."""
+    loads the data as `trl distillation --dataset_streaming` does (`harness.load_data`); `objects`: the trainer's
+    arguments no command line passes (tools=)."""
     import torch
     from transformers import AutoModelForCausalLM
     from trl import DistillationTrainer, get_peft_config
@@ -40,7 +41,8 @@ def run_distillation_trainer(train_path: Path, argv: Sequence[str], *, eval_path
     guard = guard or ShapeGuard(on_unplanned="record")  # a test's own guard checks the run against a plan
     guard.on_forward = seen.append
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=config, train_dataset=train,
-                                  eval_dataset=eval_ds, callbacks=[guard], peft_config=get_peft_config(model_args))
+                                  eval_dataset=eval_ds, callbacks=[guard], peft_config=get_peft_config(model_args),
+                                  **objects)
     # The tiny model's decode steps are too small to share between threads: one thread runs them 3x faster.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -16,6 +16,7 @@ from shapeplan import ShapeGuard
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL
 from tests.oracle import agentic_tools
+from tests.oracle.distillation_harness import run_distillation_trainer
 from tests.oracle.grpo_harness import observed, run_generation_trainer
 from tests.oracle.test_grpo_oracle import _conversational_prompts
 
@@ -118,3 +119,20 @@ def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,
     assert guard.unplanned and {(f.phase, f.turn) for f in guard.unplanned.values()} == {("generate", 1)}
     lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
     assert lines and all(" in tool turn 1 at step " in line for line in lines), lines
+
+
+def test_distillation_tool_calls_stay_inside_the_bound(tmp_path: Path) -> None:
+    """DistillationTrainer's tool loop is GRPO's: the student calls a tool every turn, and every shape the run met,
+    the teacher's forwards included, is inside the plan's bound."""
+    train = _conversational_prompts(tmp_path / "train.jsonl", 8)
+    argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "2",
+            "--cache_implementation", "static", "--max_completion_length", "200", "--max_tool_calling_iterations",
+            "2", "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "now", {})]
+    objects = {"tools": [agentic_tools.now]}
+    plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
+                                    "--teacher_model_name_or_path", str(TINY_MODEL), *argv], **objects)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = observed(run_distillation_trainer(train, ["--pad_to_multiple_of", "128", *argv], guard=guard, **objects))
+    assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
+    _inside_bound(plan, seen)
+    assert len([key for key in seen if key[0] == "generate"]) > 1 and plan.config["tool_turns"] == 2

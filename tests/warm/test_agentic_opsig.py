@@ -1,6 +1,6 @@
-"""Agentic GRPO coverage: every device-op signature a real run with tools dispatches, its tool loop's later
-`generate` calls included (forced here: a `sequence_bias` makes the tiny model call the tool every turn), is
-dispatched by the warm-up of its plan, which drives each planned tool turn through the trainer's own
+"""Agentic GRPO and Distillation coverage: every device-op signature a real run with tools dispatches, its tool
+loop's later `generate` calls included (forced here: a `sequence_bias` makes the tiny model call the tool every
+turn), is dispatched by the warm-up of its plan, which drives each planned tool turn through the trainer's own
 `_generate_single_turn`."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from shapeplan.warm import distillation
 from shapeplan.warm.rounds import generation_tasks
 from tests.conftest import CAPYBARA, TINY_MODEL
 from tests.oracle import agentic_tools
@@ -21,19 +22,22 @@ pytestmark = pytest.mark.slow
 TOOL = "tests.oracle.agentic_tools:now"
 
 
-def test_warm_dispatches_every_device_op_of_a_run_that_calls_tools(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["grpo", "distillation"])
+def test_warm_dispatches_every_device_op_of_a_run_that_calls_tools(method: str, tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     lines = CAPYBARA.read_text(encoding="utf-8").splitlines()[:4]
     data.write_text("".join(json.dumps({"prompt": json.loads(line)["messages"][:1]}) + "\n" for line in lines),
                     encoding="utf-8")
     call = agentic_tools.forced_call(AutoTokenizer.from_pretrained(TINY_MODEL), "now", {})
-    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "64",
+    batch = ["--num_generations", "2"] if method == "grpo" else ["--gradient_accumulation_steps", "1"]
+    argv = ["--per_device_train_batch_size", "2", *batch, "--max_completion_length", "64",
             "--max_tool_calling_iterations", "1", "--pad_to_multiple_of", "64", "--max_steps", "2",
             "--bf16", "false", "--generation_kwargs", call]
-    plan = plan_for("grpo", data, [*argv, "--tools", TOOL], tmp_path / "out")
-    turns = [t for t in generation_tasks(plan) if t.turn]
+    plan = plan_for(method, data, [*argv, "--tools", TOOL], tmp_path / "out")
+    phases = (distillation.ROUND_PHASES, distillation.EVAL_ROUND_PHASES) if method == "distillation" else ()
+    turns = [t for t in generation_tasks(plan, *phases) if t.turn]
     assert {t.batch for t in turns} == {1, 2}
-    real = device_ops(lambda: real_run("grpo", data, argv, tmp_path / "out", tools=[agentic_tools.now]))
+    real = device_ops(lambda: real_run(method, data, argv, tmp_path / "out", tools=[agentic_tools.now]))
     report, warmed = warm_ops(plan, tmp_path / "cache")
     assert not [r for r in report.results if r.status == "failed"], report.results
     assert {r.task.key for r in report.results} >= {t.key for t in turns}
