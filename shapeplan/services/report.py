@@ -198,9 +198,12 @@ def render_comparison(plan: Plan, observed: Plan) -> str:
             status = "not met" if p.certain else "not met (possible)"
         elif not plan.exact or not p.certain:
             status = "met"
+        elif p.max_count is not None:  # tool calls can add to it, and meet it before its certain first step
+            status = "as planned" if p.count <= m.count <= p.max_count else "count differs"
         else:
             status = "as planned" if (m.count, m.first_step) == (p.count, p.first_step) else "count differs"
-        rows.append([shape.phase, str(shape.batch), str(shape.seq), str(p.count) if p else "-",
+        planned_count = "-" if p is None else str(p.count) if p.max_count is None else f"{p.count}..{p.max_count}"
+        rows.append([shape.phase, str(shape.batch), str(shape.seq), planned_count,
                      str(p.first_step) if p else "-", str(m.count) if m else "-", str(m.first_step) if m else "-",
                      status, _extra(shape)])
     held = sum(r[7] in ("as planned", "met") for r in rows)

@@ -41,3 +41,21 @@ def test_compare_refuses_a_plan_and_json(tmp_path: Path) -> None:
             f"{plan} is a plan, not a run record; record a run with `shapeplan guard --record RUN ...` and compare RUN")
     refused(shapeplan("analyze", *ARGV, "--compare", plan, "--json"), 2,
             "--compare prints a table for people; drop --json (the run record is JSON already)")
+
+
+def test_a_shape_tool_calls_can_add_to_holds_within_its_range() -> None:
+    """A certain generate that tool turns can also meet (max_count): as planned anywhere in count..max_count, and
+    met before its certain first step too (a turn of an earlier round); past max_count its count differs."""
+    from shapeplan.plan.model import Plan, PlanStats
+    from shapeplan.services.report import render_comparison
+
+    shape = Shape("generate", 4, 640, count=1, first_step=2, max_count=3, cache_len=703, max_new_tokens=64)
+    plan = Plan(method="grpo", exact=True, pad_to_multiple_of=128, shapes=(shape,),
+                stats=PlanStats(rows=8, dropped_rows=0, micro_batches=2, optimizer_steps=2, tokens=0,
+                                padded_tokens=0))
+    for met, status in ((2, "as planned"), (4, "count differs")):
+        record = dataclasses.replace(plan, shapes=(dataclasses.replace(shape, count=met, first_step=1,
+                                                                       max_count=None),), observed=True)
+        row = render_comparison(plan, record).splitlines()[4].split()
+        assert row[:8] == ["generate", "4", "640", "1..3", "2", str(met), "1", *status.split()[:1]], row
+        assert " ".join(row[7:9]) == status
