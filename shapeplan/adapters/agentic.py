@@ -137,12 +137,7 @@ def setup_trainer(trainer: Any, agentic: Agentic, tokenizer: Any) -> None:
         trainer.tools = list(standalone)
         for name, make in trainer.environment_factories.items():
             instance = _build(make, name)
-            members = [member for member, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
-            if "reset" not in members:
-                raise UsageError(f"the environment {_env_label(name)} has no reset method: GRPOTrainer requires one "
-                                 "(it is called before each rollout)")
-            methods = [getattr(instance, member) for member in members
-                       if member not in ("reset", "get_reward") and not member.startswith("_")]
+            methods = environment_tools(instance, name)
             trainer._env_tools[name] = standalone + methods
             trainer._environment_pool[name] = [instance]
             trainer.tools += [method for method in methods if method not in trainer.tools]
@@ -155,6 +150,38 @@ def setup_trainer(trainer: Any, agentic: Agentic, tokenizer: Any) -> None:
                          "tool_calls, tool), which GRPOTrainer refuses with tools; use a model whose template does")
     trainer.chat_template = None if is_chat_template_prefix_preserving(tokenizer) \
         else get_training_chat_template(tokenizer)
+
+
+def environment_tools(instance: Any, name: str | None = None) -> list[Callable[..., Any]]:
+    """An environment's tools as GRPOTrainer lists them (grpo_trainer.py:686-702): its public methods but `reset`
+    and `get_reward`, listed on its class (getmembers on the instance would evaluate properties); refused without
+    the `reset` the trainer calls before each rollout."""
+    members = [member for member, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
+    if "reset" not in members:
+        raise UsageError(f"the environment {_env_label(name)} has no reset method: GRPOTrainer requires one (it is "
+                         "called before each rollout)")
+    return [getattr(instance, member) for member in members
+            if member not in ("reset", "get_reward") and not member.startswith("_")]
+
+
+def probed_tools(agentic: Agentic | None) -> tuple[list[Callable[..., Any]], int]:
+    """The tools a trainer built without the run's data takes in place of the run's (the warm-up's: the trainer
+    calls an environment's `reset` with dataset rows it does not have): the standalone tools and the methods of one
+    instance of each environment; and how many environment classes own a reward (`get_reward`: one reward column
+    each, grpo_trainer.py:706-730)."""
+    if not agentic:
+        return [], 0
+    tools = list(agentic.tools)
+    factory = agentic.environment_factory
+    makers = {} if factory is None else factory if isinstance(factory, dict) else {None: factory}
+    rewarded: set[type] = set()
+    for name, make in makers.items():
+        instance = _build(make, name)
+        if callable(getattr(type(instance), "get_reward", None)):
+            rewarded.add(type(instance))
+        tools += [method for method in environment_tools(instance, name)
+                  if method.__name__ not in {tool.__name__ for tool in tools}]
+    return tools, len(rewarded)
 
 
 def _build(make: Callable[[], Any], name: str | None) -> Any:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, cast
 
+from ..adapters.agentic import probed_tools
 from ..adapters.lora import inner_model
 from ..errors import UsageError, first_line
 from ..plan.model import Plan
@@ -88,7 +89,7 @@ class GenerationWarmer:
         self.eval_batches = self.eval_remainder = 0  # one eval pass's generation batches, its remainder (set by bind)
         # the run's tools (an environment's as one probed instance's methods): the trainer runs its tool loop, tool
         # mask and tool metrics with them; the tool turns' `generate` calls are driven as planned (`turn_calls`)
-        self.tools, environment_rewards = _warm_tools(args.agentic)
+        self.tools, environment_rewards = probed_tools(args.agentic)
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
         self.reward_funcs = self._reward_functions(environment_rewards)
         reward_model = getattr(args.script, "reward_model_name_or_path", None)
@@ -255,29 +256,6 @@ def _stand_in_rewards(script: Any, extra: int = 0) -> list[Any]:
         return reward
 
     return [make(i) for i in range(len(names))]
-
-
-def _warm_tools(agentic: Any) -> tuple[list[Any], int]:
-    """The tools the warm-up's trainer takes: the run's, and the methods of one instance of each environment (the
-    trainer calls an environment's `reset` with the dataset's rows, which the warm-up does not have); and how many
-    environments own a reward (`get_reward`: one reward column each)."""
-    import inspect
-
-    if not agentic:
-        return [], 0
-    tools = list(agentic.tools)
-    factory = agentic.environment_factory
-    factories = [] if factory is None else list(factory.values()) if isinstance(factory, dict) else [factory]
-    rewarded: set[type] = set()
-    for make in factories:
-        instance = make()
-        members = [name for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
-        if "get_reward" in members:
-            rewarded.add(type(instance))
-        tools += [getattr(instance, name) for name in members
-                  if name not in ("reset", "get_reward") and not name.startswith("_")
-                  and name not in {tool.__name__ for tool in tools}]
-    return tools, len(rewarded)
 
 
 def _repeat(call: Call) -> Call:
