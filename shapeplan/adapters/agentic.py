@@ -128,15 +128,11 @@ def setup_trainer(trainer: Any, agentic: Agentic, tokenizer: Any) -> None:
     factory = agentic.environment_factory
     trainer._multi_environment = isinstance(factory, dict)
     trainer._tokenizer = tokenizer
-    if factory is None:
-        trainer.environment_factories = None
-        trainer.tools = standalone
-    else:
-        trainer.environment_factories = factory if isinstance(factory, dict) else {None: factory}
+    trainer.environment_factories = _factories(factory) or None
+    trainer.tools = list(standalone)
+    if factory is not None:
         trainer._env_tools, trainer._environment_pool = {}, {}
-        trainer.tools = list(standalone)
-        for name, make in trainer.environment_factories.items():
-            instance = _build(make, name)
+        for name, instance in _probed(factory).items():
             methods = environment_tools(instance, name)
             trainer._env_tools[name] = standalone + methods
             trainer._environment_pool[name] = [instance]
@@ -164,19 +160,14 @@ def environment_tools(instance: Any, name: str | None = None) -> list[Callable[.
             if member not in ("reset", "get_reward") and not member.startswith("_")]
 
 
-def probed_tools(agentic: Agentic | None) -> tuple[list[Callable[..., Any]], int]:
+def probed_tools(agentic: Agentic) -> tuple[list[Callable[..., Any]], int]:
     """The tools a trainer built without the run's data takes in place of the run's (the warm-up's: the trainer
     calls an environment's `reset` with dataset rows it does not have): the standalone tools and the methods of one
     instance of each environment; and how many environment classes own a reward (`get_reward`: one reward column
     each, grpo_trainer.py:706-730)."""
-    if not agentic:
-        return [], 0
     tools = list(agentic.tools)
-    factory = agentic.environment_factory
-    makers = {} if factory is None else factory if isinstance(factory, dict) else {None: factory}
     rewarded: set[type] = set()
-    for name, make in makers.items():
-        instance = _build(make, name)
+    for name, instance in _probed(agentic.environment_factory).items():
         if callable(getattr(type(instance), "get_reward", None)):
             rewarded.add(type(instance))
         tools += [method for method in environment_tools(instance, name)
@@ -184,11 +175,21 @@ def probed_tools(agentic: Agentic | None) -> tuple[list[Callable[..., Any]], int
     return tools, len(rewarded)
 
 
-def _build(make: Callable[[], Any], name: str | None) -> Any:
-    try:
-        return make()
-    except Exception as exc:  # the user's factory can raise anything
-        raise UsageError(f"the environment factory {_env_label(name)} failed: {first_line(exc)}") from exc
+def _factories(factory: Any) -> dict[str | None, Callable[[], Any]]:
+    """`environment_factory` as the trainer keys it: by the dataset's `environment` name, or None for the one
+    environment every example uses (none without a factory)."""
+    return {} if factory is None else factory if isinstance(factory, dict) else {None: factory}
+
+
+def _probed(factory: Any) -> dict[str | None, Any]:
+    """One instance of each environment, as the trainer probes them at init."""
+    out = {}
+    for name, make in _factories(factory).items():
+        try:
+            out[name] = make()
+        except Exception as exc:  # the user's factory can raise anything
+            raise UsageError(f"the environment factory {_env_label(name)} failed: {first_line(exc)}") from exc
+    return out
 
 
 def _env_label(name: str | None) -> str:

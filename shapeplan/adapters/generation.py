@@ -86,18 +86,17 @@ def static_cache(generation: GenerationConfig) -> bool:
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
-def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig,
-                 agentic: Agentic | None = None) -> Any:
+def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig, agentic: Agentic) -> Any:
     """A trainer of `spec`'s class with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them
-    for a text model (with `agentic`'s tools and environments)."""
-    from .agentic import Agentic, setup_trainer
+    for a text model with `agentic`'s tools and environments."""
+    from .agentic import setup_trainer
 
     trainer_class = spec.trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
     trainer._is_vlm = False
     trainer.chat_template_kwargs = config.chat_template_kwargs or {}
-    setup_trainer(trainer, agentic or Agentic(), tokenizer)
+    setup_trainer(trainer, agentic, tokenizer)
     return trainer
 
 

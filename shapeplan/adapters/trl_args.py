@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, first_line
 from ..plan.io import MAX_BATCH, MAX_SEQ
+from .agentic import Agentic, AgenticArguments, load
 from .config_file import config_path, materialized, read_config
 from .host import max_forks, process_count
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from trl import ModelConfig, TrlParser
 
     from ..plan.model import Method
-    from .agentic import Agentic
     from .trainer import TrainerSpec
 
 # The model TRL's Trainium guide uses; `shapeplan analyze` with no arguments plans the guide's example (each
@@ -47,7 +47,8 @@ class TrainingArgs:
     dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
-    agentic: Agentic | None = None  # tools, environments, a rollout function: objects, not TRL options
+    # tools, environments, a rollout function: objects, not TRL options (empty, and false, where the run has none)
+    agentic: Agentic = field(default_factory=Agentic)
 
     @property
     def method(self) -> Method:
@@ -59,8 +60,6 @@ def make_parser(spec: TrainerSpec) -> TrlParser:
     module = importlib.import_module(spec.script)
     parser = module.make_parser(prog=f"shapeplan analyze --method {method}")
     if spec.generates:  # what a generating trainer takes as Python objects, named as module:attr
-        from .agentic import AgenticArguments
-
         parser.dataclass_types.append(AgenticArguments)
         parser._add_dataclass_arguments(AgenticArguments)
 
@@ -122,8 +121,6 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid {_option_behind(argv, exc)}: {_plain(first_line(exc))}; see `trl {method} "
                          "--help`") from exc
-    from .agentic import AgenticArguments, load
-
     named = [item for item in parsed if isinstance(item, AgenticArguments)]
     parsed = [item for item in parsed if not isinstance(item, AgenticArguments)]
     script, training, model, *rest = parsed
@@ -138,7 +135,7 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         dataset_mixture=rest[0] if rest else None,
         num_processes=num_processes,
         given=frozenset(given),
-        agentic=load(named[0] if named else None) or None,
+        agentic=load(named[0] if named else None),
     )
 
 

@@ -29,7 +29,7 @@ class _Scored(agentic_tools.Calculator):
 
 
 def test_probed_tools_are_the_tools_and_each_environments_methods() -> None:
-    assert probed_tools(None) == ([], 0)
+    assert probed_tools(Agentic()) == ([], 0)
     tools, rewarded = probed_tools(Agentic(tools=(agentic_tools.now,), environment_factory={
         "plain": agentic_tools.Calculator, "scored": _Scored, "again": _Scored}))
     assert [tool.__name__ for tool in tools] == ["now", "add", "multiply"] and rewarded == 1
