@@ -1,5 +1,5 @@
-"""Regenerate the bundled offline examples: a tiny Qwen3-style model and tokenizer, and small
-Capybara-style (`messages`) and tldr-style (`prompt`) datasets.
+"""Regenerate the bundled offline examples: a tiny Qwen3-style model and tokenizer, a tiny Qwen2.5-VL built on the
+same tokenizer, and small Capybara-style (`messages`) and tldr-style (`prompt`) datasets.
 
 Run from the repository root: `python scripts/make_examples.py`. The output is committed, so
 `make demo` and the tests need neither this script nor the Hub.
@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 import trl
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 ROOT = Path(__file__).resolve().parent.parent / "examples"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
@@ -60,6 +66,36 @@ def make_model(path: Path) -> None:
     model.save_pretrained(path)
 
 
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def make_vision_model(text_model: Path, path: Path) -> None:
+    """A random Qwen2.5-VL (one decoder layer, one vision block) on the text model's tokenizer plus the vision
+    tokens, TRL's Qwen2.5-VL chat template, and a Qwen2-VL image processor with a small max_pixels (202 patches
+    of 28x28 at most), so that big images are downscaled as real checkpoints downscale huge ones."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = PreTrainedTokenizerFast.from_pretrained(text_model)
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5_vl.jinja").read_text()
+    tok.save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=158368).save_pretrained(path)
+    ids = {token: tok.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    config = Qwen2_5_VLConfig(
+        text_config={"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}, "tie_word_embeddings": True,
+                     "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": None},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                       "fullatt_block_indexes": [0]},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(path)
+
+
 def make_datasets() -> None:
     rng = random.Random(1)
     with open(ROOT / "capybara-sample.jsonl", "w") as f:
@@ -81,4 +117,5 @@ if __name__ == "__main__":
     model_dir.mkdir(parents=True, exist_ok=True)
     make_tokenizer(model_dir)
     make_model(model_dir)
+    make_vision_model(model_dir, ROOT / "tiny-qwen2.5-vl")
     make_datasets()

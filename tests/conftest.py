@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_MODEL = EXAMPLES / "tiny-qwen3"
+TINY_VL_MODEL = EXAMPLES / "tiny-qwen2.5-vl"
 CAPYBARA = EXAMPLES / "capybara-sample.jsonl"
 TLDR = EXAMPLES / "tldr-sample.jsonl"
 

@@ -123,9 +123,10 @@ def trl_preparing(name: str) -> Iterator[None]:
                            "the columns and format of the first") from exc
 
 
-def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
+def load_run_data(args: TrainingArgs, *, eval_source: str | None, vision: bool = False) -> RunData:
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them. With
-    --dataset_streaming, IterableDatasets read lazily (every planner streams them)."""
+    --dataset_streaming, IterableDatasets read lazily (every planner streams them). `vision`: the method's planner
+    plans image rows (the others refuse them)."""
     script = args.script
     mixture = args.dataset_mixture
     streaming = streamed(args)
@@ -149,7 +150,8 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
                                "one TRL's Trainium guide uses; pass DATASET to plan your own)") from exc
     train = select_split(data, script.dataset_train_split, source)
     check_rows(train, source)
-    check_text_only(train, source, args.method)
+    if not vision:
+        check_text_only(train, source, args.method)
 
     eval_data = None
     if getattr(args.training, "eval_strategy", "no") != "no":
@@ -163,7 +165,8 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None) -> RunData:
                                f"(it has {', '.join(data)}); pass --eval-dataset DATASET or choose a split with "
                                "--dataset_test_split")
         check_rows(eval_data, eval_source or source)
-        check_text_only(eval_data, eval_source or source, args.method)
+        if not vision:
+            check_text_only(eval_data, eval_source or source, args.method)
     elif eval_source is not None:
         raise UsageError("--eval-dataset is given but eval_strategy is 'no'; add --eval_strategy steps "
                          "(and --eval_steps N) to plan the eval loop")

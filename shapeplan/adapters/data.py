@@ -124,8 +124,8 @@ def check_text_only(dataset: Any, source: str, method: str) -> None:
     images = sorted({"image", "images"} & set(get_dataset_column_names(dataset)))
     if images:
         raise UsageError(f"dataset {source} has an {images[0]!r} column: vision-language {method} runs are not "
-                         "planned yet (their image tokens and pixel batches are not counted); shapeplan plans "
-                         "text-only datasets")
+                         "planned yet (their image tokens and pixel batches are not counted); shapeplan plans images "
+                         "for SFT runs, and text-only datasets for the other methods")
 
 
 def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -187,7 +187,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A hash of everything in the tokenizer that changes token counts."""
+    """A hash of everything in the tokenizer that changes token counts (a processor's: its tokenizer's)."""
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     h = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None)
     h.update(backend.to_str().encode() if backend is not None else repr(sorted(tokenizer.get_vocab().items())).encode())

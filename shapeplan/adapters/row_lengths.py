@@ -9,6 +9,7 @@ from .common import RunData, apply_chat_template_path, load_run_data
 from .generation_stream import is_stream
 from .trainer import TrainerSpec
 from .trl_args import TrainingArgs, parse_training_args
+from .vision import is_vision
 
 
 def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | None = None,
@@ -34,8 +35,13 @@ def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | 
 
 
 def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:
-    """The run's data, refused when streamed: lengths cover every row, which a stream gives only read whole."""
-    data = load_run_data(args, eval_source=eval_source)
+    """The run's data, refused when streamed (lengths cover every row, which a stream gives only read whole) and when
+    it has images (the advice for those, fewer image sizes, is not built yet)."""
+    data = load_run_data(args, eval_source=eval_source, vision=True)
+    if is_vision(data.train):
+        raise UsageError("--histogram and advise are not built for vision datasets yet (their advice is fewer image "
+                         "sizes, not padding); `shapeplan analyze` plans the run, and its report counts the vision "
+                         "graphs")
     if is_stream(data.train):
         raise UsageError("--histogram and advise read the length of every train row, which a stream gives only when "
                          "read whole; drop --dataset_streaming for them (the map-style run has the same lengths)")

@@ -10,7 +10,7 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from . import length_cache, lengths, stream
+from . import length_cache, lengths, stream, vision
 from .common import (
     RunData,
     apply_chat_template_path,
@@ -145,12 +145,18 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     if config.padding_free and not config.packing and config.max_length is not None:
         raise UsageError("padding_free=True without packing does not enforce max_length; enable --packing or pass "
                          "--max_length none")
-    data = load_run_data(args, eval_source=eval_source)
+    data = load_run_data(args, eval_source=eval_source, vision=True)
     tokenizer = data.tokenizer
     apply_chat_template_path(tokenizer, config.chat_template_path)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
     warnings: list[str] = []
+    if vision.is_vision(data.train):
+        return _plan_vision(args, argv, data, layout, warnings)
+    if data.eval is not None and vision.is_vision(data.eval):
+        raise UsageError("the eval dataset has images and the train dataset has none: SFTTrainer picks its collator "
+                         "from the train rows, so the eval images are not fed to the model; drop the eval set's "
+                         "image columns or train on images too")
     if config.resume_from_checkpoint:
         warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
                         "before its checkpoint and meets only the shapes after it")
@@ -189,6 +195,76 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), eval_rows.lengths)
     return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
                     eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
+
+
+def _plan_vision(args: TrainingArgs, argv: list[str], data: RunData, layout: SFTLayout,
+                 warnings: list[str]) -> Plan:
+    """A vision-language run: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not prepare
+    the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches."""
+    config = args.training
+    _check_vision(args, data)
+    processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
+                                      revision=args.model.model_revision,
+                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
+    with trl_preparing("train"):
+        train_rows = vision.vision_rows(data.train, processor, config, name="train")
+    epoch_batches, loop = train_schedule(args, len(train_rows))
+    info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
+                   exact=True, config=recorded_config(args, argv), versions=versions(),
+                   fingerprint=run_fingerprint(data), warnings=warnings)
+    if data.eval is None:
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
+    with trl_preparing("eval"):
+        eval_rows = vision.vision_rows(data.eval, processor, config, name="eval")
+    eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), None)
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
+                    eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
+
+
+def _check_vision(args: TrainingArgs, data: RunData) -> None:
+    """What `SFTTrainer` and its vision collator refuse on image data, and what shapeplan does not plan yet, each
+    before any image is read."""
+    config = args.training
+    if streamed(args):
+        raise UsageError("vision-language runs are planned from map-style datasets; drop --dataset_streaming to plan "
+                         "this one")
+    if config.packing:
+        raise UsageError("TRL refuses packing on vision datasets; drop --packing")
+    if config.padding_free:
+        raise UsageError("TRL refuses padding_free on vision datasets; drop --padding_free")
+    if config.max_length is not None and config.truncation_mode == "keep_end":
+        raise UsageError("TRL refuses truncation_mode='keep_end' on vision datasets (it would cut image tokens); use "
+                         "keep_start or --max_length none")
+    multiple = config.pad_to_multiple_of
+    if config.max_length is not None and multiple and config.max_length % multiple:
+        # the vision collator pads and truncates in the tokenizer, which refuses the pair (ValueError)
+        raise UsageError(f"transformers refuses max_length={config.max_length} with pad_to_multiple_of={multiple} on "
+                         "vision datasets (the processor truncates and pads in one call, and the length must be a "
+                         f"multiple); pass --max_length {config.max_length // multiple * multiple or multiple}")
+    if config.assistant_only_loss:
+        raise UsageError("assistant_only_loss on vision datasets is not planned yet; drop --assistant_only_loss to "
+                         "plan the run's shapes (the loss mask does not change them)")
+    first = next(iter(data.train))
+    if "prompt" in first and "completion" in first:
+        if config.pad_to_multiple_of is not None:
+            raise UsageError("TRL's vision collator does not pad prompt-completion rows to a multiple "
+                             "(NotImplementedError); drop --pad_to_multiple_of, or use 'messages' rows")
+        raise UsageError("prompt-completion rows with images are not planned yet; use 'messages' rows (TRL pads "
+                         "them to --pad_to_multiple_of)")
+    if "messages" not in first and config.remove_unused_columns:
+        # SFTTrainer keeps messages, prompt, completion, image and images of a vision dataset: the text goes
+        raise UsageError(f"TRL drops the {config.dataset_text_field!r} column of a vision dataset "
+                         "(remove_unused_columns), and its collator then fails on the first batch; pass "
+                         "--remove_unused_columns false, or use 'messages' rows")
+    if config.train_sampling_strategy not in ("random", "sequential"):
+        raise UsageError(f"train_sampling_strategy={config.train_sampling_strategy!r} on vision datasets is not "
+                         "planned yet; use random or sequential")
+    if config.train_sampling_strategy == "random" and not config.accelerator_config.use_seedable_sampler:
+        raise UsageError("use_seedable_sampler=False on vision datasets is not planned yet (the order, and so each "
+                         "batch's images, comes from the global RNG); keep the seedable sampler")
+    if bool(config.accelerator_config.dispatch_batches) and args.num_processes > 1:
+        raise UsageError("dispatch_batches on vision datasets is not planned yet (rank 0 would concatenate the "
+                         "ranks' pixel batches); drop dispatch_batches")
 
 
 def _check_dispatch(args: TrainingArgs, padding_free: bool) -> None:

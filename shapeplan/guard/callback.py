@@ -198,7 +198,8 @@ class ShapeGuard(TrainerCallback):
                          max_new_tokens=planned.max_new_tokens if planned else self._max_new_tokens(forward),
                          logits_to_keep=forward.logits_to_keep, cu_seq_lens=forward.cu_seq_lens,
                          max_length_q=forward.max_length_q, unpadded=forward.unpadded,
-                         completion_tokens=forward.completion_tokens, chosen_rows=forward.chosen_rows)
+                         completion_tokens=forward.completion_tokens, chosen_rows=forward.chosen_rows,
+                         pixel_values=forward.pixel_values, image_grid_thw=forward.image_grid_thw)
 
     def _max_new_tokens(self, forward: Forward) -> int | None:
         if not forward.phase.endswith("generate"):
@@ -214,6 +215,8 @@ class ShapeGuard(TrainerCallback):
             where += f" in tool turn {forward.turn}"
         if forward.logits_to_keep is not None:
             where += f" logits_to_keep {forward.logits_to_keep}"
+        if forward.pixel_values is not None:
+            where += f" with pixel_values {list(forward.pixel_values)} of {len(forward.image_grid_thw)} images"
         if key is not None:
             where += f" with cu_seq_lens of {forward.cu_seq_lens} and max_length_q {forward.max_length_q}"
         compiles = self.backend.compiles(torch_compile=bool(getattr(self.trainer.args, "torch_compile", False)))

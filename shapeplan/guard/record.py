@@ -37,7 +37,8 @@ class CompileEvent:
         return {"step": self.step, "seconds": round(self.seconds, 3), "counters": self.delta,
                 "shapes": [{"phase": k[0], "batch": k[1], "seq": k[2],
                             **({"cache_len": k[3]} if k[3] is not None else {}),
-                            **({"logits_to_keep": k[4]} if k[4] is not None else {})} for k in self.shapes]}
+                            **({"logits_to_keep": k[4]} if k[4] is not None else {}),
+                            **({"image_grid_thw": [list(g) for g in k[5]]} if k[5] else {})} for k in self.shapes]}
 
 
 def merge_shapes(shapes: list[Shape]) -> tuple[Shape, ...]:

@@ -51,11 +51,13 @@ class Forward:
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: the token counts the loss selects by mask
     chosen_rows: int | None = None  # KTO policy forwards: the desirable rows of the batch
     turn: int | None = None  # GRPO's tool loop: the turn (1, 2, ...) of a round whose `generate` this is
+    pixel_values: tuple[int, int] | None = None  # vision batches: the (N, D) the vision tower received
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image
 
     @property
     def key(self) -> tuple[Any, ...]:
         """What the plan's `Shape.key` holds for this input (max_new_tokens is a generate's setting, not seen)."""
-        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep)
+        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep, self.image_grid_thw)
 
 
 def _tool_turn() -> int | None:
@@ -71,7 +73,7 @@ def _tool_turn() -> int | None:
 
 def shape_key(shape: Any) -> tuple[Any, ...]:
     """A planned `Shape` under `Forward.key`."""
-    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep)
+    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep, shape.image_grid_thw)
 
 
 def trainer_method(trainer: Any) -> Method:
@@ -109,6 +111,16 @@ def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
     chosen = mask[[i for i, label in enumerate(labels) if label]]
     rejected = mask[[i for i, label in enumerate(labels) if not label]]
     return {"completion_tokens": (int(chosen.sum()), int(rejected.sum())), "chosen_rows": sum(labels)}
+
+
+def vision_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a forward's vision tower receives: `pixel_values` (N, D) and the `image_grid_thw` rows (a copy of a few
+    integers to the host, which the model's own rope and window index make of the same tensor anyway)."""
+    pixels, grids = kwargs.get("pixel_values"), kwargs.get("image_grid_thw")
+    if pixels is None or grids is None:
+        return {}
+    return {"pixel_values": (int(pixels.shape[0]), int(pixels.shape[1])),
+            "image_grid_thw": tuple((int(t), int(h), int(w)) for t, h, w in grids.tolist())}
 
 
 def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -269,6 +281,7 @@ class ShapeRecorder:
             extra["max_length_q"] = None if max_q is None else int(max_q)
         if self.rules.unpadded:
             extra["unpadded"] = unpadded(kwargs)
+        extra.update(vision_inputs(kwargs))
         self.listener(Forward(phase, int(ids.shape[0]), int(ids.shape[1]), step, rank=self._rank, **extra))
 
     def _generate_prefill(self, module: Any, ids: Any, kwargs: dict[str, Any]) -> None:

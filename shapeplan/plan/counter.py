@@ -18,6 +18,7 @@ class _Entry:
     unpadded: int = 0
     completion_tokens: set[int] = field(default_factory=set)
     chosen_rows: set[int] = field(default_factory=set)
+    pixel_values: tuple[int, int] | None = None  # follows from the key's grids
 
 
 class ShapeCounter:
@@ -43,11 +44,13 @@ class ShapeCounter:
         completion_tokens: tuple[int, ...] = (),
         chosen_rows: int | None = None,
         unpadded: bool = False,
+        pixel_values: tuple[int, int] | None = None,
+        image_grid_thw: tuple[tuple[int, int, int], ...] = (),
     ) -> None:
-        key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep)
+        key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep, image_grid_thw)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(count=0, first_step=step)
+            entry = self._entries[key] = _Entry(count=0, first_step=step, pixel_values=pixel_values)
         if certain:
             entry.first_step = step if entry.count == 0 else min(entry.first_step, step)
             entry.count += count
@@ -86,6 +89,8 @@ class ShapeCounter:
                 unpadded=e.unpadded,
                 completion_tokens=tuple(sorted(e.completion_tokens)),
                 chosen_rows=tuple(sorted(e.chosen_rows)),
+                pixel_values=e.pixel_values,
+                image_grid_thw=key.image_grid_thw,
             )
             for key, e in self._entries.items()
         ]
@@ -94,4 +99,5 @@ class ShapeCounter:
 
 def shape_sort_key(shape: Shape) -> tuple[object, ...]:
     order = PHASES.index(shape.phase) if shape.phase in PHASES else len(PHASES)
-    return (order, shape.batch, shape.seq, shape.cache_len or 0, shape.max_new_tokens or 0, shape.logits_to_keep or 0)
+    return (order, shape.batch, shape.seq, shape.cache_len or 0, shape.max_new_tokens or 0, shape.logits_to_keep or 0,
+            shape.image_grid_thw)

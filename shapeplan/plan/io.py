@@ -19,7 +19,7 @@ PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when not their default.
 _OPTIONAL = ("max_count", "cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
-             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows")
+             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "image_grid_thw")
 _DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
@@ -118,6 +118,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     pairs = s.get("varlen_pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
+    pixels, grids = _vision(s, where)
     return Shape(
         phase=phase,
         batch=_int(s["batch"], f"{where}.batch", 1, MAX_BATCH),
@@ -136,7 +137,28 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         unpadded=_int(s.get("unpadded", 0), f"{where}.unpadded", 0),
         completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
+        pixel_values=pixels,
+        image_grid_thw=grids,
     )
+
+
+def _vision(s: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tuple[tuple[int, int, int], ...]]:
+    """A vision batch's `pixel_values` [N, D] and `image_grid_thw` [[t, h, w], ...]: both or neither, and N the
+    grids' patches."""
+    if "pixel_values" not in s and "image_grid_thw" not in s:
+        return None, ()
+    value, triples = s.get("pixel_values"), s.get("image_grid_thw")
+    if not (isinstance(value, list) and len(value) == 2):
+        raise _malformed(f"{where}.pixel_values", "must be [N, D] where image_grid_thw is given")
+    if not (isinstance(triples, list) and triples and all(isinstance(g, list) and len(g) == 3 for g in triples)):
+        raise _malformed(f"{where}.image_grid_thw", "must be a list of [t, h, w] where pixel_values is given")
+    grids = tuple((_int(t, f"{where}.image_grid_thw[{i}]", 1, MAX_SEQ), _int(h, f"{where}.image_grid_thw[{i}]", 1,
+                   MAX_SEQ), _int(w, f"{where}.image_grid_thw[{i}]", 1, MAX_SEQ))
+                  for i, (t, h, w) in enumerate(triples))
+    rows = _int(value[0], f"{where}.pixel_values[0]", 1, _MAX_COUNT)
+    if rows != sum(t * h * w for t, h, w in grids):
+        raise _malformed(f"{where}.pixel_values[0]", "is not the number of patches its image_grid_thw holds", rows)
+    return (rows, _int(value[1], f"{where}.pixel_values[1]", 1, MAX_SEQ)), grids
 
 
 def plan_from_dict(data: Any) -> Plan:

@@ -35,6 +35,7 @@ class ShapeKey(NamedTuple):
     cache_len: int | None = None
     max_new_tokens: int | None = None
     logits_to_keep: int | None = None
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image, in row order
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,9 @@ class Shape:
     half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
     is an op input of its own size (a compile each on an eager device). KTO's carry them too (desirable and
     undesirable rows), and `chosen_rows`: the numbers of desirable rows its batches had, which KTO's loss selects.
+    Batches with images (vision-language runs) carry what the vision tower receives: `pixel_values` (N, D), every
+    image's patch rows concatenated, and `image_grid_thw`, one (t, h, w) per image in the batch's row order; the
+    grids are part of the key (the tower's attention windows depend on each image's grid, not only on N).
     """
 
     phase: Phase
@@ -74,10 +78,13 @@ class Shape:
     unpadded: int = 0
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
+    pixel_values: tuple[int, int] | None = None
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def key(self) -> ShapeKey:
-        return ShapeKey(self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep)
+        return ShapeKey(self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep,
+                        self.image_grid_thw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import overload
 
 from .buckets import round_up
+from .vision import Grid, pixel_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,17 +15,26 @@ class Rows:
     """Token lengths of the prepared dataset's rows, in dataset order.
 
     `documents` holds, for packed rows, the lengths of the documents packed into each row (`seq_lengths`);
-    None means each row is one document.
+    None means each row is one document. Rows with images (vision-language data) hold each row's image grids in
+    `images` and the processor's patch width in `pixel_dim`.
     """
 
     lengths: tuple[int, ...]
     documents: tuple[tuple[int, ...], ...] | None = None
+    images: tuple[tuple[Grid, ...], ...] | None = None
+    pixel_dim: int = 0
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def documents_of(self, row: int) -> tuple[int, ...]:
         return self.documents[row] if self.documents is not None else (self.lengths[row],)
+
+    def vision(self, batch: Sequence[int]) -> tuple[tuple[int, int] | None, tuple[Grid, ...]]:
+        """What a batch of these rows feeds the vision tower: `pixel_values` (N, D) and `image_grid_thw`, in row
+        order (None and () for text rows, or a batch without images)."""
+        grids = () if self.images is None else tuple(grid for i in batch for grid in self.images[i])
+        return ((pixel_rows(grids), self.pixel_dim) if grids else None), grids
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,8 @@ class BatchShape:
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: chosen and rejected completion-token counts
     chosen_rows: int | None = None  # KTO policy forwards: desirable rows in the batch
     unpadded: bool = False  # no pad token: attention runs without a mask
+    pixel_values: tuple[int, int] | None = None  # vision batches: (N, D) of the batch's images
+    image_grid_thw: tuple[Grid, ...] = ()  # vision batches: each image's grid, in row order
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +96,9 @@ def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> Batc
     """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
     lengths = [rows.lengths[i] for i in batch]
     seq = collated_seq(batch, lambda part: round_up(max(rows.lengths[i] for i in part), multiple))
-    return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq)
+    pixels, grids = rows.vision(batch)
+    return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq,
+                      pixel_values=pixels, image_grid_thw=grids)
 
 
 def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:

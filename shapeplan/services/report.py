@@ -51,6 +51,9 @@ def shape_notes(shape: Shape) -> str:
         parts.append(f"completion tokens {_span(shape.completion_tokens)}")
     if shape.chosen_rows:
         parts.append(f"chosen rows {_span(shape.chosen_rows)}")
+    if shape.pixel_values is not None:
+        parts.append(f"pixel_values {shape.pixel_values[0]}x{shape.pixel_values[1]}, "
+                     f"{len(shape.image_grid_thw)} image{'s' if len(shape.image_grid_thw) > 1 else ''}")
     if not shape.certain:
         parts.append("possible")
     if shape.max_count is not None:
@@ -85,6 +88,15 @@ def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
     return lines
 
 
+def _vision_lines(plan: Plan) -> list[str]:
+    """How many vision-tower graphs the run needs: one per distinct set of grids a batch feeds it."""
+    grids = {s.image_grid_thw for s in plan.shapes if s.image_grid_thw}
+    if not grids:
+        return []
+    return [f"vision graphs: {len(grids)} distinct pixel batches (image_grid_thw sets); TRL pads neither, so each is "
+            "a compile of the vision tower"]
+
+
 def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES) -> str:
     sliding = plan.config.get("sliding_window")
     has_extra = any(_extra(s) for s in plan.shapes)
@@ -107,6 +119,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{'generate prompt' if generating else 'train'} tokens: {st.tokens:,} real of {st.padded_tokens:,} fed "
         f"({st.padding_waste:.1%} padding)",
         *generate_lines,
+        *_vision_lines(plan),
         f"distinct shapes to compile: {plan.distinct_shapes}   estimated compile time: "
         f"{_minutes(compile_minutes(plan, generate_minutes=generate_minutes))} on one NeuronCore",
     ]

@@ -1,0 +1,235 @@
+"""Vision-language rows as TRL's `DataCollatorForVisionLanguageModeling` will process them: each row's token length
+with its image tokens, and each image's grid, from the model's own processor settings and chat template.
+
+TRL does not prepare (tokenize) a vision dataset: the collator runs the processor on every batch. This reads the
+same inputs without processing pixels: an image's size comes from its header (turned by its EXIF orientation, as
+`load_image` and `datasets` turn it), the grid from `plan.vision` (transformers' `smart_resize`), and a row's length
+from the rendered template tokenized once, each `<|image_pad|>` counted as the tokens its grid expands to.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DatasetError, ModelError, UsageError, first_line
+from ..plan.rows import Rows
+from ..plan.vision import Grid, ImageProcessing, ImageSizeError
+
+# The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL uses Qwen2-VL's image processor).
+PLANNED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+_EXIF_ORIENTATION = 0x0112
+_SWAPPED = {5, 6, 7, 8}  # orientations exif_transpose turns by 90 degrees: height and width swap
+
+
+def is_vision(dataset: Any) -> bool:
+    """TRL's test (`SFTTrainer.__init__`): the first row has an `image` or `images` key."""
+    from trl.data_utils import get_dataset_column_names
+
+    return bool({"image", "images"} & set(get_dataset_column_names(dataset)))
+
+
+@dataclass(frozen=True)
+class VisionProcessor:
+    """The run's processor, as far as shapes go: the image settings and the text side that renders the rows."""
+
+    images: ImageProcessing
+    processor: Any  # the model's processor without its video processor (it needs torchvision, which planning does not)
+    image_token: str
+    image_token_id: int
+
+
+def load_processor(model: str, tokenizer: Any, *, revision: str | None = None,
+                   trust_remote_code: bool = False) -> VisionProcessor:
+    """The processor `AutoProcessor.from_pretrained(model)` builds for a model shapeplan plans images for; its video
+    processor left out (transformers builds it with torchvision, which image shapes do not need)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the model config of {model}: {first_line(exc)}; vision-language runs need "
+                         "the model's config.json") from exc
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PLANNED_MODEL_TYPES:
+        raise UsageError(f"the dataset has images, and {model} is a {model_type!r} model, whose processor shapeplan "
+                         f"does not plan images for (it plans {', '.join(PLANNED_MODEL_TYPES)}); plan a Qwen2-VL or "
+                         "Qwen2.5-VL model, or drop the image columns")
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    try:
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(model, revision=revision or "main")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the image processor of {model}: {first_line(exc)}; a vision-language model "
+                         "needs its preprocessor_config.json") from exc
+    if not getattr(image_processor, "do_convert_rgb", True):
+        raise UsageError(f"{model}'s image processor keeps each image's channels (do_convert_rgb false), so the "
+                         "pixel rows of a grayscale or RGBA image differ from an RGB one's; shapeplan plans processors "
+                         "that convert to RGB")
+    size: Any = image_processor.size  # a SizeDict once built, whichever keys the config used
+    settings = ImageProcessing(min_pixels=int(size.shortest_edge), max_pixels=int(size.longest_edge),
+                               patch_size=int(image_processor.patch_size), merge_size=int(image_processor.merge_size),
+                               temporal_patch_size=int(image_processor.temporal_patch_size))
+    processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
+                                        chat_template=tokenizer.chat_template)
+    return VisionProcessor(images=settings, processor=processor, image_token=processor.image_token,
+                           image_token_id=int(processor.image_token_id))
+
+
+def _image_only(model_type: str) -> type:
+    """The model type's processor class with the video processor taken out of its signature, so that transformers
+    neither expects nor builds one."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+
+    base = Qwen2_5_VLProcessor if model_type == "qwen2_5_vl" else Qwen2VLProcessor
+
+    def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
+                 **kwargs: Any) -> None:
+        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type(f"ImageOnly{base.__name__}", (base,), {"__init__": __init__})
+
+
+# -- image sizes -----------------------------------------------------------------------------------------------------
+
+def _header_size(data: bytes | str) -> tuple[int, int]:
+    """(height, width) of an image file after `ImageOps.exif_transpose`, from its header; `verify` reads the file
+    through (without decoding) so that a truncated or corrupt one fails here, not in the run's collator."""
+    from PIL import Image
+
+    def opened() -> Any:
+        return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
+
+    with opened() as image:
+        image.verify()
+    with opened() as image:
+        width, height = image.size
+        turned = image.getexif().get(_EXIF_ORIENTATION) in _SWAPPED
+    return (width, height) if turned else (height, width)
+
+
+def image_size(value: Any) -> tuple[int, int]:
+    """The (height, width) the processor resizes from, for an image as a dataset row holds it: a PIL image (as
+    `datasets` decodes it: already turned), the {"bytes", "path"} of an undecoded `datasets` Image, or a string,
+    which transformers' `load_image` reads as a URL, a file path or base64, and turns. Raises ValueError with the
+    reason it cannot be opened."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        if isinstance(value, Image.Image):
+            return value.height, value.width
+        if isinstance(value, dict) and ("bytes" in value or "path" in value):
+            source = value.get("bytes") or value.get("path")
+            if not source:
+                raise ValueError("an Image value with neither bytes nor path")
+            return _header_size(source)
+        if isinstance(value, str):
+            if value.startswith(("http://", "https://")):
+                from transformers.image_utils import load_image
+
+                image = load_image(value)  # downloads, then turns it as the run will
+                return image.height, image.width
+            if os.path.isfile(value):
+                return _header_size(value)
+            if value.startswith("data:image/"):
+                value = value.split(",", 1)[-1]
+            try:
+                data = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("no such file") from None
+            return _header_size(data)
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except UnidentifiedImageError:
+        raise ValueError("not an image PIL can open") from None
+    except (OSError, SyntaxError) as exc:  # a known format whose data is truncated or corrupt
+        raise ValueError(f"a corrupt image ({first_line(exc)})") from None
+    raise ValueError(f"a {type(value).__name__}, not an image, a path, a URL or base64")
+
+
+def _undecoded(dataset: Any) -> Any:
+    """The dataset with its `datasets` Image columns left undecoded: headers are all the sizes need."""
+    import datasets
+
+    features = getattr(dataset, "features", None) or {}
+    for column in ("image", "images"):
+        feature = features.get(column)
+        if isinstance(feature, datasets.Image):
+            dataset = dataset.cast_column(column, datasets.Image(decode=False))
+        elif isinstance(feature, (datasets.Sequence, datasets.List)) and isinstance(feature.feature, datasets.Image):
+            dataset = dataset.cast_column(column, type(feature)(datasets.Image(decode=False)))
+    return dataset
+
+
+def _row_images(example: dict[str, Any]) -> list[Any]:
+    if "image" in example:
+        return [] if example["image"] is None else [example["image"]]
+    return list(example.get("images") or [])
+
+
+# -- rows ------------------------------------------------------------------------------------------------------------
+
+def vision_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> Rows:
+    """Each row's token length as the collator pads it (truncated to max_length) and its images' grids."""
+    lengths: list[int] = []
+    grids: list[tuple[Grid, ...]] = []
+    for index, example in enumerate(_examples(dataset)):
+        row_grids = tuple(_grid(vision, image, index, name) for image in _row_images(example))
+        length, last_image = _row_length(vision, example, row_grids, config, index, name)
+        if config.max_length is not None and length > config.max_length:
+            if last_image is not None and last_image >= config.max_length:
+                raise DatasetError(f"row {index} of the {name} dataset has {length} tokens with its image tokens, and "
+                                   f"max_length={config.max_length} cuts into them (TRL's forward then fails); raise "
+                                   "--max_length, or lower the processor's max_pixels")
+            length = config.max_length
+        lengths.append(length)
+        grids.append(row_grids)
+    return Rows(lengths=tuple(lengths), images=tuple(grids), pixel_dim=vision.images.pixel_dim)
+
+
+def _examples(dataset: Any) -> Iterator[dict[str, Any]]:
+    yield from _undecoded(dataset)
+
+
+def _grid(vision: VisionProcessor, image: Any, index: int, name: str) -> Grid:
+    try:
+        height, width = image_size(image)
+        return vision.images.grid(height, width)
+    except (ValueError, ImageSizeError) as exc:
+        shown = image if isinstance(image, str) and len(image) < 200 else (
+            image.get("path") if isinstance(image, dict) and image.get("path") else type(image).__name__)
+        raise DatasetError(f"row {index} of the {name} dataset: image {shown!r} cannot be used: {exc}; fix or "
+                           "drop the row") from None
+
+
+def _row_length(vision: VisionProcessor, example: dict[str, Any], grids: tuple[Grid, ...], config: Any,
+                index: int, name: str) -> tuple[int, int | None]:
+    """The row's token count with each image's tokens expanded, and the position of its last image token."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    processor = vision.processor
+    if "messages" in example:
+        try:
+            messages = prepare_multimodal_messages(example["messages"], images=[None] * len(grids))
+            text = processor.apply_chat_template(messages, tokenize=False)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
+                               f"{first_line(exc)}; fix the row") from None
+    elif isinstance(example.get(config.dataset_text_field), str):
+        text = example[config.dataset_text_field]
+    else:
+        raise DatasetError(f"row {index} of the {name} dataset has images but neither 'messages' nor a text column "
+                           f"{config.dataset_text_field!r}; vision rows need one of them")
+    ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
+    if len(positions) != len(grids):
+        raise DatasetError(f"row {index} of the {name} dataset has {len(grids)} images and {len(positions)} "
+                           f"{vision.image_token} tokens in its text; give each image one")
+    added = [vision.images.tokens(grid) - 1 for grid in grids]
+    last = positions[-1] + sum(added) if positions else None
+    return len(ids) + sum(added), last

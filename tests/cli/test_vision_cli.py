@@ -1,0 +1,53 @@
+"""Vision-language SFT through the installed console script: the plan carries each batch's pixel rows and grids, the
+report counts the vision graphs, and every input TRL or shapeplan refuses is one line and a non-zero exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests import console
+from tests.conftest import TINY_MODEL, TINY_VL_MODEL
+from tests.oracle.vision_data import write_images, write_rows
+
+RUN = ["analyze", "--method", "sft", "--per_device_train_batch_size", "2", "--max_steps", "3",
+       "--pad_to_multiple_of", "128", "--max_length", "1024"]
+
+
+def test_vision_plans_and_refusals(tmp_path: Path) -> None:
+    images = write_images(tmp_path / "images")
+    data = write_rows(tmp_path / "train.jsonl", images, 6, seed=3)
+    result = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL), "--json"])
+    assert result.returncode == 0, result.stderr
+    shapes = json.loads(result.stdout)["shapes"]
+    assert all(len(s["pixel_values"]) == 2 and s["image_grid_thw"] for s in shapes if "pixel_values" in s)
+    report = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL)])
+    assert "vision graphs: " in report.stdout and "pixel_values " in report.stdout, report.stdout
+    for command, message in (("warm", "which warm does not feed yet"), ("advise", "not built for vision datasets")):
+        result = console.run([command, *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
+        assert result.returncode != 0 and message in result.stderr, (command, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    bad = tmp_path / "bad.jsonl"
+    prompt_completion = tmp_path / "pc.jsonl"
+    prompt_completion.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "completion": [
+        {"role": "assistant", "content": "yo"}], "images": [images[0]]}) + "\n")
+    cases = {  # exit 1: the data is at fault; 2: the options are
+        "corrupt": (["--model", str(TINY_VL_MODEL)], "corrupt.png' cannot be used: not an image PIL can open", 1),
+        "missing": (["--model", str(TINY_VL_MODEL)], "missing.png' cannot be used: no such file", 1),
+        "text model": (["--model", str(TINY_MODEL)], "'qwen3' model", 2),
+        "packing": (["--model", str(TINY_VL_MODEL), "--packing"], "TRL refuses packing on vision datasets", 2),
+        "cut": (["--model", str(TINY_VL_MODEL), "--max_length", "128"], "cuts into them", 1),
+        "not a multiple": (["--model", str(TINY_VL_MODEL), "--max_length", "600"], "pass --max_length 512", 2),
+        "prompt-completion": (["--model", str(TINY_VL_MODEL)], "does not pad prompt-completion rows", 2),
+    }
+    for case, (argv, message, code) in cases.items():
+        source = prompt_completion if case == "prompt-completion" else bad if case in ("corrupt", "missing") else data
+        if case in ("corrupt", "missing"):
+            broken = str(tmp_path / f"{case}.png")
+            bad.write_text(data.read_text() + json.dumps({"messages": [{"role": "user", "content": "x"}, {
+                "role": "assistant", "content": "y"}], "images": [broken]}) + "\n")
+        result = console.run([*RUN, str(source), *argv])
+        assert result.returncode == code and message in result.stderr, (case, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, (case, result.stderr)

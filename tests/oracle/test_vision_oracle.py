@@ -1,0 +1,74 @@
+"""Vision-language SFT against the real `SFTTrainer` with the tiny Qwen2.5-VL: every train and eval batch, its
+pixel rows and its image grids included, as planned."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shapeplan import ShapeGuard
+from shapeplan.services.analyze import analyze
+from tests.conftest import TINY_VL_MODEL
+from tests.oracle.vision_data import write_images, write_rows
+from tests.oracle.vision_harness import observed, planned, run_sft_vision
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return write_images(tmp_path_factory.mktemp("images"))
+
+
+def _other_processor(tmp_path: Path) -> Path:
+    """The tiny model with another processor: min/max pixels given as `min_pixels`/`max_pixels` keys."""
+    model = tmp_path / "model"
+    shutil.copytree(TINY_VL_MODEL, model)
+    config = json.loads((model / "preprocessor_config.json").read_text())
+    config.pop("size")
+    config.update(min_pixels=12544, max_pixels=50176)
+    (model / "preprocessor_config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["messages", "image", "text"])
+def test_vision_sft_batches_are_planned_exactly(kind: str, images: list[str], tmp_path: Path) -> None:
+    """Rows by path (messages), as `datasets` Image features (image) and as text with the user's placeholders (which
+    TRL reads only with remove_unused_columns off; there with another processor's min/max pixels), with an eval set;
+    the guard holding the plan finds nothing unplanned."""
+    model = _other_processor(tmp_path) if kind == "text" else TINY_VL_MODEL
+    train = write_rows(tmp_path / "train.jsonl", images, 9, seed=1, kind=kind)
+    evaluation = write_rows(tmp_path / "eval.jsonl", images, 3, seed=2, kind=kind)
+    argv = ["--per_device_train_batch_size", "3" if kind == "image" else "2", "--max_steps", "4", "--max_length",
+            "640", "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "2",
+            *(["--remove_unused_columns", "false"] if kind == "text" else [])]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model),
+                           "--pad_to_multiple_of", "128", *argv], eval_source=str(evaluation), use_cache=False)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = observed(run_sft_vision(train, ["--pad_to_multiple_of", "128", *argv], eval_path=evaluation,
+                                   images="image" if kind == "image" else None, model=model, guard=guard))
+    assert planned(plan) == seen
+    assert not guard.unplanned
+    assert any(key[3] for key in seen) and any(key[0] == "eval" for key in seen)
+
+
+def test_the_guard_names_an_unplanned_pixel_batch(images: list[str], tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """A plan without one of the run's pixel batches: the guard reports that batch, its pixel_values included, and
+    nothing else."""
+    import dataclasses
+
+    train = write_rows(tmp_path / "train.jsonl", images, 6, seed=4)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "3", "--max_length", "1024"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL),
+                           "--pad_to_multiple_of", "128", *argv], use_cache=False)
+    dropped = next(s for s in plan.shapes if s.pixel_values is not None)
+    guard = ShapeGuard(dataclasses.replace(plan, shapes=tuple(s for s in plan.shapes if s != dropped)),
+                       on_unplanned="warn")
+    run_sft_vision(train, ["--pad_to_multiple_of", "128", *argv], guard=guard)
+    assert [f.image_grid_thw for f in guard.unplanned.values()] == [dropped.image_grid_thw]
+    lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
+    assert len(lines) == 1 and f"with pixel_values {list(dropped.pixel_values or ())}" in lines[0], lines

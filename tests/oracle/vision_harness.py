@@ -1,0 +1,76 @@
+"""The vision-language oracle: a real `SFTTrainer` run on CPU with the bundled tiny Qwen2.5-VL, recording what the
+model receives (pixel batches and image grids included) through the guard's recorder."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shapeplan.guard.recorder import Forward
+from tests.conftest import TINY_VL_MODEL
+from tests.oracle.harness import _parse, load_data
+
+Key = tuple[Any, ...]
+
+
+def processor(model: Path = TINY_VL_MODEL) -> Any:
+    """The model's processor as `AutoProcessor` builds it, without the video processor (transformers builds that
+    with torchvision, whose wheels here do not load against the CPU torch; image batches do not use it)."""
+    from transformers import AutoTokenizer
+
+    from shapeplan.adapters.vision import load_processor
+
+    return load_processor(str(model), AutoTokenizer.from_pretrained(model)).processor
+
+
+def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+                   images: str | None = None, model: Path = TINY_VL_MODEL, guard: Any = None) -> list[Forward]:
+    """Train with `trl sft`'s parser on `argv`; `images`: cast that column to `datasets` Image features first (as a
+    Hub dataset holds them), else the rows keep their paths."""
+    import datasets
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from trl import SFTTrainer
+
+    from shapeplan import ShapeGuard
+
+    torch.set_num_threads(1)
+    _, config, *_ = _parse("sft", [
+        "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true",
+        "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
+
+    def load(path: Path) -> Any:
+        data = load_data(path, False)
+        if images == "images":
+            return data.cast_column("images", datasets.List(datasets.Image()))
+        if images == "image":
+            return data.cast_column("image", datasets.Image())
+        return data
+
+    vlm = AutoModelForImageTextToText.from_pretrained(model, dtype="float32")
+    seen: list[Forward] = []
+    guard = guard or ShapeGuard(on_unplanned="record")
+    guard.on_forward = seen.append
+    trainer = SFTTrainer(model=vlm, args=config, train_dataset=load(train_path),
+                         eval_dataset=load(eval_path) if eval_path else None, processing_class=processor(model),
+                         callbacks=[guard])
+    trainer.train()
+    return seen
+
+
+def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int, Any]]:
+    """(phase, batch, seq, image_grid_thw) -> (count, first step, pixel_values)."""
+    keys = [(s.phase, s.batch, s.seq, s.image_grid_thw) for s in seen]
+    counts = Counter(keys)
+    out: dict[Key, tuple[int, int, Any]] = {}
+    for key, s in zip(keys, seen, strict=True):
+        prior = out.get(key)
+        out[key] = (counts[key], min(prior[1], s.step) if prior else s.step, s.pixel_values)
+    return out
+
+
+def planned(plan: Any) -> dict[Key, tuple[int, int, Any]]:
+    return {(s.phase, s.batch, s.seq, s.image_grid_thw): (s.count, s.first_step, s.pixel_values)
+            for s in plan.shapes}

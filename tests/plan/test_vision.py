@@ -1,0 +1,78 @@
+"""The image arithmetic the vision planner reproduces, equal to transformers' own: the processor's grid for every
+size (`smart_resize` and patchify), and an image's size as the run's processor reads it (EXIF orientation, modes)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from shapeplan.errors import PlanFileError
+from shapeplan.plan.io import plan_from_dict, plan_to_dict
+from shapeplan.plan.model import Plan, PlanStats, Shape
+from shapeplan.plan.vision import ImageProcessing, ImageSizeError, pixel_rows
+from tests.oracle.vision_data import write_images
+
+SIDES = [1, 13, 27, 28, 29, 55, 56, 100, 224, 333, 448, 1000, 1023, 4096]
+
+
+@pytest.mark.parametrize(("min_pixels", "max_pixels"), [(3136, 1003520), (12544, 50176), (3136, 12845056)])
+def test_grids_equal_the_image_processor(min_pixels: int, max_pixels: int) -> None:
+    """Every (height, width) of SIDES: transformers' `smart_resize`, and for the small ones the image processor
+    itself, its image_grid_thw row, its pixel_values rows and width, and the image tokens its processor writes."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+    processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    ours = ImageProcessing(min_pixels=min_pixels, max_pixels=max_pixels)
+    for height, width in itertools.product(SIDES, SIDES):
+        if max(height, width) / min(height, width) > 200:
+            with pytest.raises(ImageSizeError):
+                ours.grid(height, width)
+            continue
+        resized = smart_resize(height, width, factor=28, min_pixels=min_pixels, max_pixels=max_pixels)
+        assert ours.resized(height, width) == resized, (height, width)
+        if height * width > 100_000:
+            continue
+        out = processor(images=[Image.new("RGB", (width, height))], return_tensors="np")
+        grid = ours.grid(height, width)
+        assert [list(grid)] == out["image_grid_thw"].tolist(), (height, width)
+        assert (pixel_rows([grid]), ours.pixel_dim) == out["pixel_values"].shape
+        assert ours.tokens(grid) == int(out["image_grid_thw"].prod()) // processor.merge_size ** 2
+
+
+def test_image_sizes_are_read_as_the_run_reads_them(tmp_path: Path) -> None:
+    """From the header of each file (grayscale, RGBA, palette, a JPEG turned by EXIF), as a path, as bytes of an
+    undecoded `datasets` Image and as base64: the size `load_image` gives the processor."""
+    import base64
+
+    from transformers.image_utils import load_image
+
+    from shapeplan.adapters.vision import image_size
+
+    for path in write_images(tmp_path):
+        loaded = load_image(path)
+        expected = (loaded.height, loaded.width)
+        data = Path(path).read_bytes()
+        assert image_size(path) == image_size({"bytes": data, "path": None}) == expected, path
+        assert image_size(base64.b64encode(data).decode()) == expected
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    for value in (str(tmp_path / "corrupt.png"), str(tmp_path / "missing.png"), 3):
+        with pytest.raises(ValueError):
+            image_size(value)
+
+
+def test_a_vision_shape_round_trips_through_the_plan_file() -> None:
+    grids = ((1, 4, 6), (1, 22, 34))
+    shape = Shape(phase="train", batch=2, seq=256, count=3, first_step=1, pixel_values=(pixel_rows(grids), 1176),
+                  image_grid_thw=grids)
+    plan = Plan(method="sft", exact=True, pad_to_multiple_of=128, shapes=(shape,),
+                stats=PlanStats(rows=6, dropped_rows=0, micro_batches=3, optimizer_steps=3, tokens=1, padded_tokens=1))
+    data = plan_to_dict(plan)
+    assert data["shapes"][0]["pixel_values"] == [772, 1176]
+    assert data["shapes"][0]["image_grid_thw"] == [[1, 4, 6], [1, 22, 34]]
+    assert plan_from_dict(data).shapes == (shape,)
+    data["shapes"][0]["pixel_values"] = [771, 1176]
+    with pytest.raises(PlanFileError, match="patches"):
+        plan_from_dict(data)
