@@ -1,8 +1,10 @@
 """shapeplan: plan and pre-compile every input shape a TRL run feeds the model on AWS Trainium.
 
 The public API: the plan types and file functions; `analyze(method, argv)`, a run's plan as `shapeplan analyze`
-makes it; `ShapeGuard`, the callback that checks a real run against its plan. The planning core (`shapeplan.plan`)
-is pure Python; TRL, transformers, datasets and torch are imported only inside the functions that need them.
+makes it; `ShapeGuard`, the callback that checks a real run against its plan; `resize_images(dataset, sizes)`,
+the `datasets.map` step that gives a vision dataset the few image sizes `shapeplan advise` proposes. The planning
+core (`shapeplan.plan`) is pure Python; TRL, transformers, datasets and torch are imported only inside the
+functions that need them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ def __getattr__(name: str) -> object:
         from .services.analyze import analyze
 
         return analyze
+    if name == "resize_images":
+        from .adapters.vision import resize_images
+
+        return resize_images
     raise AttributeError(f"module 'shapeplan' has no attribute {name!r}")
 
 __all__ = [
@@ -38,5 +44,6 @@ __all__ = [
     "load_plan",
     "plan_from_dict",
     "plan_to_dict",
+    "resize_images",
     "write_plan",
 ]

@@ -36,12 +36,11 @@ def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | 
 
 def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:
     """The run's data, refused when streamed (lengths cover every row, which a stream gives only read whole) and when
-    it has images (the advice for those, fewer image sizes, is not built yet)."""
+    it has images (`advise` weighs image sizes for those, see services/vision_advice.py)."""
     data = load_run_data(args, eval_source=eval_source, vision=True)
     if is_vision(data.train):
-        raise UsageError("--histogram and advise are not built for vision datasets yet (their advice is fewer image "
-                         "sizes, not padding); `shapeplan analyze` plans the run, and its report counts the vision "
-                         "graphs")
+        raise UsageError("--histogram shows text lengths, which do not decide a vision run's compiles; `shapeplan "
+                         "advise` shows its vision graphs and the image sizes that make them few")
     if is_stream(data.train):
         raise UsageError("--histogram and advise read the length of every train row, which a stream gives only when "
                          "read whole; drop --dataset_streaming for them (the map-style run has the same lengths)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError
@@ -10,6 +11,8 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
+from ..plan.vision import FixedSizes
+from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
 from .common import (
     RunData,
@@ -150,19 +153,13 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     apply_chat_template_path(tokenizer, config.chat_template_path)
     padding_free = bool(config.padding_free or (config.packing and config.packing_strategy in {"bfd", "bfd_split"}))
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
-    warnings: list[str] = []
+    warnings = _run_warnings(config)
     if vision.is_vision(data.train):
-        return _plan_vision(args, argv, data, layout, warnings)
+        return plan_vision(_read_vision(args, argv, data, warnings))
     if data.eval is not None and vision.is_vision(data.eval):
         raise UsageError("the eval dataset has images and the train dataset has none: SFTTrainer picks its collator "
                          "from the train rows, so the eval images are not fed to the model; drop the eval set's "
                          "image columns or train on images too")
-    if config.resume_from_checkpoint:
-        warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
-                        "before its checkpoint and meets only the shapes after it")
-    if config.label_smoothing_factor > 0:
-        warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
-                        "grad, then the fused head without), so each train shape compiles two graphs")
     if streaming:
         return _plan_stream(args, argv, data, layout, warnings)
 
@@ -197,25 +194,62 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
                     eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
 
 
-def _plan_vision(args: TrainingArgs, argv: list[str], data: RunData, layout: SFTLayout,
-                 warnings: list[str]) -> Plan:
-    """A vision-language run: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not prepare
-    the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches."""
+@dataclass(frozen=True)
+class VisionRun:
+    """A vision-language run with its rows read once (every image's size, every row's rendered tokens): what each
+    of its plans derives from, the run as given and each fixed-size what-if (`shapeplan advise`)."""
+
+    args: TrainingArgs
+    argv: list[str]
+    data: RunData
+    processor: vision.VisionProcessor
+    train: tuple[ImageRow, ...]
+    eval: tuple[ImageRow, ...] | None
+    warnings: tuple[str, ...]
+
+
+def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> VisionRun | None:
+    """The run's rows read, when its train set has images; None for a text run."""
+    data = load_run_data(args, eval_source=eval_source, vision=True)
+    apply_chat_template_path(data.tokenizer, args.training.chat_template_path)
+    if not vision.is_vision(data.train):
+        return None
+    return _read_vision(args, argv, data, _run_warnings(args.training))
+
+
+def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: list[str]) -> VisionRun:
     config = args.training
     _check_vision(args, data)
     processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
                                       revision=args.model.model_revision,
                                       trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
     with trl_preparing("train"):
-        train_rows = vision.vision_rows(data.train, processor, config, name="train")
+        train = vision.read_rows(data.train, processor, config, name="train")
+    evaluated = None
+    if data.eval is not None:
+        with trl_preparing("eval"):
+            evaluated = vision.read_rows(data.eval, processor, config, name="eval")
+    return VisionRun(args=args, argv=argv, data=data, processor=processor, train=train, eval=evaluated,
+                     warnings=tuple(warnings))
+
+
+def plan_vision(run: VisionRun, resize: FixedSizes | None = None) -> Plan:
+    """A vision-language run's plan: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not
+    prepare the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches.
+    `resize`: as if every image were first resized to one of those sizes."""
+    args, config = run.args, run.args.training
+    layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
+    train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)
     epoch_batches, loop = train_schedule(args, len(train_rows))
+    recorded = recorded_config(args, run.argv)
+    if resize is not None:
+        recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
-                   exact=True, config=recorded_config(args, argv), versions=versions(),
-                   fingerprint=run_fingerprint(data), warnings=warnings)
-    if data.eval is None:
+                   exact=True, config=recorded, versions=versions(), fingerprint=run_fingerprint(run.data),
+                   warnings=run.warnings)
+    if run.eval is None:
         return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info)
-    with trl_preparing("eval"):
-        eval_rows = vision.vision_rows(data.eval, processor, config, name="eval")
+    eval_rows = vision.collated_rows(run.eval, run.processor, config, name="eval", resize=resize)
     eval_order, eval_at = eval_schedule(args, loop, len(eval_rows), None)
     return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=epoch_batches, info=info,
                     eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
@@ -265,6 +299,17 @@ def _check_vision(args: TrainingArgs, data: RunData) -> None:
     if bool(config.accelerator_config.dispatch_batches) and args.num_processes > 1:
         raise UsageError("dispatch_batches on vision datasets is not planned yet (rank 0 would concatenate the "
                          "ranks' pixel batches); drop dispatch_batches")
+
+
+def _run_warnings(config: Any) -> list[str]:
+    warnings = []
+    if config.resume_from_checkpoint:
+        warnings.append("resume_from_checkpoint: this plans the run from step 1; the resumed run skips the steps "
+                        "before its checkpoint and meets only the shapes after it")
+    if config.label_smoothing_factor > 0:
+        warnings.append("label_smoothing_factor > 0 runs two forwards on every train batch (full logits with "
+                        "grad, then the fused head without), so each train shape compiles two graphs")
+    return warnings
 
 
 def _check_dispatch(args: TrainingArgs, padding_free: bool) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.rows import Rows
-from ..plan.vision import Grid, ImageProcessing, ImageSizeError
+from ..plan.vision import FixedSizes, ImageProcessing
+from ..plan.vision_rows import CutImageTokens, ImageRow, image_rows
 
 # The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL uses Qwen2-VL's image processor).
 PLANNED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
@@ -172,50 +173,106 @@ def _row_images(example: dict[str, Any]) -> list[Any]:
     return list(example.get("images") or [])
 
 
+# -- fewer sizes -----------------------------------------------------------------------------------------------------
+
+def resize_images(dataset: Any, sizes: Any) -> Any:
+    """`dataset` with every image of a row (`image` or `images`) resized to the one of `sizes`, (height, width)
+    pairs as `shapeplan advise` lists them, with the nearest aspect ratio: the processor then keeps each image's
+    size, so the run meets only those grids. A `datasets.map` over the rows, stored as `datasets` Image features.
+
+        import shapeplan
+        dataset = shapeplan.resize_images(dataset, [(448, 448), (336, 588)])
+
+    Images are read as the run reads them (a path, URL or base64 with `load_image`, which turns them by EXIF), and
+    resized with Pillow's bicubic filter, the processor's own."""
+    import datasets
+
+    try:
+        fixed = FixedSizes(tuple((int(h), int(w)) for h, w in sizes))
+    except (TypeError, ValueError):
+        raise UsageError("resize_images takes (height, width) pairs, as `shapeplan advise` lists them") from None
+    if not fixed.sizes or any(h < 1 or w < 1 for h, w in fixed.sizes):
+        raise UsageError("resize_images needs at least one (height, width) pair of positive sides")
+    features = dataset.features.copy() if dataset.features is not None else None
+    columns = [c for c in ("image", "images") if c in (dataset.column_names or ())]
+    if features is not None:
+        for column in columns:  # rows of no image first would leave the type to guess: it is an image
+            features[column] = datasets.Image() if column == "image" else datasets.List(datasets.Image())
+
+    def resize(row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "image" in columns:
+            out["image"] = None if row["image"] is None else _resized(row["image"], fixed)
+        if "images" in columns:
+            out["images"] = [_resized(image, fixed) for image in row["images"] or []]
+        return out
+
+    return dataset.map(resize, features=features)
+
+
+def _resized(value: Any, fixed: FixedSizes) -> Any:
+    from PIL import Image, ImageOps
+    from transformers.image_utils import load_image
+
+    if isinstance(value, Image.Image):
+        image = value  # as `datasets` decodes it: already turned
+    elif isinstance(value, dict) and (value.get("bytes") or value.get("path")):
+        source = value.get("bytes") or value["path"]
+        image = ImageOps.exif_transpose(Image.open(io.BytesIO(source) if isinstance(source, bytes) else source))
+    else:
+        image = load_image(value)
+    height, width = fixed.target(image.height, image.width)
+    return image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
+
+
 # -- rows ------------------------------------------------------------------------------------------------------------
 
-def vision_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> Rows:
-    """Each row's token length as the collator pads it (truncated to max_length) and its images' grids."""
-    lengths: list[int] = []
-    grids: list[tuple[Grid, ...]] = []
+def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> tuple[ImageRow, ...]:
+    """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
+    rows = []
     for index, example in enumerate(_examples(dataset)):
-        row_grids = tuple(_grid(vision, image, index, name) for image in _row_images(example))
-        length, last_image = _row_length(vision, example, row_grids, config, index, name)
-        if config.max_length is not None and length > config.max_length:
-            if last_image is not None and last_image >= config.max_length:
-                raise DatasetError(f"row {index} of the {name} dataset has {length} tokens with its image tokens, and "
-                                   f"max_length={config.max_length} cuts into them (TRL's forward then fails); raise "
-                                   "--max_length, or lower the processor's max_pixels")
-            length = config.max_length
-        lengths.append(length)
-        grids.append(row_grids)
-    return Rows(lengths=tuple(lengths), images=tuple(grids), pixel_dim=vision.images.pixel_dim)
+        sizes = tuple(_size(vision, image, index, name) for image in _row_images(example))
+        tokens, last = _row_tokens(vision, example, len(sizes), config, index, name)
+        rows.append(ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes))
+    return tuple(rows)
+
+
+def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: Any, *, name: str,
+                  resize: FixedSizes | None = None) -> Rows:
+    """The rows as the collator pads them (`resize`: with every image resized to one of those sizes first)."""
+    try:
+        return image_rows(rows, vision.images, config.max_length, resize)
+    except CutImageTokens as exc:
+        raise DatasetError(f"row {exc.row} of the {name} dataset has {exc.length} tokens with its image tokens, and "
+                           f"max_length={config.max_length} cuts into them (TRL's forward then fails); raise "
+                           "--max_length, or lower the processor's max_pixels") from None
 
 
 def _examples(dataset: Any) -> Iterator[dict[str, Any]]:
     yield from _undecoded(dataset)
 
 
-def _grid(vision: VisionProcessor, image: Any, index: int, name: str) -> Grid:
+def _size(vision: VisionProcessor, image: Any, index: int, name: str) -> tuple[int, int]:
     try:
         height, width = image_size(image)
-        return vision.images.grid(height, width)
-    except (ValueError, ImageSizeError) as exc:
+        vision.images.grid(height, width)  # refused here, with the row and the file, if the processor refuses it
+        return height, width
+    except ValueError as exc:  # ImageSizeError among them
         shown = image if isinstance(image, str) and len(image) < 200 else (
             image.get("path") if isinstance(image, dict) and image.get("path") else type(image).__name__)
         raise DatasetError(f"row {index} of the {name} dataset: image {shown!r} cannot be used: {exc}; fix or "
                            "drop the row") from None
 
 
-def _row_length(vision: VisionProcessor, example: dict[str, Any], grids: tuple[Grid, ...], config: Any,
-                index: int, name: str) -> tuple[int, int | None]:
-    """The row's token count with each image's tokens expanded, and the position of its last image token."""
+def _row_tokens(vision: VisionProcessor, example: dict[str, Any], images: int, config: Any, index: int,
+                name: str) -> tuple[int, int | None]:
+    """The row's token count with one placeholder per image, and the position of its last placeholder."""
     from trl.data_utils import prepare_multimodal_messages
 
     processor = vision.processor
     if "messages" in example:
         try:
-            messages = prepare_multimodal_messages(example["messages"], images=[None] * len(grids))
+            messages = prepare_multimodal_messages(example["messages"], images=[None] * images)
             text = processor.apply_chat_template(messages, tokenize=False)
         except (ValueError, TypeError, KeyError) as exc:
             raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
@@ -227,9 +284,7 @@ def _row_length(vision: VisionProcessor, example: dict[str, Any], grids: tuple[G
                            f"{config.dataset_text_field!r}; vision rows need one of them")
     ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
     positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
-    if len(positions) != len(grids):
-        raise DatasetError(f"row {index} of the {name} dataset has {len(grids)} images and {len(positions)} "
+    if len(positions) != images:
+        raise DatasetError(f"row {index} of the {name} dataset has {images} images and {len(positions)} "
                            f"{vision.image_token} tokens in its text; give each image one")
-    added = [vision.images.tokens(grid) - 1 for grid in grids]
-    last = positions[-1] + sum(added) if positions else None
-    return len(ids) + sum(added), last
+    return len(ids), positions[-1] if positions else None

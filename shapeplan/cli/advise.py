@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ShapeplanError
+from ..errors import ShapeplanError, UsageError
 from .options import run_options
 
 
@@ -37,7 +37,8 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     accumulation pairs with the same effective batch, and for GRPO/RLOO/Distillation a pinned static cache length
     and max_completion_length at each bucket edge. Each is an exact plan; they are ranked by compile + training
     minutes, with the TRL flags, the change and the data lost. Takes the same DATASET and TRL options as
-    `shapeplan analyze`.
+    `shapeplan analyze`. On a vision-language SFT dataset it weighs fixed image sizes instead: vision graphs,
+    compile minutes and pixels kept, and the `shapeplan.resize_images` call that applies them.
 
     \b
     Examples:
@@ -52,11 +53,17 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     from ..services.advise import advise
     from ..services.analyze import dataset_progress_bars
     from ..services.trainers import trainer_spec
+    from ..services.vision_advice import VisionAdvice, render_vision_advice, vision_advice_to_dict
 
     dataset_progress_bars(sys.stderr.isatty())
     argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
     advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
                     allow_truncation=allow_truncation)
+    if isinstance(advice, VisionAdvice):
+        if html_file is not None:
+            raise UsageError("--html draws the text advice; vision advice is printed (or --json): drop --html")
+        click.echo(json.dumps(vision_advice_to_dict(advice), indent=2) if as_json else render_vision_advice(advice))
+        return
     if html_file is not None:
         try:
             write_atomic(html_file, render_html(advice))

@@ -67,3 +67,51 @@ class ImageProcessing:
 def pixel_rows(grids: Sequence[Grid]) -> int:
     """N of `pixel_values [N, D]`: every image's patches, concatenated (TRL pads neither N nor the grids)."""
     return sum(t * h * w for t, h, w in grids)
+
+
+# -- fewer sizes ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FixedSizes:
+    """A few (height, width) sizes every image is resized to before training: the one with the nearest aspect
+    ratio. Each is a size the processor keeps as it is (a multiple of its factor within its pixel limits), so each
+    image then has one of `len(sizes)` grids."""
+
+    sizes: tuple[tuple[int, int], ...]
+
+    def target(self, height: int, width: int) -> tuple[int, int]:
+        aspect = math.log(width / height)
+        return min(self.sizes, key=lambda size: abs(math.log(size[1] / size[0]) - aspect))
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{w}x{h}" for h, w in self.sizes)
+        return f"{len(self.sizes)} fixed size{'s' if len(self.sizes) > 1 else ''} ({shown})"
+
+
+def fixed_sizes(sizes: Sequence[tuple[int, int]], count: int, processing: ImageProcessing) -> FixedSizes:
+    """`count` sizes taken from the images' own distribution: the images ordered by aspect ratio and cut into
+    `count` groups of equal size, each group's size the processor's resize of its median height and width."""
+    ordered = sorted(sizes, key=lambda size: size[1] / size[0])
+    targets: list[tuple[int, int]] = []
+    for part in range(count):
+        group = ordered[part * len(ordered) // count:(part + 1) * len(ordered) // count]
+        if not group:
+            continue
+        heights = sorted(h for h, _ in group)
+        widths = sorted(w for _, w in group)
+        target = processing.resized(heights[len(heights) // 2], widths[len(widths) // 2])
+        if target not in targets:
+            targets.append(target)
+    return FixedSizes(tuple(targets))
+
+
+def pixels_kept(sizes: Sequence[tuple[int, int]], resize: FixedSizes, processing: ImageProcessing) -> float:
+    """The share of the pixels the processor would feed that the fixed sizes keep (an upscaled image keeps all of
+    its own and gains none)."""
+    before = [processing.resized(h, w) for h, w in sizes]
+    after = [resize.target(h, w) for h, w in sizes]
+    total = sum(h * w for h, w in before)
+    if not total:
+        return 1.0
+    return sum(min(bh * bw, ah * aw) for (bh, bw), (ah, aw) in zip(before, after, strict=True)) / total

@@ -32,6 +32,7 @@ from ..plan.model import LengthKind, Plan
 from .analyze import analyze
 from .trainers import MEASURED, trainer_spec
 from .trl_command import TrlCommand, trl_command, with_options
+from .vision_advice import VisionAdvice, advise_vision
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,24 @@ class Advice:
 
 
 def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
-           calibrate: Path | None = None, allow_truncation: bool = False) -> Advice:
+           calibrate: Path | None = None, allow_truncation: bool = False) -> Advice | VisionAdvice:
+    """The advice for the run: padding, length and batch what-ifs (`Advice`), or for a vision-language SFT run,
+    fixed image sizes (`VisionAdvice`)."""
     kind = trainer_spec(method).lengths
     if kind is None:
         raise UsageError(f"advise covers {', '.join(MEASURED)}, not {method}; use `shapeplan analyze --method "
                          f"{method}` to plan it")
     from ..adapters.lengths import shared_tokenization
+
+    if kind == "rows":  # SFT: the method that plans images
+        from ..adapters.sft import vision_run
+        from ..adapters.trl_args import parse_training_args
+
+        run = vision_run(parse_training_args(trainer_spec(method), list(argv)), list(argv), eval_source=eval_source)
+        if run is not None:
+            if calibrate is not None:
+                raise UsageError("--calibrate costs text shapes; vision advice counts vision graphs, drop --calibrate")
+            return advise_vision(run)
 
     with shared_tokenization():
         return _advise(method, kind, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,

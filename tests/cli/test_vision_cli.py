@@ -23,10 +23,14 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     assert all(len(s["pixel_values"]) == 2 and s["image_grid_thw"] for s in shapes if "pixel_values" in s)
     report = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL)])
     assert "vision graphs: " in report.stdout and "pixel_values " in report.stdout, report.stdout
-    for command, message in (("warm", "which warm does not feed yet"), ("advise", "not built for vision datasets")):
-        result = console.run([command, *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
+    for command, message in (("warm", "which warm does not feed yet"), ("analyze --histogram", "text lengths")):
+        result = console.run([*command.split(), *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
         assert result.returncode != 0 and message in result.stderr, (command, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    advice = json.loads(console.run(["advise", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
+    assert advice["vision"] and advice["baseline"]["vision_graphs"] == len(
+        {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if "image_grid_thw" in s})
+    assert all(0 < o["pixels_kept"] <= 1 and o["sizes"] for o in advice["options"])
 
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
     bad = tmp_path / "bad.jsonl"

@@ -72,3 +72,30 @@ def test_the_guard_names_an_unplanned_pixel_batch(images: list[str], tmp_path: P
     assert [f.image_grid_thw for f in guard.unplanned.values()] == [dropped.image_grid_thw]
     lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
     assert len(lines) == 1 and f"with pixel_values {list(dropped.pixel_values or ())}" in lines[0], lines
+
+
+def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: list[str], tmp_path: Path) -> None:
+    """advise's fewest-compiles what-if, applied with `resize_images` (a `datasets.map`): the resized dataset
+    plans as the what-if did, and the real run meets exactly its shapes, as many vision graphs as advised."""
+    import datasets
+
+    from shapeplan import resize_images
+    from shapeplan.services.advise import advise
+    from shapeplan.services.vision_advice import VisionAdvice
+
+    train = write_rows(tmp_path / "train.jsonl", images, 12, seed=5)
+    argv = ["--per_device_train_batch_size", "2", "--max_length", "1024", "--pad_to_multiple_of", "128"]
+    advice = advise("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                    use_cache=False)
+    assert isinstance(advice, VisionAdvice) and advice.best is not None and advice.best.sizes is not None
+    best = advice.best
+    assert best.graphs < advice.baseline.graphs
+    resized = tmp_path / "resized"
+    data = datasets.load_dataset("json", data_files=str(train), split="train")
+    resize_images(data, best.sizes.sizes).save_to_disk(str(resized))
+    replanned = analyze("sft", ["--dataset_name", str(resized), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                        use_cache=False)
+    assert planned(replanned) == planned(best.plan)
+    seen = observed(run_sft_vision(resized, argv))
+    assert seen == planned(best.plan)
+    assert len({key[3] for key in seen if key[3]}) == best.graphs

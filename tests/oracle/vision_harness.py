@@ -42,6 +42,8 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
 
     def load(path: Path) -> Any:
+        if (path / "dataset_info.json").is_file():  # a save_to_disk folder, as `trl sft` loads it
+            return datasets.load_from_disk(str(path))
         data = load_data(path, False)
         if images == "images":
             return data.cast_column("images", datasets.List(datasets.Image()))

@@ -76,3 +76,25 @@ def test_a_vision_shape_round_trips_through_the_plan_file() -> None:
     data["shapes"][0]["pixel_values"] = [771, 1176]
     with pytest.raises(PlanFileError, match="patches"):
         plan_from_dict(data)
+
+
+def test_fixed_sizes_are_kept_by_the_processor_and_chosen_by_aspect() -> None:
+    """Each fixed size is one the processor leaves as it is (so a resized image has exactly that grid); an image
+    goes to the size of nearest aspect ratio; pixels kept count downscaling only."""
+    from shapeplan.plan.vision import fixed_sizes, pixels_kept
+
+    processing = ImageProcessing(min_pixels=3136, max_pixels=158368)
+    sizes = [(h, w) for h in (12, 200, 301, 640, 2000) for w in (20, 90, 300, 500, 3000)
+             if max(h, w) / min(h, w) <= 200]
+    for count in (1, 2, 3, 4):
+        fixed = fixed_sizes(sizes, count, processing)
+        assert 1 <= len(fixed.sizes) <= count
+        assert all(processing.resized(h, w) == (h, w) for h, w in fixed.sizes)
+    fixed = fixed_sizes(sizes, 3, processing)
+    tall, wide = min(fixed.sizes, key=lambda s: s[1] / s[0]), max(fixed.sizes, key=lambda s: s[1] / s[0])
+    assert fixed.target(2000, 20) == tall and fixed.target(12, 3000) == wide
+    one = fixed_sizes([(56, 56), (560, 560)], 1, processing)
+    assert pixels_kept([(56, 56)], one, processing) == 1.0  # upscaled: nothing lost
+    big = processing.resized(560, 560)
+    assert pixels_kept([(560, 560)], one, processing) == pytest.approx(
+        one.sizes[0][0] * one.sizes[0][1] / (big[0] * big[1]))

@@ -1,0 +1,118 @@
+"""`advise` for a vision-language run: its vision graphs as given, and what-ifs that resize every image to one of
+a few fixed sizes taken from the dataset's own distribution, each an exact plan of the same rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..plan.cost import compile_minutes
+from ..plan.io import shape_to_dict
+from ..plan.model import Plan
+from ..plan.vision import FixedSizes, fixed_sizes, pixels_kept
+
+if TYPE_CHECKING:
+    from ..adapters.sft import VisionRun
+
+SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
+
+
+@dataclass(frozen=True)
+class VisionOption:
+    sizes: FixedSizes | None  # None: the images as they are
+    plan: Plan
+    pixels_kept: float  # of the pixels the processor feeds as given
+
+    @property
+    def graphs(self) -> int:
+        """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
+        return len({s.image_grid_thw for s in self.plan.shapes if s.image_grid_thw})
+
+    @property
+    def compile_minutes(self) -> float:
+        return compile_minutes(self.plan)
+
+    @property
+    def label(self) -> str:
+        return "(as given)" if self.sizes is None else self.sizes.label
+
+
+@dataclass(frozen=True)
+class VisionAdvice:
+    method: str
+    baseline: VisionOption
+    options: tuple[VisionOption, ...]  # fewest compile minutes first
+
+    @property
+    def best(self) -> VisionOption | None:
+        """The what-if that compiles least, where it compiles less than the run as given."""
+        best = self.options[0] if self.options else None
+        return best if best is not None and best.compile_minutes < self.baseline.compile_minutes else None
+
+
+def advise_vision(run: VisionRun, counts: Sequence[int] = SIZE_COUNTS) -> VisionAdvice:
+    from ..adapters.sft import plan_vision
+
+    processing = run.processor.images
+    sizes = [size for row in run.train for size in row.sizes]
+    baseline = VisionOption(sizes=None, plan=plan_vision(run), pixels_kept=1.0)
+    options: list[VisionOption] = []
+    for count in counts:
+        fixed = fixed_sizes(sizes, count, processing)
+        if not fixed.sizes or any(option.sizes == fixed for option in options):
+            continue
+        options.append(VisionOption(sizes=fixed, plan=plan_vision(run, fixed),
+                                    pixels_kept=pixels_kept(sizes, fixed, processing)))
+    options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
+    return VisionAdvice(method=run.args.method, baseline=baseline, options=tuple(options))
+
+
+def apply_line(option: VisionOption) -> str:
+    assert option.sizes is not None
+    pairs = ", ".join(f"({h}, {w})" for h, w in option.sizes.sizes)
+    return f"dataset = shapeplan.resize_images(dataset, [{pairs}])"
+
+
+def render_vision_advice(advice: VisionAdvice) -> str:
+    from .report import table
+
+    plan = advice.baseline.plan
+    rows = [[option.label, str(option.graphs), str(plan_shapes(option.plan)), f"{option.compile_minutes:.0f}",
+             f"{option.pixels_kept:.1%}"] for option in (advice.baseline, *advice.options)]
+    lines = [
+        f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
+        "",
+        f"as given: {advice.baseline.graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
+        "distinct set of image sizes in a batch is a compile of the vision tower",
+        "",
+        "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio",
+        table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
+        "",
+    ]
+    best = advice.best
+    if best is None:
+        lines.append("no fixed sizes compile less than the images as given")
+    else:
+        lines += [f"fewest compiles: {best.label}, {best.graphs} vision graphs instead of {advice.baseline.graphs}, "
+                  f"keeping {best.pixels_kept:.1%} of the pixels; resize the dataset before training with:",
+                  f"  {apply_line(best)}"]
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def plan_shapes(plan: Plan) -> int:
+    return len({s.key for s in plan.shapes})
+
+
+def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
+    def option(o: VisionOption) -> dict[str, Any]:
+        return {"option": o.label, "sizes": [list(size) for size in o.sizes.sizes] if o.sizes else None,
+                "vision_graphs": o.graphs, "distinct_shapes": plan_shapes(o.plan),
+                "compile_minutes": round(o.compile_minutes, 3), "pixels_kept": round(o.pixels_kept, 6),
+                "shapes": [shape_to_dict(s) for s in o.plan.shapes]}
+
+    best = advice.best
+    return {"method": advice.method, "vision": True, "baseline": option(advice.baseline),
+            "options": [option(o) for o in advice.options],
+            "recommended": None if best is None else {"option": best.label, "apply": apply_line(best)}}
