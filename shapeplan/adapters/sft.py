@@ -222,7 +222,8 @@ def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: l
     _check_vision(args, data)
     processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
                                       revision=args.model.model_revision,
-                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
+                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
+                                      chat_template_path=config.chat_template_path)
     with trl_preparing("train"):
         train = vision.read_rows(data.train, processor, config, name="train")
     evaluated = None

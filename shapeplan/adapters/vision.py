@@ -45,10 +45,13 @@ class VisionProcessor:
     image_token_id: int
 
 
-def load_processor(model: str, tokenizer: Any, *, revision: str | None = None,
-                   trust_remote_code: bool = False) -> VisionProcessor:
+def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, trust_remote_code: bool = False,
+                   chat_template_path: str | None = None) -> VisionProcessor:
     """The processor `AutoProcessor.from_pretrained(model)` builds for a model shapeplan plans images for; its video
-    processor left out (transformers builds it with torchvision, which image shapes do not need)."""
+    processor left out (transformers builds it with torchvision, which image shapes do not need). Its chat template
+    is the processor's own (`chat_template.jinja`, or a legacy `chat_template.json`), as `AutoProcessor` reads it,
+    or with `chat_template_path` (a .jinja file, which SFTTrainer sets on the processor) the tokenizer's, which
+    holds that file already."""
     from transformers import AutoConfig
 
     try:
@@ -76,10 +79,22 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None,
     settings = ImageProcessing(min_pixels=int(size.shortest_edge), max_pixels=int(size.longest_edge),
                                patch_size=int(image_processor.patch_size), merge_size=int(image_processor.merge_size),
                                temporal_patch_size=int(image_processor.temporal_patch_size))
+    template = tokenizer.chat_template if chat_template_path else _processor_template(model, revision)
     processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
-                                        chat_template=tokenizer.chat_template)
+                                        chat_template=template or tokenizer.chat_template)
     return VisionProcessor(images=settings, processor=processor, image_token=processor.image_token,
                            image_token_id=int(processor.image_token_id))
+
+
+def _processor_template(model: str, revision: str | None) -> Any:
+    """The chat template `AutoProcessor` gives the processor (None where the folder has none of its own)."""
+    from transformers import ProcessorMixin
+
+    try:
+        processor_dict, _ = ProcessorMixin.get_processor_dict(model, revision=revision)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the processor files of {model}: {first_line(exc)}") from exc
+    return processor_dict.get("chat_template")
 
 
 def _image_only(model_type: str) -> type:

@@ -12,7 +12,7 @@ import pytest
 from shapeplan import ShapeGuard
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_VL_MODEL
-from tests.oracle.vision_data import write_images, write_rows
+from tests.oracle.vision_data import write_images, write_qwen2_vl, write_rows, write_structured_rows
 from tests.oracle.vision_harness import observed, planned, run_sft_vision
 
 pytestmark = pytest.mark.slow
@@ -24,22 +24,29 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def _other_processor(tmp_path: Path) -> Path:
-    """The tiny model with another processor: min/max pixels given as `min_pixels`/`max_pixels` keys."""
+    """The tiny model with another processor: min/max pixels given as `min_pixels`/`max_pixels` keys, and its own
+    chat template in a legacy `chat_template.json` (another default system turn than the tokenizer's)."""
     model = tmp_path / "model"
     shutil.copytree(TINY_VL_MODEL, model)
     config = json.loads((model / "preprocessor_config.json").read_text())
     config.pop("size")
     config.update(min_pixels=12544, max_pixels=50176)
     (model / "preprocessor_config.json").write_text(json.dumps(config))
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").unlink()
+    (model / "chat_template.json").write_text(json.dumps({"chat_template": template.replace(
+        "You are a helpful assistant.", "You describe images in great detail, one red square at a time.")}))
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "chat_template": template}))
     return model
 
 
 @pytest.mark.parametrize("kind", ["messages", "image", "text"])
 def test_vision_sft_batches_are_planned_exactly(kind: str, images: list[str], tmp_path: Path) -> None:
     """Rows by path (messages), as `datasets` Image features (image) and as text with the user's placeholders (which
-    TRL reads only with remove_unused_columns off; there with another processor's min/max pixels), with an eval set;
-    the guard holding the plan finds nothing unplanned."""
-    model = _other_processor(tmp_path) if kind == "text" else TINY_VL_MODEL
+    TRL reads only with remove_unused_columns off), with an eval set; but for `image`, with another processor's
+    min/max pixels and chat template; the guard holding the plan finds nothing unplanned."""
+    model = _other_processor(tmp_path) if kind != "image" else TINY_VL_MODEL
     train = write_rows(tmp_path / "train.jsonl", images, 9, seed=1, kind=kind)
     evaluation = write_rows(tmp_path / "eval.jsonl", images, 3, seed=2, kind=kind)
     argv = ["--per_device_train_batch_size", "3" if kind == "image" else "2", "--max_steps", "4", "--max_length",
@@ -99,3 +106,14 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
     seen = observed(run_sft_vision(resized, argv))
     assert seen == planned(best.plan)
     assert len({key[3] for key in seen if key[3]}) == best.graphs
+
+
+def test_qwen2_vl_with_structured_turns_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
+    """A Qwen2-VL (its own processor class and pixel limits) on rows of typed content parts with a system turn
+    and the images in a later user turn, at batch 3."""
+    model = write_qwen2_vl(tmp_path / "qwen2-vl", TINY_VL_MODEL)
+    train = write_structured_rows(tmp_path / "train.jsonl", images, 10, seed=7)
+    argv = ["--per_device_train_batch_size", "3", "--max_steps", "3", "--max_length", "768", "--pad_to_multiple_of",
+            "128"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv], use_cache=False)
+    assert planned(plan) == observed(run_sft_vision(train, argv, model=model))

@@ -55,3 +55,53 @@ def write_rows(path: Path, images: list[str], rows: int, *, seed: int, kind: str
                 row.update({"image": chosen[0]} if kind == "image" else {"images": chosen})
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def write_qwen2_vl(folder: Path, source: Path) -> Path:
+    """A random tiny Qwen2-VL (`qwen2_vl`) on `source`'s tokenizer, chat template and image processor, with other
+    pixel limits."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    shutil.copytree(source, folder)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (folder / name).unlink()
+    tok = AutoTokenizer.from_pretrained(source)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                                                       "<|video_pad|>")}
+    config = Qwen2VLConfig(
+        text_config={"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}, "tie_word_embeddings": True,
+                     "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": None},
+        vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32, "mlp_ratio": 2, "num_heads": 2,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    processor["size"] = {"shortest_edge": 6272, "longest_edge": 90000}
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder
+
+
+def write_structured_rows(path: Path, images: list[str], rows: int, *, seed: int) -> Path:
+    """Rows of structured content (a list of typed parts): a system turn, two exchanges, the images placed by the
+    user in the second user turn."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            chosen = rng.sample(images, rng.choice([0, 1, 2]))
+
+            def text(lo: int, hi: int) -> list[dict[str, str]]:
+                return [{"type": "text", "text": _words(rng, lo, hi)}]
+            messages = [{"role": "system", "content": text(1, 5)}, {"role": "user", "content": text(1, 20)},
+                        {"role": "assistant", "content": text(1, 20)},
+                        {"role": "user", "content": [*({"type": "image"} for _ in chosen), *text(1, 20)]},
+                        {"role": "assistant", "content": text(1, 40)}]
+            f.write(json.dumps({"messages": messages, "images": chosen}) + "\n")
+    return path

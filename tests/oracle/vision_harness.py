@@ -16,13 +16,19 @@ Key = tuple[Any, ...]
 
 
 def processor(model: Path = TINY_VL_MODEL) -> Any:
-    """The model's processor as `AutoProcessor` builds it, without the video processor (transformers builds that
-    with torchvision, whose wheels here do not load against the CPU torch; image batches do not use it)."""
-    from transformers import AutoTokenizer
+    """The model's processor as `from_pretrained` loads it (its image processor, tokenizer and chat template, by
+    transformers' own rules, not shapeplan's), without the video processor (transformers builds that with
+    torchvision, whose wheels here do not load against the CPU torch; image batches do not use it)."""
+    from transformers import AutoConfig, Qwen2_5_VLProcessor, Qwen2VLProcessor
 
-    from shapeplan.adapters.vision import load_processor
+    base = Qwen2_5_VLProcessor if AutoConfig.from_pretrained(model).model_type == "qwen2_5_vl" else Qwen2VLProcessor
 
-    return load_processor(str(model), AutoTokenizer.from_pretrained(model)).processor
+    class ImageOnly(base):  # type: ignore[misc, valid-type]  # the model type's processor class, chosen above
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
+                     **kwargs: Any) -> None:
+            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return ImageOnly.from_pretrained(model)
 
 
 def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
