@@ -58,29 +58,23 @@ def write_rows(path: Path, images: list[str], rows: int, *, seed: int, kind: str
 
 
 def write_qwen2_vl(folder: Path, source: Path) -> Path:
-    """A random tiny Qwen2-VL (`qwen2_vl`) on `source`'s tokenizer, chat template and image processor, with other
-    pixel limits."""
+    """A random tiny Qwen2-VL (`qwen2_vl`) with `source`'s text decoder config, vision token ids, tokenizer, chat
+    template and image processor, and other pixel limits."""
     import shutil
 
     import torch
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import AutoConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     shutil.copytree(source, folder)
     for name in ("config.json", "model.safetensors", "generation_config.json"):
         (folder / name).unlink()
-    tok = AutoTokenizer.from_pretrained(source)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                                                       "<|video_pad|>")}
+    base = AutoConfig.from_pretrained(source)
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     config = Qwen2VLConfig(
-        text_config={"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
-                     "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}, "tie_word_embeddings": True,
-                     "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": None},
+        text_config=base.text_config.to_dict(),
         vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32, "mlp_ratio": 2, "num_heads": 2,
                        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True)
+        tie_word_embeddings=True, **{name: getattr(base, name) for name in tokens})
     torch.manual_seed(0)
     Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
     processor = json.loads((folder / "preprocessor_config.json").read_text())
