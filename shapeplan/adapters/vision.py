@@ -163,6 +163,9 @@ def image_size(value: Any) -> tuple[int, int]:
         raise ValueError("no such file") from None
     except UnidentifiedImageError:
         raise ValueError("not an image PIL can open") from None
+    except Image.DecompressionBombError:  # Pillow refuses it in the run's processor too
+        raise ValueError(f"over Pillow's decompression-bomb limit ({2 * (Image.MAX_IMAGE_PIXELS or 0):,} pixels), "
+                         "which the run's image loading refuses as well") from None
     except (OSError, SyntaxError) as exc:  # a known format whose data is truncated or corrupt
         raise ValueError(f"a corrupt image ({first_line(exc)})") from None
     raise ValueError(f"a {type(value).__name__}, not an image, a path, a URL or base64")
@@ -182,10 +185,14 @@ def _undecoded(dataset: Any) -> Any:
     return dataset
 
 
-def _row_images(example: dict[str, Any]) -> list[Any]:
+def _row_images(example: dict[str, Any], index: int, name: str) -> list[Any]:
     if "image" in example:
         return [] if example["image"] is None else [example["image"]]
-    return list(example.get("images") or [])
+    images = example.get("images") or []
+    if not isinstance(images, (list, tuple)):
+        raise DatasetError(f"row {index} of the {name} dataset has an 'images' value that is a "
+                           f"{type(images).__name__}, not a list of images; give a list (or use an 'image' column)")
+    return list(images)
 
 
 # -- fewer sizes -----------------------------------------------------------------------------------------------------
@@ -246,7 +253,7 @@ def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) 
     """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
     rows = []
     for index, example in enumerate(_examples(dataset)):
-        sizes = tuple(_size(vision, image, index, name) for image in _row_images(example))
+        sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
         tokens, last = _row_tokens(vision, example, len(sizes), config, index, name)
         rows.append(ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes))
     return tuple(rows)

@@ -45,9 +45,13 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
         "cut": (["--model", str(TINY_VL_MODEL), "--max_length", "128"], "cuts into them", 1),
         "not a multiple": (["--model", str(TINY_VL_MODEL), "--max_length", "600"], "pass --max_length 512", 2),
         "prompt-completion": (["--model", str(TINY_VL_MODEL)], "does not pad prompt-completion rows", 2),
+        "string images": (["--model", str(TINY_VL_MODEL)], "'images' value that is a str, not a list", 1),
     }
     for case, (argv, message, code) in cases.items():
-        source = prompt_completion if case == "prompt-completion" else bad if case in ("corrupt", "missing") else data
+        source = prompt_completion if case == "prompt-completion" else bad if case in (
+            "corrupt", "missing", "string images") else data
+        if case == "string images":
+            bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}], "images": images[0]}) + "\n")
         if case in ("corrupt", "missing"):
             broken = str(tmp_path / f"{case}.png")
             bad.write_text(data.read_text() + json.dumps({"messages": [{"role": "user", "content": "x"}, {

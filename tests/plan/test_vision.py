@@ -58,8 +58,15 @@ def test_image_sizes_are_read_as_the_run_reads_them(tmp_path: Path) -> None:
         assert image_size(path) == image_size({"bytes": data, "path": None}) == expected, path
         assert image_size(base64.b64encode(data).decode()) == expected
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
-    for value in (str(tmp_path / "corrupt.png"), str(tmp_path / "missing.png"), 3):
-        with pytest.raises(ValueError):
+    truncated = Path(write_images(tmp_path / "more")[1]).read_bytes()
+    (tmp_path / "truncated.png").write_bytes(truncated[:len(truncated) // 2])
+    from PIL import Image
+
+    Image.new("1", (20000, 10000)).save(tmp_path / "bomb.png")  # 2e8 pixels in a few kB: over Pillow's limit
+    for value, reason in ((str(tmp_path / "corrupt.png"), "not an image"), (str(tmp_path / "missing.png"), "no such"),
+                          (str(tmp_path / "truncated.png"), "corrupt"), (str(tmp_path / "bomb.png"), "bomb"),
+                          (3, "not an image, a path")):
+        with pytest.raises(ValueError, match=reason):
             image_size(value)
 
 
