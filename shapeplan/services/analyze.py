@@ -87,7 +87,8 @@ def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list
         beyond = beyond_position_embeddings(plan, args)
         if beyond is not None:  # the run fails (or extrapolates) there; `warm` refuses such a plan
             plan = replace(plan, warnings=(*plan.warnings, f"{beyond}: lower --max_length to fit the model"))
-        if key is not None and not args.agentic:  # tools are code: their schemas change with no word of the key
+        # tools are code: their schemas change with no word of the key; images are files the data only names
+        if key is not None and not args.agentic and not any(s.pixel_values for s in plan.shapes):
             plan_cache.store(key, plan)
     return plan
 

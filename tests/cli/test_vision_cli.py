@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from PIL import Image
+
 from tests import console
 from tests.conftest import TINY_MODEL, TINY_VL_MODEL
 from tests.oracle.vision_data import write_images, write_rows
@@ -21,6 +23,10 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     shapes = json.loads(result.stdout)["shapes"]
     assert all(len(s["pixel_values"]) == 2 and s["image_grid_thw"] for s in shapes if "pixel_values" in s)
+    Image.new("RGB", (1000, 900)).save(images[0])  # the same path, another size: not answered from the plan cache
+    again = json.loads(console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)["shapes"]
+    assert again != shapes
+    shapes = again
     report = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL)])
     assert "vision graphs: " in report.stdout and "pixel_values " in report.stdout, report.stdout
     for command, message in (("warm", "which warm does not feed yet"), ("analyze --histogram", "text lengths")):
