@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
 from .host import hub_offline, hub_unusable
+from .vision import image_columns
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -117,11 +118,9 @@ def check_rows(dataset: Any, source: str) -> None:
 
 
 def check_text_only(dataset: Any, source: str, method: str) -> None:
-    """Refuse vision-language data: TRL feeds it through a processor, whose image tokens and pixel batches no
-    planner counts (planned as text, the plan would miss every shape)."""
-    from trl.data_utils import get_dataset_column_names
-
-    images = sorted({"image", "images"} & set(get_dataset_column_names(dataset)))
+    """Refuse vision-language data for a method whose planner does not count image tokens and pixel batches
+    (planned as text, the plan would miss every shape); SFT's plans them (adapters/vision.py)."""
+    images = image_columns(dataset)
     if images:
         raise UsageError(f"dataset {source} has an {images[0]!r} column: vision-language {method} runs are not "
                          "planned yet (their image tokens and pixel batches are not counted); shapeplan plans images "

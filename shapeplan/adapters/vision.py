@@ -13,7 +13,6 @@ import base64
 import binascii
 import io
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +27,16 @@ _EXIF_ORIENTATION = 0x0112
 _SWAPPED = {5, 6, 7, 8}  # orientations exif_transpose turns by 90 degrees: height and width swap
 
 
-def is_vision(dataset: Any) -> bool:
-    """TRL's test (`SFTTrainer.__init__`): the first row has an `image` or `images` key."""
+def image_columns(dataset: Any) -> list[str]:
+    """The dataset's `image` / `images` columns, which make it a vision dataset for TRL (`SFTTrainer.__init__`: the
+    first row has an `image` or `images` key)."""
     from trl.data_utils import get_dataset_column_names
 
-    return bool({"image", "images"} & set(get_dataset_column_names(dataset)))
+    return sorted({"image", "images"} & set(get_dataset_column_names(dataset)))
+
+
+def is_vision(dataset: Any) -> bool:
+    return bool(image_columns(dataset))
 
 
 @dataclass(frozen=True)
@@ -113,17 +117,19 @@ def _image_only(model_type: str) -> type:
 
 # -- image sizes -----------------------------------------------------------------------------------------------------
 
+def _open(source: bytes | str) -> Any:
+    """An image file (its bytes or its path), opened lazily: only the header is read."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+
+
 def _header_size(data: bytes | str) -> tuple[int, int]:
     """(height, width) of an image file after `ImageOps.exif_transpose`, from its header; `verify` reads the file
     through (without decoding) so that a truncated or corrupt one fails here, not in the run's collator."""
-    from PIL import Image
-
-    def opened() -> Any:
-        return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
-
-    with opened() as image:
+    with _open(data) as image:
         image.verify()
-    with opened() as image:
+    with _open(data) as image:
         width, height = image.size
         turned = image.getexif().get(_EXIF_ORIENTATION) in _SWAPPED
     return (width, height) if turned else (height, width)
@@ -239,8 +245,7 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
     if isinstance(value, Image.Image):
         image = value  # as `datasets` decodes it: already turned
     elif isinstance(value, dict) and (value.get("bytes") or value.get("path")):
-        source = value.get("bytes") or value["path"]
-        image = ImageOps.exif_transpose(Image.open(io.BytesIO(source) if isinstance(source, bytes) else source))
+        image = ImageOps.exif_transpose(_open(value.get("bytes") or value["path"]))
     else:
         image = load_image(value)
     height, width = fixed.target(image.height, image.width)
@@ -252,7 +257,7 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
 def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> tuple[ImageRow, ...]:
     """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
     rows = []
-    for index, example in enumerate(_examples(dataset)):
+    for index, example in enumerate(_undecoded(dataset)):
         sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
         tokens, last = _row_tokens(vision, example, len(sizes), config, index, name)
         rows.append(ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes))
@@ -268,10 +273,6 @@ def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: A
         raise DatasetError(f"row {exc.row} of the {name} dataset has {exc.length} tokens with its image tokens, and "
                            f"max_length={config.max_length} cuts into them (TRL's forward then fails); raise "
                            "--max_length, or lower the processor's max_pixels") from None
-
-
-def _examples(dataset: Any) -> Iterator[dict[str, Any]]:
-    yield from _undecoded(dataset)
 
 
 def _size(vision: VisionProcessor, image: Any, index: int, name: str) -> tuple[int, int]:

@@ -133,3 +133,8 @@ class Plan:
     @property
     def distinct_shapes(self) -> int:
         return len({s.key for s in self.shapes})
+
+    @property
+    def vision_graphs(self) -> int:
+        """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
+        return len({s.image_grid_thw for s in self.shapes if s.image_grid_thw})

@@ -90,11 +90,10 @@ def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
 
 def _vision_lines(plan: Plan) -> list[str]:
     """How many vision-tower graphs the run needs: one per distinct set of grids a batch feeds it."""
-    grids = {s.image_grid_thw for s in plan.shapes if s.image_grid_thw}
-    if not grids:
+    if not plan.vision_graphs:
         return []
-    return [f"vision graphs: {len(grids)} distinct pixel batches (image_grid_thw sets); TRL pads neither, so each is "
-            "a compile of the vision tower"]
+    return [f"vision graphs: {plan.vision_graphs} distinct pixel batches (image_grid_thw sets); TRL pads neither, so "
+            "each is a compile of the vision tower"]
 
 
 def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES) -> str:

@@ -25,11 +25,6 @@ class VisionOption:
     pixels_kept: float  # of the pixels the processor feeds as given
 
     @property
-    def graphs(self) -> int:
-        """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
-        return len({s.image_grid_thw for s in self.plan.shapes if s.image_grid_thw})
-
-    @property
     def compile_minutes(self) -> float:
         return compile_minutes(self.plan)
 
@@ -78,12 +73,13 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     from .report import table
 
     plan = advice.baseline.plan
-    rows = [[option.label, str(option.graphs), str(plan_shapes(option.plan)), f"{option.compile_minutes:.0f}",
-             f"{option.pixels_kept:.1%}"] for option in (advice.baseline, *advice.options)]
+    rows = [[option.label, str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
+             f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
+            for option in (advice.baseline, *advice.options)]
     lines = [
         f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
         "",
-        f"as given: {advice.baseline.graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
+        f"as given: {plan.vision_graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
         "distinct set of image sizes in a batch is a compile of the vision tower",
         "",
         "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio",
@@ -94,21 +90,18 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     if best is None:
         lines.append("no fixed sizes compile less than the images as given")
     else:
-        lines += [f"fewest compiles: {best.label}, {best.graphs} vision graphs instead of {advice.baseline.graphs}, "
+        lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
+                  f"{plan.vision_graphs}, "
                   f"keeping {best.pixels_kept:.1%} of the pixels; resize the dataset before training with:",
                   f"  {apply_line(best)}"]
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 
 
-def plan_shapes(plan: Plan) -> int:
-    return len({s.key for s in plan.shapes})
-
-
 def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
     def option(o: VisionOption) -> dict[str, Any]:
         return {"option": o.label, "sizes": [list(size) for size in o.sizes.sizes] if o.sizes else None,
-                "vision_graphs": o.graphs, "distinct_shapes": plan_shapes(o.plan),
+                "vision_graphs": o.plan.vision_graphs, "distinct_shapes": o.plan.distinct_shapes,
                 "compile_minutes": round(o.compile_minutes, 3), "pixels_kept": round(o.pixels_kept, 6),
                 "shapes": [shape_to_dict(s) for s in o.plan.shapes]}
 

@@ -96,7 +96,7 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
                     use_cache=False)
     assert isinstance(advice, VisionAdvice) and advice.best is not None and advice.best.sizes is not None
     best = advice.best
-    assert best.graphs < advice.baseline.graphs
+    assert best.plan.vision_graphs < advice.baseline.plan.vision_graphs
     resized = tmp_path / "resized"
     data = datasets.load_dataset("json", data_files=str(train), split="train")
     resize_images(data, best.sizes.sizes).save_to_disk(str(resized))
@@ -105,7 +105,7 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
     assert planned(replanned) == planned(best.plan)
     seen = observed(run_sft_vision(resized, argv))
     assert seen == planned(best.plan)
-    assert len({key[3] for key in seen if key[3]}) == best.graphs
+    assert len({key[3] for key in seen if key[3]}) == best.plan.vision_graphs
 
 
 def test_qwen2_vl_with_structured_turns_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
