@@ -45,8 +45,14 @@ class VisionProcessor:
 
     images: ImageProcessing
     processor: Any  # the model's processor without its video processor (it needs torchvision, which planning does not)
-    image_token: str
-    image_token_id: int
+
+    @property
+    def image_token(self) -> str:
+        return str(self.processor.image_token)
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.processor.image_token_id)
 
 
 def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, trust_remote_code: bool = False,
@@ -86,8 +92,7 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
     template = tokenizer.chat_template if chat_template_path else _processor_template(model, revision)
     processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
                                         chat_template=template or tokenizer.chat_template)
-    return VisionProcessor(images=settings, processor=processor, image_token=processor.image_token,
-                           image_token_id=int(processor.image_token_id))
+    return VisionProcessor(images=settings, processor=processor)
 
 
 def _processor_template(model: str, revision: str | None) -> Any:
@@ -306,7 +311,8 @@ def _row_tokens(vision: VisionProcessor, example: dict[str, Any], images: int, c
         raise DatasetError(f"row {index} of the {name} dataset has images but neither 'messages' nor a text column "
                            f"{config.dataset_text_field!r}; vision rows need one of them")
     ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-    positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
+    placeholder = vision.image_token_id
+    positions = [i for i, token in enumerate(ids) if token == placeholder]
     if len(positions) != images:
         raise DatasetError(f"row {index} of the {name} dataset has {images} images and {len(positions)} "
                            f"{vision.image_token} tokens in its text; give each image one")
