@@ -65,7 +65,7 @@ class FakeNeuron:
         for name in ENV_SET:
             monkeypatch.setenv(name, "")  # undone last: restores them as they were before the test
             monkeypatch.delenv(name)
-        for name in ("torch_neuronx", "torch_neuronx.metrics"):
+        for name in ("torch_neuronx", "torch_neuronx.metrics", "torch.neuron"):
             monkeypatch.setitem(sys.modules, name, None)  # undone last: restores "not imported"
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.setattr(torch, "neuron", None, raising=False)

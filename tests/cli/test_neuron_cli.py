@@ -153,3 +153,12 @@ def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
     assert answers["layouts"]["sync"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] > 0
     assert answers["layouts"]["async"]["<64 hex>/<64 hex>.neff (sync mode's Python path)"] == 0
     assert report["package"]["found"]["TORCH_NEURONX_NEFF_CACHE_DIR"]
+    # a real SFTTrainer loop on the device the Trainer picks: once per shape, and a fresh process finds the graphs
+    assert answers["trl_first_padded_step_compiles"] and answers["trl_unpadded_new_length_compiles"]
+    assert answers["trl_same_padded_shape_compiles_again"] is False
+    assert answers["trl_padded_step_compiles_in_a_fresh_process"] is False
+    steps = report["runs"]["trl_step"][0]["trl_steps"]
+    assert steps["padded_128_device"] == "neuron:0"
+    assert [s["input_ids"] for s in steps["padded_128"]] == [[2, 128], [2, 128]]
+    short, long = sorted(s["input_ids"][1] for s in steps["unpadded"])
+    assert long == 50 and short <= 40  # two lengths, so the second step met a new one

@@ -16,9 +16,12 @@ CHILD_TIMEOUT_S), and a probe that no longer fits is recorded as skipped. The pr
 - one compiled graph run from two file paths on one cache dir (do graph keys hold source paths?);
 - NEURON_RT_NUM_CORES 0 and 1 and NEURON_RT_VISIBLE_CORES as a comma list, each with the runtime's device_count,
   the first with a cache and a lock dir that do not exist yet (what `import torch` creates on disk).
+- one real TRL step loop (`SFTTrainer.train`, on the device the Trainer picks) on a tiny random Qwen3 built in the
+  process, two steps padded to 128 (one shape) and two unpadded (two lengths), in two processes on one cache dir:
+  does a step compile once per shape, and does a fresh process find the first one's graphs (what `warm` relies on)?
 Then the host's /dev/neuron* and instance type, the files each mode wrote (which layouts) and a search of the
 installed package for the names shapeplan relies on. `answers` sums it up; every raw measurement stays in the
-report. Not probed: a real TRL step (it needs a model on the host; `shapeplan verify` on a warmed plan is that test).
+report.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
         ("NEURON_RT_NUM_CORES=1", folder / "cores", {"NEURON_RT_NUM_CORES": "1", "NEURON_RT_VISIBLE_CORES": None}),
         ("NEURON_RT_VISIBLE_CORES=0,1", folder / "cores", {"NEURON_RT_VISIBLE_CORES": "0,1",
                                                             "NEURON_RT_NUM_CORES": None}))}
+    runs["trl_step"] = [_child(budget, "trl_step", folder / "trl", metrics_on) for _ in range(2)]
     report = {"schema": 2, "python": sys.version.split()[0], "host": host(), "package": search_package(),
               "runs": runs, "layouts": layouts, "budget_s": TOTAL_BUDGET_S}
     report["answers"] = answers(report)
@@ -232,6 +236,9 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
             metrics.set_enabled(True)
         out["metrics_enabled_after_set_enabled"] = _call(metrics, "is_enabled")
         measure("add_after_set_enabled", lambda: float((x + 7).sum().cpu()))
+    elif kind == "trl_step":
+        with tempfile.TemporaryDirectory(prefix="shapeplan-probe-trl-") as scratch:
+            out["trl_steps"] = _trl_steps(torch, lambda: _counters(torch, runtime, metrics, cache), Path(scratch))
     elif kind == "graph":
         import runpy
 
@@ -267,6 +274,60 @@ def _steps(torch: Any, x: Any, measure: Any) -> None:
     measure("multi_op_repeat", multi_op)
     graph = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend="neuron", dynamic=False)
     measure("compiled_graph", lambda: float(graph(x).sum().cpu()))
+
+
+# The rows of the TRL probe, two batches of two in the sampler's order: unpadded, the batch holding the 50 is 50 long
+# and the other at most 40, whatever the order; padded to 128 both are one shape.
+TRL_ROWS = (20, 30, 40, 50)
+
+
+def _trl_steps(torch: Any, counters: Any, scratch: Path) -> dict[str, Any]:
+    """`SFTTrainer.train` for two steps padded to a multiple of 128 and two unpadded, each step's input shape and
+    counter change; the model and tokenizer are random and tiny, built here (no download)."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, 64)}}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<eos>")),
+                                        pad_token="<pad>", eos_token="<eos>")
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                         pad_token_id=0, eos_token_id=1))
+    rows = Dataset.from_list([{"input_ids": [2 + i % 60 for i in range(n)]} for n in TRL_ROWS])
+    runs: dict[str, Any] = {}
+
+    class Measure(TrainerCallback):
+        def __init__(self, steps: list[dict[str, Any]]) -> None:
+            self.steps = steps
+            self.before: dict[str, int] = {}
+
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.before = counters()
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            self.steps[-1]["counters"] = counter_delta(self.before, counters())
+
+    for name, multiple in (("padded_128", 128), ("unpadded", None)):
+        steps: list[dict[str, Any]] = []
+        runs[name] = steps
+        config = SFTConfig(output_dir=str(scratch / "trl-output"), per_device_train_batch_size=2, max_steps=2,
+                           pad_to_multiple_of=multiple, report_to=[], save_strategy="no", logging_strategy="no",
+                           disable_tqdm=True, dataloader_num_workers=0)
+        trainer = SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer,
+                             callbacks=[Measure(steps)])
+        hook = model.register_forward_pre_hook(
+            lambda _module, _args, kwargs, steps=steps: steps.append({"input_ids": list(kwargs["input_ids"].shape)}),
+            with_kwargs=True)
+        try:
+            trainer.train()
+        except Exception as exc:  # a probe reports what failed and goes on
+            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "steps": steps}
+        hook.remove()
+        runs[f"{name}_device"] = str(trainer.args.device)
+    return runs
 
 
 def _watched_dirs() -> list[Path]:
@@ -341,10 +402,7 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
         return value if isinstance(value, dict) and "error" not in value else None
 
     def compiled(delta: dict[str, int] | None) -> bool | None:
-        if delta is None:
-            return None
-        return any(v > 0 for k, v in delta.items() if k.endswith("TotalCompilations") or k in (
-            "stats.total_compilations", "neff_files"))
+        return None if delta is None else _compiled(delta)
 
     def moved(delta: dict[str, int] | None) -> bool | None:
         return None if delta is None else any(v > 0 for k, v in delta.items() if k != "neff_files")
@@ -381,8 +439,32 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
         "dev_neuron_devices": report["host"]["dev_neuron_devices"],
         "instance_type": (imported.get("runtime") or {}).get("_get_instance_type") or
         report["host"]["instance_type_dmi"],
+        **_trl_answers(runs.get("trl_step") or []),
         "layouts": {mode: {k: v for k, v in found.items() if k not in ("other",)} for mode, found in
                     report["layouts"].items()},
+    }
+
+
+def _compiled(delta: Mapping[str, int]) -> bool:
+    """Whether a counter change shows a compile: either counter source, or a new NEFF file."""
+    return any(v > 0 for k, v in delta.items() if k.endswith("TotalCompilations") or k in (
+        "stats.total_compilations", "neff_files"))
+
+
+def _trl_answers(runs: list[dict[str, Any]]) -> dict[str, bool | None]:
+    """From the TRL step loop in two processes: a step compiles for a shape it has not met, and only then."""
+    def steps(run: int, name: str) -> list[dict[str, int]] | None:
+        found = (runs[run].get("trl_steps") or {}).get(name) if len(runs) > run else None
+        if not isinstance(found, list) or len(found) != 2 or not all("counters" in s for s in found):
+            return None
+        return [s["counters"] for s in found]
+
+    first, fresh, unpadded = steps(0, "padded_128"), steps(1, "padded_128"), steps(0, "unpadded")
+    return {
+        "trl_first_padded_step_compiles": None if first is None else _compiled(first[0]),
+        "trl_same_padded_shape_compiles_again": None if first is None else _compiled(first[1]),
+        "trl_unpadded_new_length_compiles": None if unpadded is None else _compiled(unpadded[1]),
+        "trl_padded_step_compiles_in_a_fresh_process": None if fresh is None else _compiled(fresh[0]),
     }
 
 

@@ -350,7 +350,14 @@ if "xla" not in MODES:
     neuron.synchronize = synchronize  # type: ignore[attr-defined]  # the fake fills a bare module
     neuron.device_count = visible_cores  # type: ignore[attr-defined]  # the fake fills a bare module
     neuron.is_available = lambda: visible_cores() > 0  # type: ignore[attr-defined]  # as above
-    torch.neuron = neuron  # type: ignore[attr-defined]  # what the real backend registers
+    neuron.current_device = lambda: 0  # type: ignore[attr-defined]  # as above
+    neuron.set_device = lambda device: None  # type: ignore[attr-defined]  # as above
+    neuron.get_device_properties = lambda device=None: types.SimpleNamespace(  # type: ignore[attr-defined]  # as above
+        name="NeuronCore-v3", total_memory=24 * 1024 ** 3)
+    neuron.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]  # type: ignore[attr-defined]  # as above
+    neuron.is_bf16_supported = lambda: True  # type: ignore[attr-defined]  # as above
+    torch.neuron = neuron  # type: ignore[attr-defined]  # what the real backend registers, importable too
+    sys.modules["torch.neuron"] = neuron
 
 
 def _signature(value: object) -> str:
@@ -375,6 +382,16 @@ def nki_flash_attention(args: tuple[object, ...], kwargs: dict[str, object]) -> 
 if "device" in MODES:
     from torch.overrides import TorchFunctionMode
 
+    if torch._C._get_privateuse1_backend_name() != "neuron":  # once per process (a test may import the fake again)
+        # the device type the real backend registers in C++, with its hooks and device guard (accelerate, the
+        # Trainer and dynamo ask them); tensors still live on the CPU
+        from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
+
+        torch.utils.rename_privateuse1_backend("neuron")
+        torch.utils.generate_methods_for_privateuse1_backend()
+        torch._C._acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
+        torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
+
     _in_graph = [False]
 
     class _Device(TorchFunctionMode):
@@ -382,6 +399,8 @@ if "device" in MODES:
 
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
             kwargs = dict(kwargs or {})
+            if func in (torch.Tensor.pin_memory, torch.Tensor.is_pinned):  # host memory: no device hooks to ask
+                return args[0] if func is torch.Tensor.pin_memory else False
             if str(kwargs.get("device", "")).startswith("neuron"):
                 kwargs["device"] = "cpu"
             if func in (torch.Tensor.to,) and args[1:2] and str(args[1]).startswith("neuron"):
