@@ -88,14 +88,16 @@ def trainer_method(trainer: Any) -> Method:
 
 def unpadded(kwargs: dict[str, Any]) -> bool:
     """Whether transformers' mask building sees no padding in a forward's kwargs (`_preprocess_mask_arguments`):
-    an attention mask of all ones, or without one, position ids that run as one sequence per row."""
+    an attention mask of all ones, or without one, position ids that run as one sequence per row. Read from host
+    copies: an op on the device tensors would be a kernel of the guard's own, a compile on Neuron that the run
+    unguarded never meets."""
     from transformers.masking_utils import find_packed_sequence_indices
 
     mask = kwargs.get("attention_mask")
     if mask is not None:
-        return bool(mask.all())
+        return bool(mask.cpu().all())
     position_ids = kwargs.get("position_ids")
-    return position_ids is None or find_packed_sequence_indices(position_ids) is None
+    return position_ids is None or find_packed_sequence_indices(position_ids.cpu()) is None
 
 
 def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
@@ -103,11 +105,12 @@ def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
     `chosen_rows`): the completion tokens of the chosen and of the rejected half ("halves"), or of the desirable
     and of the undesirable rows and how many rows are desirable ("labels"). Read from a host copy of the mask, so
     recording adds no device op."""
-    mask = inputs["completion_mask"].detach().cpu()[..., 1:]  # the loss scores tokens 1..L (shifted labels)
+    mask = inputs["completion_mask"].cpu()[..., 1:]  # the loss scores tokens 1..L (shifted labels)
     if kind == "halves":
         chosen, rejected = mask.chunk(2, dim=0)
         return {"completion_tokens": (int(chosen.sum()), int(rejected.sum()))}
-    labels = [bool(label) for label in inputs["label"]]
+    label = inputs["label"]
+    labels = [bool(x) for x in (label.tolist() if hasattr(label, "tolist") else label)]  # one host copy
     chosen = mask[[i for i, label in enumerate(labels) if label]]
     rejected = mask[[i for i, label in enumerate(labels) if not label]]
     return {"completion_tokens": (int(chosen.sum()), int(rejected.sum())), "chosen_rows": sum(labels)}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,28 @@ def test_the_guarded_command_runs_as_it_would_unguarded(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert done.stdout.split()[0] == "False", name
         assert len(list((tmp_path / name).rglob("*.neff"))) == 1, name
+
+
+@pytest.mark.slow
+def test_a_warm_up_through_the_real_trainer_leaves_the_guarded_real_run_nothing_to_compile(tmp_path: Path) -> None:
+    """`warm --device neuron` runs the real SFT step on the device the Trainer picks; `trl sft` under the guard, on
+    that cache, then compiles nothing, the guard's own reading of the batches included (a device op there would be
+    a kernel the unguarded run never meets: it reads host copies)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(CAPYBARA.read_text(encoding="utf-8"), encoding="utf-8")
+    run = ["--model_name_or_path", str(TINY_MODEL), "--per_device_train_batch_size", "4", "--max_length", "256",
+           "--pad_to_multiple_of", "128", "--max_steps", "2"]
+    env = fake_env("device", FAKE_NEURON_TMP=str(tmp_path), TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "cache"))
+    done = _run([SHAPEPLAN, "analyze", str(data), *run, "-o", "plan.json"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = _run([SHAPEPLAN, "warm", "--plan", "plan.json", "--device", "neuron", "--cache-dir", "cache"], env, tmp_path)
+    assert done.returncode == 0 and "1 compiled" in done.stdout + done.stderr, done.stderr
+    done = _run([SHAPEPLAN, "guard", "--plan", "plan.json", "--", "trl", "sft", "--dataset_name", str(data), *run,
+                 "--output_dir", "out", "--report_to", "none", "--save_strategy", "no"],
+                {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1/1 planned shapes met, 0 unplanned, 0 compiles" in done.stderr, done.stderr[-3000:]
 
 
 def test_analyze_warns_about_shapes_the_nki_attention_kernel_recompiles(tmp_path: Path) -> None:

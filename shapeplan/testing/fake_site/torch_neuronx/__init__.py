@@ -4,8 +4,10 @@
 it through the `torch.backends` entry point, as the real package is loaded) and choose its variants with
 FAKE_NEURON, a comma list:
 
-    device              torch calls on device "neuron" run on the CPU, each op (name + input shapes/dtypes) a
-                        kernel of the compile cache; `torch.compile(backend="neuron")` graphs are kernels too
+    device              "neuron" is the PrivateUse1 device (a Trainer runs on it); its tensors live on the CPU and
+                        report device neuron:0; each op on one (name + input shapes/dtypes) is a kernel of the
+                        compile cache, while host-only ops and copies to the host are not;
+                        `torch.compile(backend="neuron")` graphs are kernels too
     async               compiles run on a background "thread": counters and files settle at synchronize()
     release_build       the wheel's build config is RELEASE: `import torch` defaults NEURON_LAUNCH_BLOCKING to 1
                         (sync mode) and TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS to 0 (_build_config.py)
@@ -63,6 +65,7 @@ import sys
 import tempfile
 import time
 import types
+import weakref
 from importlib import metadata
 from pathlib import Path
 
@@ -356,6 +359,8 @@ if "xla" not in MODES:
         name="NeuronCore-v3", total_memory=24 * 1024 ** 3)
     neuron.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]  # type: ignore[attr-defined]  # as above
     neuron.is_bf16_supported = lambda: True  # type: ignore[attr-defined]  # as above
+    neuron.manual_seed = neuron.manual_seed_all = lambda seed: None  # type: ignore[attr-defined]  # as above
+    neuron._is_in_bad_fork = lambda: False  # type: ignore[attr-defined]  # as above
     torch.neuron = neuron  # type: ignore[attr-defined]  # what the real backend registers, importable too
     sys.modules["torch.neuron"] = neuron
 
@@ -381,6 +386,7 @@ def nki_flash_attention(args: tuple[object, ...], kwargs: dict[str, object]) -> 
 
 if "device" in MODES:
     from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
 
     if torch._C._get_privateuse1_backend_name() != "neuron":  # once per process (a test may import the fake again)
         # the device type the real backend registers in C++, with its hooks and device guard (accelerate, the
@@ -393,21 +399,60 @@ if "device" in MODES:
         torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
 
     _in_graph = [False]
+    # The tensors that live on the device (ids; each removed when its tensor dies): made with device="neuron", moved
+    # there with `.to`, or computed from one that lives there. Ops on host tensors alone (a collator's, a loss
+    # logged with `.item()`) are no kernels, as on the real device.
+    _on_device: set[int] = set()
+    _NEURON = torch.device("neuron", 0)
+    _DEVICE_GET, _DATA_SET = torch.Tensor.device.__get__, torch.Tensor.data.__set__
+    _TO_HOST = (torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.item)
+
+    def _is_device(value: object) -> bool:
+        return isinstance(value, torch.Tensor) and id(value) in _on_device
+
+    def _mark(value: object) -> None:
+        if isinstance(value, torch.Tensor) and id(value) not in _on_device:
+            _on_device.add(id(value))
+            weakref.finalize(value, _on_device.discard, id(value))
+
+    def _names_device(value: object) -> bool:
+        return str(value).startswith("neuron")
 
     class _Device(TorchFunctionMode):
-        """Every op runs on the CPU; outside a compiled graph each op with a tensor result is a kernel."""
+        """Every op runs on the CPU; outside a compiled graph each op on a device tensor with a tensor result is a
+        kernel. A device tensor reports device neuron:0, so what code makes `device=t.device` lives there too."""
 
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # mirrors an untyped upstream signature
             kwargs = dict(kwargs or {})
+            if torch.compiler.is_compiling():  # dynamo traces the mode: map the device, nothing it cannot trace
+                if _names_device(kwargs.get("device", "")):
+                    kwargs["device"] = "cpu"
+                return func(*args, **kwargs)
+            if func == _DEVICE_GET:
+                return _NEURON if _is_device(args[0]) else func(*args, **kwargs)
+            if func == _DATA_SET:  # `param.data = moved` (Module.to): the parameter now lives where `moved` does
+                func(*args, **kwargs)
+                if _is_device(args[1]):
+                    _mark(args[0])
+                return None
             if func in (torch.Tensor.pin_memory, torch.Tensor.is_pinned):  # host memory: no device hooks to ask
                 return args[0] if func is torch.Tensor.pin_memory else False
-            if str(kwargs.get("device", "")).startswith("neuron"):
+            to_device = _names_device(kwargs.get("device", ""))
+            if to_device:
                 kwargs["device"] = "cpu"
-            if func in (torch.Tensor.to,) and args[1:2] and str(args[1]).startswith("neuron"):
-                args = (args[0], "cpu", *args[2:])
+            to_host = func in _TO_HOST or (func is torch.Tensor.to and str(args[1:2] and args[1]).startswith("cpu"))
+            if func is torch.Tensor.to and args[1:2] and _names_device(args[1]):
+                args, to_device = (args[0], "cpu", *args[2:]), True
+            on_device = to_device or any(_is_device(t) for t in tree_flatten((args, kwargs))[0])
             result = func(*args, **kwargs)
-            if (isinstance(result, torch.Tensor) and not _in_graph[0] and not torch.compiler.is_compiling()
-                    and not getattr(func, "__name__", "").startswith("__")):
+            if to_host and _is_device(result):  # a host copy, which the CPU stand-in would hand back as is
+                result = result.clone()
+            if not on_device or to_host:  # a copy to the host is a transfer, not a kernel
+                return result
+            for value in tree_flatten(result)[0]:
+                _mark(value)
+            if isinstance(result, torch.Tensor) and not _in_graph[0] and not getattr(func, "__name__", "").startswith(
+                    "__"):
                 if func is torch.nn.functional.scaled_dot_product_attention and nki_flash_attention(args, kwargs):
                     tensor_info = tuple((t.shape, t.dtype) for t in args[:3] if isinstance(t, torch.Tensor))
                     kernel(f"nki_0_0_{hash(tensor_info)}")  # hash(torch.dtype) differs in every process
