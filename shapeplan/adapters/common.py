@@ -59,7 +59,8 @@ def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
 def attention_facts(args: TrainingArgs) -> dict[str, Any]:
     """What decides whether TorchNeuron runs the model's attention through its NKI flash-attention kernel: the
     attention implementation the run loads (None: transformers' default, SDPA), the head dim and the attention
-    dropout (None where the model's config is not readable here)."""
+    dropout; and what sizes a static key/value cache: the layers, key/value heads and the checkpoint's dtype (each
+    None where the model's config is not readable here)."""
     from transformers import AutoConfig
 
     kwargs = getattr(args.training, "model_init_kwargs", None) or {}
@@ -68,13 +69,18 @@ def attention_facts(args: TrainingArgs) -> dict[str, Any]:
         config = AutoConfig.from_pretrained(args.model.model_name_or_path or "", revision=args.model.model_revision,
                                             trust_remote_code=bool(getattr(args.model, "trust_remote_code", False)))
     except (OSError, ValueError):  # planning needs only the tokenizer; the caveat then says it assumed
-        return {"implementation": implementation, "head_dim": None, "dropout": None}
+        return {"implementation": implementation, "head_dim": None, "dropout": None, "layers": None,
+                "kv_heads": None, "dtype": None}
     text = getattr(config, "get_text_config", lambda: config)()
     head_dim = getattr(text, "head_dim", None)
     if not isinstance(head_dim, int) and getattr(text, "num_attention_heads", None):
         head_dim = text.hidden_size // text.num_attention_heads
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
+    dtype = getattr(text, "dtype", None) or getattr(config, "dtype", None)
     return {"implementation": implementation, "head_dim": head_dim,
-            "dropout": float(getattr(text, "attention_dropout", 0.0) or 0.0)}
+            "dropout": float(getattr(text, "attention_dropout", 0.0) or 0.0),
+            "layers": getattr(text, "num_hidden_layers", None), "kv_heads": heads,
+            "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None}
 
 
 def recorded_options(training: Any) -> dict[str, Any]:

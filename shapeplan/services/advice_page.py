@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from ..plan.model import Plan, Shape
-from .advice_report import WHAT_IF_HEADERS, length_bins, length_cap, lengths_kind, minutes, what_if_rows
+from .advice_report import KV_CACHE, length_bins, length_cap, lengths_kind, minutes, what_if_headers, what_if_rows
 from .advise import Advice
 from .report import shape_notes
 
@@ -22,7 +22,7 @@ _SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_
              "max_steps", "max_length", "packing", "packing_strategy", "padding_free", "max_completion_length",
              "num_generations", "cache_implementation", "generation_kwargs", "dtype", "torch_compile",
              "eval_strategy", "eval_steps")
-_NUMERIC = {"shapes", "compile", "train", "total", "vs baseline"}
+_NUMERIC = {"shapes", "compile", "train", "total", "vs baseline", KV_CACHE}
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1f2328;line-height:1.45;
@@ -136,18 +136,19 @@ def _settings_table(rows: list[tuple[str, str]]) -> str:
 
 
 def _what_if_table(advice: Advice) -> str:
+    headers = what_if_headers(advice)
     head = "".join(f'<th class="num">{escape(h)}</th>' if h in _NUMERIC else f"<th>{escape(h)}</th>"
-                   for h in WHAT_IF_HEADERS)
+                   for h in headers)
     body = []
     for option, cells in zip([advice.baseline, *advice.options], what_if_rows(advice), strict=True):
         kind = "baseline" if option.candidate is None else "recommended" if option is advice.recommended else ""
         tds = []
-        for header, cell in zip(WHAT_IF_HEADERS, cells, strict=True):
+        for header, cell in zip(headers, cells, strict=True):
             if header == "option" and kind == "recommended":
                 tds.append(f'<td><span>{escape(cell)}</span> <span class="badge">recommended</span></td>')
             elif header == "option":
                 tds.append(f"<td><span>{escape(cell)}</span></td>")
-            elif header == WHAT_IF_HEADERS[-1]:
+            elif header == headers[-1]:
                 tds.append(f"<td><code>{escape(cell)}</code></td>" if option.candidate is not None
                            else f'<td class="muted">{escape(cell)}</td>')
             elif header == "data lost":  # wraps only between its clauses

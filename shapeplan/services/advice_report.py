@@ -11,6 +11,7 @@ from typing import Any
 from ..plan.advice import Option
 from ..plan.buckets import round_up
 from ..plan.io import shape_to_dict
+from ..plan.kv_cache import peak_bytes
 from ..plan.model import Plan
 from .advise import Advice
 from .report import table
@@ -76,23 +77,40 @@ def minutes(seconds: float) -> str:
 
 
 WHAT_IF_HEADERS = ["option", "shapes", "compile", "train", "total", "vs baseline", "data lost", "TRL flags"]
+KV_CACHE = "KV cache"  # the static cache's peak, where the run generates with one
+
+
+def what_if_headers(advice: Advice) -> list[str]:
+    """WHAT_IF_HEADERS, with the static cache's peak before "data lost" where the baseline generates with one."""
+    if peak_bytes(advice.baseline.plan) is None:
+        return list(WHAT_IF_HEADERS)
+    at = WHAT_IF_HEADERS.index("data lost")
+    return [*WHAT_IF_HEADERS[:at], KV_CACHE, *WHAT_IF_HEADERS[at:]]
+
+
+def gib(size: int | None) -> str:
+    return "" if size is None else f"{size / 1024 ** 3:.2f} GiB" if size >= 1024 ** 3 / 100 else \
+        f"{size / 1024 ** 2:.2f} MiB"
 
 
 def what_if_rows(advice: Advice) -> list[list[str]]:
-    """One row of WHAT_IF_HEADERS cells per option: the baseline first, then the alternatives, fastest first."""
+    """One row of `what_if_headers` cells per option: the baseline first, then the alternatives, fastest first."""
     base = advice.baseline.cost.total_s
+    memory = KV_CACHE in what_if_headers(advice)
     out = []
     for option in [advice.baseline, *advice.options]:
         c = option.cost
         flags = option.candidate.command_line() if option.candidate is not None else "(as given)"
         change = "" if option.candidate is None else f"{(c.total_s - base) / 60:+.1f} min"
         out.append([option.label, str(sum(c.shapes_per_phase.values())), minutes(c.compile_s), minutes(c.train_s),
-                    minutes(c.total_s), change, option.loss.describe(), flags])
+                    minutes(c.total_s), change, *([gib(peak_bytes(option.plan))] if memory else []),
+                    option.loss.describe(), flags])
     return out
 
 
 def render_advice(advice: Advice) -> str:
     plan = advice.baseline.plan
+    headers = what_if_headers(advice)
     cost = advice.baseline.cost
     per_phase = ", ".join(f"{phase} {n}" for phase, n in cost.shapes_per_phase.items())
     lines = [
@@ -105,7 +123,7 @@ def render_advice(advice: Advice) -> str:
         f"cost model: {advice.model.source}",
         "",
         "what-if (minutes, fastest first):",
-        table(WHAT_IF_HEADERS, what_if_rows(advice), text_columns=(0, 6, 7)),
+        table(headers, what_if_rows(advice), text_columns=(0, headers.index("data lost"), len(headers) - 1)),
         "",
         *(f"not planned: {label}: {why}" for label, why in advice.skipped),
         advice.recommendation,
@@ -129,6 +147,7 @@ def _option_dict(option: Option, base_total: float) -> dict[str, Any]:
         "total_seconds": round(c.total_s, 3),
         "change_seconds": round(c.total_s - base_total, 3),
         "data_lost": {**asdict(option.loss), "loses_data": option.loss.loses_data},
+        "kv_cache_peak_bytes": peak_bytes(option.plan),
         "shapes": [shape_to_dict(s) for s in option.plan.shapes],
     }
 

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from shapeplan.plan.advice import (
 )
 from shapeplan.plan.caveats import caveats
 from shapeplan.plan.io import shape_to_dict
+from shapeplan.plan.kv_cache import peak_bytes, token_bytes
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.services.advice_page import render_html
 from shapeplan.services.advice_report import (
@@ -88,6 +90,17 @@ def test_every_grpo_alternative_is_the_plan_analyze_makes_with_its_flags() -> No
     _check_every_row("grpo", advice)
     pinned = next(o for o in advice.options if o.label == "pin max_cache_len 639")
     assert pinned.cost.shapes_per_phase["generate"] == 4 < advice.baseline.cost.shapes_per_phase["generate"]
+    # what the pin costs in memory: every call at 639, so the largest batch holds a cache that long; a token holds a
+    # key and a value per layer, in the dtype the model loads in (float32: TRL's default)
+    model = json.loads((TINY_MODEL / "config.json").read_text())
+    per_token = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4
+    largest = max(s.batch for s in pinned.plan.shapes if s.phase == "generate")
+    assert advice_to_dict(advice)["alternatives"][advice.options.index(pinned)]["kv_cache_peak_bytes"] == \
+        largest * 639 * per_token
+    assert peak_bytes(advice.baseline.plan) == max(s.batch * (s.cache_len or 0) for s in advice.baseline.plan.shapes
+                                                   if s.phase == "generate") * per_token
+    header = next(line for line in render_advice(advice).splitlines() if line.startswith("option"))
+    assert "KV cache" in header.split("  ")
     # the guide's example loads a float32 model with a static cache, which generates (plan/caveats.py): no caveat
     assert not any("#7664" in w for w in advice.warnings)
 
@@ -116,6 +129,19 @@ def _plan(shapes: tuple[Shape, ...], tokens: int = 100, **config: object) -> Pla
     stats = PlanStats(rows=10, dropped_rows=0, micro_batches=sum(s.count for s in shapes), optimizer_steps=1,
                       tokens=tokens, padded_tokens=tokens)
     return Plan(method="sft", exact=True, pad_to_multiple_of=128, shapes=shapes, stats=stats, config=dict(config))
+
+
+def test_kv_cache_peak_is_the_largest_static_allocation() -> None:
+    facts = {"layers": 28, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}  # Qwen3-0.6B
+    generate = (Shape(phase="generate", batch=8, seq=512, count=3, first_step=1, cache_len=1023),
+                Shape(phase="generate", batch=2, seq=1024, count=1, first_step=2, cache_len=1535))
+    plan = _plan(generate, dtype="auto", attention=facts)  # auto: the checkpoint's own dtype
+    assert token_bytes(plan) == 2 * 28 * 8 * 128 * 2
+    assert peak_bytes(plan) == 8 * 1023 * token_bytes(plan)  # batch x cache length, not the longest cache alone
+    assert token_bytes(_plan(generate, dtype="float32", attention=facts)) == 2 * token_bytes(plan)
+    assert peak_bytes(_plan(generate, dtype="auto", attention={**facts, "layers": None})) is None  # unreadable
+    dynamic = tuple(replace(s, cache_len=None) for s in generate)
+    assert peak_bytes(_plan(dynamic, dtype="auto", attention=facts)) is None
 
 
 def test_cost_model_is_anchored_on_the_guide() -> None:
