@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError
@@ -11,7 +11,7 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from ..plan.vision import FixedSizes
+from ..plan.vision import FixedSizes, PixelLimits
 from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
 from .common import (
@@ -234,10 +234,13 @@ def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: l
                      warnings=tuple(warnings))
 
 
-def plan_vision(run: VisionRun, resize: FixedSizes | None = None) -> Plan:
+def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
     """A vision-language run's plan: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not
     prepare the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches.
-    `resize`: as if every image were first resized to one of those sizes."""
+    `resize`: as if every image were first resized to one of those sizes; `limits`: as if the processor had those
+    pixel limits."""
+    if limits is not None:
+        run = replace(run, processor=replace(run.processor, images=limits.applied(run.processor.images)))
     args, config = run.args, run.args.training
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)
@@ -245,6 +248,8 @@ def plan_vision(run: VisionRun, resize: FixedSizes | None = None) -> Plan:
     recorded = recorded_config(args, run.argv)
     if resize is not None:
         recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
+    if limits is not None:
+        recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded, versions=versions(), fingerprint=run_fingerprint(run.data),
                    warnings=run.warnings)

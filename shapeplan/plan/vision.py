@@ -109,9 +109,57 @@ def fixed_sizes(sizes: Sequence[tuple[int, int]], count: int, processing: ImageP
 def pixels_kept(sizes: Sequence[tuple[int, int]], resize: FixedSizes, processing: ImageProcessing) -> float:
     """The share of the pixels the processor would feed that the fixed sizes keep (an upscaled image keeps all of
     its own and gains none)."""
-    before = [processing.resized(h, w) for h, w in sizes]
-    after = [resize.target(h, w) for h, w in sizes]
+    return _kept([processing.resized(h, w) for h, w in sizes], [resize.target(h, w) for h, w in sizes])
+
+
+def _kept(before: Sequence[tuple[int, int]], after: Sequence[tuple[int, int]]) -> float:
+    """The share of the `before` pixels that `after` keeps, image by image (an upscaled one keeps all of its own)."""
     total = sum(h * w for h, w in before)
     if not total:
         return 1.0
     return sum(min(bh * bw, ah * aw) for (bh, bw), (ah, aw) in zip(before, after, strict=True)) / total
+
+
+@dataclass(frozen=True, slots=True)
+class PixelLimits:
+    """The processor's pixel limits set otherwise (`preprocessor_config.json` `size`: `shortest_edge` is min_pixels,
+    `longest_edge` max_pixels): every image then resized within them, its aspect ratio kept."""
+
+    min_pixels: int
+    max_pixels: int
+
+    def applied(self, processing: ImageProcessing) -> ImageProcessing:
+        return ImageProcessing(min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                               patch_size=processing.patch_size, merge_size=processing.merge_size,
+                               temporal_patch_size=processing.temporal_patch_size)
+
+    @property
+    def label(self) -> str:
+        if self.min_pixels == self.max_pixels:
+            return f"min_pixels = max_pixels = {self.max_pixels:,}"
+        return f"max_pixels {self.max_pixels:,}"
+
+
+def pixel_limits(sizes: Sequence[tuple[int, int]], processing: ImageProcessing) -> list[PixelLimits]:
+    """Limits taken from the images' own distribution, as the processor resizes them now: max_pixels at the median
+    and at the lower quartile of their areas (each cap below the current one; a multiple of the factor squared),
+    and both limits at the median, which brings every image to about one area."""
+    areas = sorted(h * w for h, w in (processing.resized(h, w) for h, w in sizes))
+    if not areas:
+        return []
+    square = processing.factor * processing.factor
+    out: list[PixelLimits] = []
+    for area in (areas[len(areas) // 2], areas[len(areas) // 4]):
+        cap = max(square, area // square * square)
+        if processing.min_pixels <= cap < processing.max_pixels and all(o.max_pixels != cap for o in out):
+            out.append(PixelLimits(min_pixels=processing.min_pixels, max_pixels=cap))
+    median = max(square, areas[len(areas) // 2] // square * square)
+    out.append(PixelLimits(min_pixels=median, max_pixels=median))
+    return out
+
+
+def pixels_kept_under(sizes: Sequence[tuple[int, int]], processing: ImageProcessing, limits: PixelLimits) -> float:
+    """The share of the pixels the processor would feed that it keeps under `limits` (an upscaled image keeps all
+    of its own and gains none)."""
+    limited = limits.applied(processing)
+    return _kept([processing.resized(h, w) for h, w in sizes], [limited.resized(h, w) for h, w in sizes])

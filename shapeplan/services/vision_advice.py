@@ -1,5 +1,6 @@
 """`advise` for a vision-language run: its vision graphs as given, and what-ifs that resize every image to one of
-a few fixed sizes taken from the dataset's own distribution, each an exact plan of the same rows."""
+a few fixed sizes, or set the processor's pixel limits, each taken from the dataset's own distribution and each an
+exact plan of the same rows."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DatasetError
 from ..plan.cost import compile_minutes
 from ..plan.io import shape_to_dict
 from ..plan.model import Plan
-from ..plan.vision import FixedSizes, fixed_sizes, pixels_kept
+from ..plan.vision import FixedSizes, PixelLimits, fixed_sizes, pixel_limits, pixels_kept, pixels_kept_under
 
 if TYPE_CHECKING:
     from ..adapters.sft import VisionRun
@@ -23,6 +25,7 @@ class VisionOption:
     sizes: FixedSizes | None  # None: the images as they are
     plan: Plan
     pixels_kept: float  # of the pixels the processor feeds as given
+    limits: PixelLimits | None = None  # the processor's pixel limits set otherwise
 
     @property
     def compile_minutes(self) -> float:
@@ -30,7 +33,8 @@ class VisionOption:
 
     @property
     def label(self) -> str:
-        return "(as given)" if self.sizes is None else self.sizes.label
+        return self.sizes.label if self.sizes is not None else self.limits.label if self.limits is not None else \
+            "(as given)"
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,21 @@ def advise_vision(run: VisionRun, counts: Sequence[int] = SIZE_COUNTS) -> Vision
             continue
         options.append(VisionOption(sizes=fixed, plan=plan_vision(run, fixed),
                                     pixels_kept=pixels_kept(sizes, fixed, processing)))
+    for limits in pixel_limits(sizes, processing):
+        try:
+            plan = plan_vision(run, limits=limits)
+        except DatasetError:  # more image tokens than max_length holds: a what-if TRL's forward would fail on
+            continue
+        options.append(VisionOption(sizes=None, limits=limits, plan=plan,
+                                    pixels_kept=pixels_kept_under(sizes, processing, limits)))
     options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
     return VisionAdvice(method=run.args.method, baseline=baseline, options=tuple(options))
 
 
 def apply_line(option: VisionOption) -> str:
+    if option.limits is not None:
+        return (f'"size": {{"shortest_edge": {option.limits.min_pixels}, "longest_edge": '
+                f'{option.limits.max_pixels}}}  (in the processor\'s preprocessor_config.json)')
     assert option.sizes is not None
     pairs = ", ".join(f"({h}, {w})" for h, w in option.sizes.sizes)
     return f"dataset = shapeplan.resize_images(dataset, [{pairs}])"
@@ -82,7 +96,8 @@ def render_vision_advice(advice: VisionAdvice) -> str:
         f"as given: {plan.vision_graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
         "distinct set of image sizes in a batch is a compile of the vision tower",
         "",
-        "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio",
+        "what-if: every image resized to the fixed size (width x height) nearest its aspect ratio, or resized by the "
+        "processor within other pixel limits",
         table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
         "",
     ]
@@ -92,7 +107,9 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     else:
         lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
                   f"{plan.vision_graphs}, "
-                  f"keeping {best.pixels_kept:.1%} of the pixels; resize the dataset before training with:",
+                  f"keeping {best.pixels_kept:.1%} of the pixels; "
+                  + ("set the processor's limits:" if best.limits is not None else
+                     "resize the dataset before training with:"),
                   f"  {apply_line(best)}"]
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
@@ -101,6 +118,8 @@ def render_vision_advice(advice: VisionAdvice) -> str:
 def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
     def option(o: VisionOption) -> dict[str, Any]:
         return {"option": o.label, "sizes": [list(size) for size in o.sizes.sizes] if o.sizes else None,
+                "pixel_limits": None if o.limits is None else {"min_pixels": o.limits.min_pixels,
+                                                               "max_pixels": o.limits.max_pixels},
                 "vision_graphs": o.plan.vision_graphs, "distinct_shapes": o.plan.distinct_shapes,
                 "compile_minutes": round(o.compile_minutes, 3), "pixels_kept": round(o.pixels_kept, 6),
                 "shapes": [shape_to_dict(s) for s in o.plan.shapes]}

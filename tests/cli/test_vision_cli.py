@@ -36,7 +36,7 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     advice = json.loads(console.run(["advise", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
     assert advice["vision"] and advice["baseline"]["vision_graphs"] == len(
         {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if "image_grid_thw" in s})
-    assert all(0 < o["pixels_kept"] <= 1 and o["sizes"] for o in advice["options"])
+    assert all(0 < o["pixels_kept"] <= 1 and (o["sizes"] or o["pixel_limits"]) for o in advice["options"])
 
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
     bad = tmp_path / "bad.jsonl"

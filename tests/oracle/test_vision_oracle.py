@@ -82,20 +82,21 @@ def test_the_guard_names_an_unplanned_pixel_batch(images: list[str], tmp_path: P
 
 
 def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: list[str], tmp_path: Path) -> None:
-    """advise's fewest-compiles what-if, applied with `resize_images` (a `datasets.map`): the resized dataset
-    plans as the what-if did, and the real run meets exactly its shapes, as many vision graphs as advised."""
+    """advise's fewest-compiles fixed sizes, applied with `resize_images` (a `datasets.map`): the resized dataset
+    plans as the what-if did, and the real run meets exactly its shapes, as many vision graphs as advised. Its pixel
+    limits what-if, set in a copy of the processor's config, plans and runs as the what-if did too."""
     import datasets
 
     from shapeplan import resize_images
     from shapeplan.services.advise import advise
-    from shapeplan.services.vision_advice import VisionAdvice
+    from shapeplan.services.vision_advice import VisionAdvice, apply_line
 
     train = write_rows(tmp_path / "train.jsonl", images, 12, seed=5)
     argv = ["--per_device_train_batch_size", "2", "--max_length", "1024", "--pad_to_multiple_of", "128"]
     advice = advise("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                     use_cache=False)
-    assert isinstance(advice, VisionAdvice) and advice.best is not None and advice.best.sizes is not None
-    best = advice.best
+    assert isinstance(advice, VisionAdvice)
+    best = next(option for option in advice.options if option.sizes is not None)  # the options: fewest first
     assert best.plan.vision_graphs < advice.baseline.plan.vision_graphs
     resized = tmp_path / "resized"
     data = datasets.load_dataset("json", data_files=str(train), split="train")
@@ -106,6 +107,18 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
     seen = observed(run_sft_vision(resized, argv))
     assert seen == planned(best.plan)
     assert len({key[3] for key in seen if key[3]}) == best.plan.vision_graphs
+
+    limited = next(option for option in advice.options if option.limits is not None)
+    model = tmp_path / "limited"
+    shutil.copytree(TINY_VL_MODEL, model)
+    config = json.loads((model / "preprocessor_config.json").read_text())
+    config["size"] = {"shortest_edge": limited.limits.min_pixels, "longest_edge": limited.limits.max_pixels}
+    (model / "preprocessor_config.json").write_text(json.dumps(config))
+    assert str(limited.limits.max_pixels) in apply_line(limited)
+    replanned = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv],
+                        use_cache=False)
+    assert planned(replanned) == planned(limited.plan)
+    assert observed(run_sft_vision(train, argv, model=model)) == planned(limited.plan)
 
 
 def test_qwen2_vl_with_structured_turns_is_planned_exactly(images: list[str], tmp_path: Path) -> None:

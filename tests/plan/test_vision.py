@@ -105,3 +105,15 @@ def test_fixed_sizes_are_kept_by_the_processor_and_chosen_by_aspect() -> None:
     big = processing.resized(560, 560)
     assert pixels_kept([(560, 560)], one, processing) == pytest.approx(
         one.sizes[0][0] * one.sizes[0][1] / (big[0] * big[1]))
+
+    # pixel limits from the same images: caps below the current one, each a multiple of the factor squared, then
+    # one area for all; only downscaling loses pixels
+    from shapeplan.plan.vision import pixel_limits, pixels_kept_under
+
+    limits = pixel_limits(sizes, processing)
+    caps = [lim for lim in limits if lim.min_pixels < lim.max_pixels]
+    assert caps and all(lim.max_pixels < processing.max_pixels and lim.max_pixels % 28 ** 2 == 0 for lim in caps)
+    equal = limits[-1]
+    assert equal.min_pixels == equal.max_pixels
+    assert all(0 < pixels_kept_under(sizes, processing, lim) < 1 for lim in limits)
+    assert pixels_kept_under([(56, 56)], processing, caps[0]) == 1.0
