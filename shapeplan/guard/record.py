@@ -6,8 +6,10 @@ and the record lists the run's `compiles` (step, seconds, the shapes first met t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import pickle
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
@@ -64,12 +66,15 @@ def gather(shapes: tuple[Shape, ...], compiles: list[CompileEvent], seconds: dic
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return merge_shapes(list(shapes)), compiles, seconds
-    parts: list[Any] = [None] * dist.get_world_size()
-    # over gloo, on the host: through the run's own (neuron) group the pickled payload is a collective of a size the
-    # run never used, compiled after the last step boundary (TorchNeuron keys collectives by shape)
-    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    dist.all_gather_object(parts, (shapes, compiles, seconds), group=group)
-    if dist.get_rank() != 0:
+    # Through the launcher's key-value store, not a collective: over the run's (neuron) group the pickled payload
+    # is a collective of a size the run never used, compiled after its last step; over gloo, a rank that exits
+    # right after the gather can abort in teardown (gloo's worker thread frees the gather's tensors after the
+    # interpreter has begun finalizing: "terminate called without an active exception").
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    parts = exchange(_get_default_store(), f"shapeplan/guard/{next(_exchanges)}", dist.get_rank(),
+                     dist.get_world_size(), (shapes, compiles, seconds))
+    if parts is None:
         return None
     all_seconds: dict[Key, list[float]] = {}
     for _, _, part in parts:
@@ -77,6 +82,22 @@ def gather(shapes: tuple[Shape, ...], compiles: list[CompileEvent], seconds: dic
             all_seconds.setdefault(key, []).extend(values)
     return (merge_shapes([s for part_shapes, _, _ in parts for s in part_shapes]),
             [e for _, part_compiles, _ in parts for e in part_compiles], all_seconds)
+
+
+_exchanges = itertools.count()  # every rank gathers once per trained Trainer, so the n-th exchanges agree
+
+
+def exchange(store: Any, prefix: str, rank: int, world_size: int, part: Any) -> list[Any] | None:
+    """Every rank's `part`, in rank order, on rank 0 (None on the others), through a `torch.distributed.Store`:
+    each other rank sets its pickled part under `prefix/RANK`, rank 0 waits for each key and deletes it."""
+    if rank != 0:
+        store.set(f"{prefix}/{rank}", pickle.dumps(part))
+        return None
+    parts = [part]
+    for other in range(1, world_size):
+        parts.append(pickle.loads(store.get(f"{prefix}/{other}")))  # the run's own ranks wrote it
+        store.delete_key(f"{prefix}/{other}")
+    return parts
 
 
 def build_record(trainer: Any, plan: Plan | None, shapes: tuple[Shape, ...], compiles: list[CompileEvent],

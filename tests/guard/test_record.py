@@ -11,7 +11,7 @@ import pytest
 
 from shapeplan import ShapeGuard
 from shapeplan.errors import UsageError
-from shapeplan.guard.record import gather, merge_shapes
+from shapeplan.guard.record import exchange, gather, merge_shapes
 from shapeplan.guard.recorder import trainer_method
 from shapeplan.plan.io import load_plan, plan_from_dict, plan_to_dict, write_plan
 from shapeplan.plan.model import Plan, PlanStats, Shape
@@ -31,27 +31,24 @@ def test_ranks_merge_as_a_plan_merges_them() -> None:
         Shape("eval", 4, 128, count=2, first_step=4))
 
 
-def test_ranks_gather_over_gloo_not_the_run_s_device_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over a neuron group the guard's own payload would be a collective of a new size: a compile after the run."""
+def test_ranks_gather_through_the_store_with_no_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No collective: over a neuron group the guard's payload would be a collective of a new size (a compile after
+    the run); over gloo, a rank exiting right after it could abort in teardown. Two ranks."""
+    import threading
+
     import torch.distributed as dist
 
-    made, used = [], []
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(dist, "new_group", lambda **kw: made.append(kw) or "host group")
-
-    def all_gather_object(parts: list[object], obj: object, group: object = None) -> None:
-        used.append(group)
-        parts[:] = [obj, obj]
-
-    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(dist, "all_gather_object", lambda *a, **kw: pytest.fail("a collective"))
+    monkeypatch.setattr(dist, "new_group", lambda *a, **kw: pytest.fail("a collective"))
+    store = dist.HashStore()
     shape = Shape(phase="train", batch=2, seq=128, count=1, first_step=1)
-    for backend, group in (("neuron", "host group"), ("gloo", None)):
-        monkeypatch.setattr(dist, "get_backend", lambda group=None, backend=backend: backend)
-        merged = gather((shape,), [], {})
-        assert merged is not None and merged[0][0].count == 2 and used[-1] == group
-    assert made == [{"backend": "gloo"}]
+    rank1 = threading.Thread(target=lambda: exchange(store, "run", 1, 2, ((shape, shape), [], {})))
+    rank1.start()
+    got = exchange(store, "run", 0, 2, ((shape,), [], {("train", 2, 128): [0.5]}))
+    rank1.join()
+    assert got == [((shape,), [], {("train", 2, 128): [0.5]}), ((shape, shape), [], {})]
+    assert store.num_keys() == 0  # read and deleted: a second trainer's exchange starts clean
+    assert gather((shape,), [], {}) == ((shape,), [], {})  # not distributed: this process's own
 
 
 def test_observed_round_trips_and_plans_stay_unmarked(tmp_path: Path) -> None:
