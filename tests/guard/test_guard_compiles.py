@@ -1,7 +1,7 @@
 """Compiles under torch.compile (Inductor): a guarded real run on a cold cache reports the compiles of each shape at
-the step that first met it; after `shapeplan warm` into the cache, the same guarded run reports none. A GRPO run's
-record (the completion buckets it sampled), warmed with `shapeplan warm --plan RUN`, leaves the identical second run
-nothing to compile."""
+the step that first met it; after `shapeplan warm` into the cache, the same guarded run reports none. (A GRPO record
+warmed with `warm --plan RUN`: the record holds the buckets the run sampled and warm takes them, in
+test_guard_cli.py; warmed GRPO shapes compile nothing under Inductor, in test_peft_compiles.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from shapeplan.plan.io import load_plan
 from tests import console
 from tests.conftest import ROOT
-from tests.guard.test_guard_cli import TRL_RUN, _sft_config, grpo_config
+from tests.guard.test_guard_cli import TRL_RUN, _sft_config
 
 pytestmark = pytest.mark.slow
 
@@ -51,28 +51,3 @@ def test_compiles_are_attributed_and_warm_leaves_none(tmp_path: Path) -> None:
     assert warmed.returncode == 0, warmed.stderr[-3000:]
     warm_run = guarded(tmp_path / "warm.json", cache)
     assert warm_run["compiles"] == []
-
-
-def test_grpo_record_warms_the_identical_run(tmp_path: Path) -> None:
-    config = grpo_config(tmp_path, "torch_compile: true")
-    plan_path, cache = tmp_path / "plan.json", tmp_path / "cache"
-
-    def run(*args: str | Path, cache: Path) -> str:
-        result = _run(*args, cache=cache, path=str(tmp_path))
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stderr
-
-    run("analyze", "--method", "grpo", "--config", config, "-o", plan_path, cache=cache)
-
-    def guarded(record: Path, run_cache: Path) -> dict:  # type: ignore[type-arg]
-        run("guard", "--plan", plan_path, "--record", record, "--", "trl", "grpo", "--config", config,
-            "--output_dir", tmp_path / "out", *TRL_RUN, cache=run_cache)
-        return json.loads(record.read_text())
-
-    first = guarded(tmp_path / "first.json", tmp_path / "cold-cache")
-    assert [e["step"] for e in first["compiles"]] == [1, 2]  # each step meets a new train shape
-    run("warm", "--plan", tmp_path / "first.json", "--device", "cpu", "--cache-dir", cache, cache=cache)
-    second = guarded(tmp_path / "second.json", cache)
-    assert second["compiles"] == []
-    assert [(s["phase"], s["batch"], s["seq"], s["count"]) for s in second["shapes"]] == \
-        [(s["phase"], s["batch"], s["seq"], s["count"]) for s in first["shapes"]]
