@@ -281,17 +281,16 @@ def _check_vision(args: TrainingArgs, data: RunData) -> None:
         raise UsageError(f"transformers refuses max_length={config.max_length} with pad_to_multiple_of={multiple} on "
                          "vision datasets (the processor truncates and pads in one call, and the length must be a "
                          f"multiple); pass --max_length {config.max_length // multiple * multiple or multiple}")
-    if config.assistant_only_loss:
-        raise UsageError("assistant_only_loss on vision datasets is not planned yet; drop --assistant_only_loss to "
-                         "plan the run's shapes (the loss mask does not change them)")
     first = next(iter(data.train))
-    if "prompt" in first and "completion" in first:
-        if config.pad_to_multiple_of is not None:
-            raise UsageError("TRL's vision collator does not pad prompt-completion rows to a multiple "
-                             "(NotImplementedError); drop --pad_to_multiple_of, or use 'messages' rows")
-        raise UsageError("prompt-completion rows with images are not planned yet; use 'messages' rows (TRL pads "
-                         "them to --pad_to_multiple_of)")
-    if "messages" not in first and config.remove_unused_columns:
+    if config.assistant_only_loss and "messages" not in first:
+        raise UsageError("TRL's vision collator takes assistant_only_loss only with 'messages' rows (ValueError); "
+                         "drop --assistant_only_loss, or give the rows as 'messages'")
+    prompt_completion = "prompt" in first and "completion" in first
+    if prompt_completion and config.pad_to_multiple_of is not None:
+        raise UsageError("TRL's vision collator does not pad prompt-completion rows to a multiple "
+                         f"(NotImplementedError, and pad_to_multiple_of='auto' is {config.pad_to_multiple_of} on "
+                         "Neuron); pass --pad_to_multiple_of none, or use 'messages' rows, which it pads")
+    if "messages" not in first and not prompt_completion and config.remove_unused_columns:
         # SFTTrainer keeps messages, prompt, completion, image and images of a vision dataset: the text goes
         raise UsageError(f"TRL drops the {config.dataset_text_field!r} column of a vision dataset "
                          "(remove_unused_columns), and its collator then fails on the first batch; pass "

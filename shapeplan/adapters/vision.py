@@ -262,9 +262,10 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
 def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> tuple[ImageRow, ...]:
     """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
     rows = []
+    template = _training_template(vision, config)
     for index, example in enumerate(_undecoded(dataset)):
         sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
-        tokens, last = _row_tokens(vision, example, len(sizes), config, index, name)
+        tokens, last = _row_tokens(vision, example, len(sizes), config, index, name, template)
         rows.append(ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes))
     return tuple(rows)
 
@@ -292,28 +293,75 @@ def _size(vision: VisionProcessor, image: Any, index: int, name: str) -> tuple[i
                            "drop the row") from None
 
 
+def _training_template(vision: VisionProcessor, config: Any) -> str | None:
+    """The chat template `SFTTrainer.__init__` gives the collator: with `assistant_only_loss` and a template without
+    generation markers, TRL's training variant of it (which renders other text), else None (the processor's)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not config.assistant_only_loss or has_generation_markers(vision.processor.chat_template):
+        return None
+    try:
+        template: str | None = get_training_chat_template(vision.processor)
+    except ValueError as exc:
+        raise UsageError(f"assistant_only_loss needs a chat template with generation markers, and TRL has no "
+                         f"training variant of this one ({first_line(exc)}); pass --chat_template_path with a "
+                         "template that marks the assistant turns, or drop --assistant_only_loss") from None
+    return template
+
+
 def _row_tokens(vision: VisionProcessor, example: dict[str, Any], images: int, config: Any, index: int,
-                name: str) -> tuple[int, int | None]:
-    """The row's token count with one placeholder per image, and the position of its last placeholder."""
+                name: str, template: str | None = None) -> tuple[int, int | None]:
+    """The row's token count with one placeholder per image, and the position of its last placeholder
+    (`template`: the collator's chat template, where it is not the processor's)."""
     from trl.data_utils import prepare_multimodal_messages
 
     processor = vision.processor
     if "messages" in example:
         try:
             messages = prepare_multimodal_messages(example["messages"], images=[None] * images)
-            text = processor.apply_chat_template(messages, tokenize=False)
+            texts = [processor.apply_chat_template(messages, chat_template=template, tokenize=False)]
         except (ValueError, TypeError, KeyError) as exc:
             raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
                                f"{first_line(exc)}; fix the row") from None
+    elif "prompt" in example and "completion" in example:
+        texts = _prompt_completion(processor, example, images, config, index, name)
     elif isinstance(example.get(config.dataset_text_field), str):
-        text = example[config.dataset_text_field]
+        texts = [example[config.dataset_text_field]]
     else:
-        raise DatasetError(f"row {index} of the {name} dataset has images but neither 'messages' nor a text column "
-                           f"{config.dataset_text_field!r}; vision rows need one of them")
-    ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        raise DatasetError(f"row {index} of the {name} dataset has images but neither 'messages', 'prompt' and "
+                           f"'completion', nor a text column {config.dataset_text_field!r}; vision rows need one "
+                           "of them")
+    # tokenized apart and joined: the prompt-completion collator tokenizes the two apart
+    ids = [token for text in texts for token in processor.tokenizer(text, add_special_tokens=False)["input_ids"]]
     placeholder = vision.image_token_id
     positions = [i for i, token in enumerate(ids) if token == placeholder]
     if len(positions) != images:
         raise DatasetError(f"row {index} of the {name} dataset has {images} images and {len(positions)} "
                            f"{vision.image_token} tokens in its text; give each image one")
     return len(ids), positions[-1] if positions else None
+
+
+def _prompt_completion(processor: Any, example: dict[str, Any], images: int, config: Any, index: int,
+                       name: str) -> list[str]:
+    """A prompt-completion row's prompt and completion texts as `_collate_prompt_completion` forms them (a
+    conversational row rendered by TRL's `apply_chat_template`). It tokenizes the two apart and joins them;
+    `flush_left` then removes the prompt's left padding, so a row is its prompt's tokens followed by its
+    completion's, and a batch is as long as its longest row."""
+    from trl.data_utils import apply_chat_template, is_conversational, prepare_multimodal_messages
+
+    prompt, completion = example["prompt"], example["completion"]
+    if is_conversational(example):
+        kept = {"prompt": prepare_multimodal_messages(prompt, images=[None] * images),
+                "completion": prepare_multimodal_messages(completion)}
+        if not config.remove_unused_columns and "chat_template_kwargs" in example:
+            kept["chat_template_kwargs"] = example["chat_template_kwargs"]
+        try:
+            rendered = apply_chat_template(kept, processor)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
+                               f"{first_line(exc)}; fix the row") from None
+        prompt, completion = rendered["prompt"], rendered["completion"]
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+        raise DatasetError(f"row {index} of the {name} dataset has a prompt or completion that is neither text nor "
+                           "a list of messages; fix the row")
+    return [prompt, completion]

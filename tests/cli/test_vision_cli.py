@@ -50,7 +50,7 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
         "packing": (["--model", str(TINY_VL_MODEL), "--packing"], "TRL refuses packing on vision datasets", 2),
         "cut": (["--model", str(TINY_VL_MODEL), "--max_length", "128"], "cuts into them", 1),
         "not a multiple": (["--model", str(TINY_VL_MODEL), "--max_length", "600"], "pass --max_length 512", 2),
-        "prompt-completion": (["--model", str(TINY_VL_MODEL)], "does not pad prompt-completion rows", 2),
+        "prompt-completion": (["--model", str(TINY_VL_MODEL)], "pass --pad_to_multiple_of none", 2),
         "string images": (["--model", str(TINY_VL_MODEL)], "'images' value that is a str, not a list", 1),
     }
     for case, (argv, message, code) in cases.items():
@@ -65,3 +65,6 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
         result = console.run([*RUN, str(source), *argv])
         assert result.returncode == code and message in result.stderr, (case, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, (case, result.stderr)
+    # the fix the refusal names runs
+    fixed = console.run([*RUN, str(prompt_completion), "--model", str(TINY_VL_MODEL), "--pad_to_multiple_of", "none"])
+    assert fixed.returncode == 0, fixed.stderr

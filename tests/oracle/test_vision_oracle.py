@@ -41,6 +41,29 @@ def _other_processor(tmp_path: Path) -> Path:
     return model
 
 
+@pytest.mark.parametrize("kind", ["prompt-completion", "prompt-completion-text"])
+def test_vision_prompt_completion_batches_are_planned_exactly(kind: str, images: list[str], tmp_path: Path) -> None:
+    """Prompt-completion rows (prompt and completion tokenized apart, joined by `flush_left`), unpadded as TRL's
+    vision collator requires; a max_length that cuts some rows' completions."""
+    train = write_rows(tmp_path / "train.jsonl", images, 8, seed=3, kind=kind)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "4", "--max_length", "400"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL),
+                           "--pad_to_multiple_of", "none", *argv], use_cache=False)
+    seen = observed(run_sft_vision(train, ["--pad_to_multiple_of", "none", *argv]))
+    assert planned(plan) == seen
+    assert any(key[3] for key in seen) and any(key[2] == 400 for key in seen)
+
+
+def test_assistant_only_loss_is_planned_with_the_collator_s_template(images: list[str], tmp_path: Path) -> None:
+    """assistant_only_loss: the collator renders with TRL's training variant of the chat template."""
+    train = write_rows(tmp_path / "train.jsonl", images, 6, seed=4)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "3", "--max_length", "640", "--pad_to_multiple_of",
+            "128", "--assistant_only_loss", "true"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                   use_cache=False)
+    assert planned(plan) == observed(run_sft_vision(train, argv))
+
+
 @pytest.mark.parametrize("kind", ["messages", "image", "text"])
 def test_vision_sft_batches_are_planned_exactly(kind: str, images: list[str], tmp_path: Path) -> None:
     """Rows by path (messages), as `datasets` Image features (image) and as text with the user's placeholders (which

@@ -39,16 +39,23 @@ def _words(rng: random.Random, lo: int, hi: int) -> str:
 
 
 def write_rows(path: Path, images: list[str], rows: int, *, seed: int, kind: str = "messages") -> Path:
-    """`rows` rows of 0 to 2 images each (`images` column; `image`: exactly one), as `messages` or as `text` with
-    the image placeholders written by the user."""
+    """`rows` rows of 0 to 2 images each (`images` column; `image`: exactly one), as `messages`, as `text` with
+    the image placeholders written by the user, or as `prompt-completion` (conversational) or
+    `prompt-completion-text` (the placeholders in the prompt text)."""
     rng = random.Random(seed)
     with open(path, "w") as f:
         for _ in range(rows):
             chosen = [rng.choice(images)] if kind == "image" else rng.sample(images, rng.choice([0, 1, 1, 2]))
             row: dict[str, Any]
+            marks = "".join("<|vision_start|><|image_pad|><|vision_end|>" for _ in chosen)
             if kind == "text":
-                marks = "".join("<|vision_start|><|image_pad|><|vision_end|>" for _ in chosen)
                 row = {"text": marks + _words(rng, 2, 40), "images": chosen}
+            elif kind == "prompt-completion":
+                row = {"prompt": [{"role": "user", "content": _words(rng, 1, 30)}],
+                       "completion": [{"role": "assistant", "content": _words(rng, 1, 60)}], "images": chosen}
+            elif kind == "prompt-completion-text":
+                row = {"prompt": marks + _words(rng, 1, 30), "completion": " " + _words(rng, 1, 60),
+                       "images": chosen}
             else:
                 row = {"messages": [{"role": "user", "content": _words(rng, 1, 30)},
                                     {"role": "assistant", "content": _words(rng, 1, 60)}]}
