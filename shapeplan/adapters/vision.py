@@ -21,8 +21,9 @@ from ..plan.rows import Rows
 from ..plan.vision import FixedSizes, ImageProcessing
 from ..plan.vision_rows import CutImageTokens, ImageRow, image_rows
 
-# The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL uses Qwen2-VL's image processor).
-PLANNED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+# The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image
+# processor, Qwen3-VL with 16-pixel patches).
+PLANNED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _EXIF_ORIENTATION = 0x0112
 _SWAPPED = {5, 6, 7, 8}  # orientations exif_transpose turns by 90 degrees: height and width swap
 
@@ -72,8 +73,8 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
     model_type = getattr(config, "model_type", None)
     if model_type not in PLANNED_MODEL_TYPES:
         raise UsageError(f"the dataset has images, and {model} is a {model_type!r} model, whose processor shapeplan "
-                         f"does not plan images for (it plans {', '.join(PLANNED_MODEL_TYPES)}); plan a Qwen2-VL or "
-                         "Qwen2.5-VL model, or drop the image columns")
+                         f"does not plan images for (it plans {', '.join(PLANNED_MODEL_TYPES)}); plan a Qwen2-VL, "
+                         "Qwen2.5-VL or Qwen3-VL model, or drop the image columns")
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     try:
@@ -109,9 +110,9 @@ def _processor_template(model: str, revision: str | None) -> Any:
 def _image_only(model_type: str) -> type:
     """The model type's processor class with the video processor taken out of its signature, so that transformers
     neither expects nor builds one."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
-    base = Qwen2_5_VLProcessor if model_type == "qwen2_5_vl" else Qwen2VLProcessor
+    base = {"qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}.get(model_type, Qwen2VLProcessor)
 
     def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
                  **kwargs: Any) -> None:

@@ -12,7 +12,7 @@ import pytest
 from shapeplan import ShapeGuard
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_VL_MODEL
-from tests.oracle.vision_data import write_images, write_qwen2_vl, write_rows, write_structured_rows
+from tests.oracle.vision_data import write_images, write_qwen2_vl, write_qwen3_vl, write_rows, write_structured_rows
 from tests.oracle.vision_harness import observed, planned, run_sft_vision
 
 pytestmark = pytest.mark.slow
@@ -153,3 +153,15 @@ def test_qwen2_vl_with_structured_turns_is_planned_exactly(images: list[str], tm
             "128"]
     plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv], use_cache=False)
     assert planned(plan) == observed(run_sft_vision(train, argv, model=model))
+
+
+def test_qwen3_vl_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
+    """A Qwen3-VL: its own processor class, 16-pixel patches (1536-wide patch rows), other pixel limits."""
+    model = write_qwen3_vl(tmp_path / "qwen3-vl", TINY_VL_MODEL)
+    train = write_rows(tmp_path / "train.jsonl", images, 8, seed=5)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "4", "--max_length", "640", "--pad_to_multiple_of",
+            "128"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv], use_cache=False)
+    seen = observed(run_sft_vision(train, argv, model=model))
+    assert planned(plan) == seen
+    assert all(pixels[1] == 1536 for _, _, pixels in seen.values() if pixels)

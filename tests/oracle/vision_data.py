@@ -106,3 +106,35 @@ def write_structured_rows(path: Path, images: list[str], rows: int, *, seed: int
                         {"role": "assistant", "content": text(1, 40)}]
             f.write(json.dumps({"messages": messages, "images": chosen}) + "\n")
     return path
+
+
+def write_qwen3_vl(folder: Path, source: Path) -> Path:
+    """A random tiny Qwen3-VL (`qwen3_vl`: 16-pixel patches, so 1536-wide patch rows, and its own processor class)
+    with `source`'s tokenizer, vision token ids, chat template and image processor."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    shutil.copytree(source, folder)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (folder / name).unlink()
+    base = AutoConfig.from_pretrained(source)
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    text = base.text_config
+    config = Qwen3VLConfig(
+        text_config={"vocab_size": text.vocab_size, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                     "pad_token_id": text.pad_token_id, "eos_token_id": text.eos_token_id,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                         "mrope_section": [1, 1, 2], "mrope_interleaved": True}},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 16,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32,
+                       "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        tie_word_embeddings=True, **{name: getattr(base, name) for name in tokens})
+    torch.manual_seed(0)
+    Qwen3VLForConditionalGeneration(config).save_pretrained(folder)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    processor.update(patch_size=16, size={"shortest_edge": 8192, "longest_edge": 131072})
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder

@@ -19,9 +19,10 @@ def processor(model: Path = TINY_VL_MODEL) -> Any:
     """The model's processor as `from_pretrained` loads it (its image processor, tokenizer and chat template, by
     transformers' own rules, not shapeplan's), without the video processor (transformers builds that with
     torchvision, whose wheels here do not load against the CPU torch; image batches do not use it)."""
-    from transformers import AutoConfig, Qwen2_5_VLProcessor, Qwen2VLProcessor
+    from transformers import AutoConfig, Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
-    base = Qwen2_5_VLProcessor if AutoConfig.from_pretrained(model).model_type == "qwen2_5_vl" else Qwen2VLProcessor
+    base = {"qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}.get(
+        AutoConfig.from_pretrained(model).model_type, Qwen2VLProcessor)
 
     class ImageOnly(base):  # type: ignore[misc, valid-type]  # the model type's processor class, chosen above
         def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
