@@ -155,6 +155,8 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=padding_free)
     warnings = _run_warnings(config)
     if vision.is_vision(data.train):
+        if streaming:
+            return _plan_vision_stream(args, argv, data, warnings)
         return plan_vision(_read_vision(args, argv, data, warnings))
     if data.eval is not None and vision.is_vision(data.eval):
         raise UsageError("the eval dataset has images and the train dataset has none: SFTTrainer picks its collator "
@@ -217,13 +219,22 @@ def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None =
     return _read_vision(args, argv, data, _run_warnings(args.training))
 
 
+def _vision_processor(args: TrainingArgs, data: RunData) -> vision.VisionProcessor:
+    """The run's processor, after what SFTTrainer refuses on image data has been checked."""
+    _check_vision(args, data)
+    config = args.training
+    return vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
+                                 revision=args.model.model_revision,
+                                 trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
+                                 chat_template_path=config.chat_template_path)
+
+
 def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: list[str]) -> VisionRun:
     config = args.training
-    _check_vision(args, data)
-    processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
-                                      revision=args.model.model_revision,
-                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
-                                      chat_template_path=config.chat_template_path)
+    if streamed(args):
+        raise UsageError("advise reads a vision dataset whole to weigh its images, which a stream is not; drop "
+                         "--dataset_streaming to advise on the same rows (`analyze` plans the streamed run)")
+    processor = _vision_processor(args, data)
     with trl_preparing("train"):
         train = vision.read_rows(data.train, processor, config, name="train")
     evaluated = None
@@ -261,13 +272,45 @@ def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelL
                     eval_rows=eval_rows, eval_batches=eval_order, eval_steps=eval_at)
 
 
+def _plan_vision_stream(args: TrainingArgs, argv: list[str], data: RunData, warnings: list[str]) -> Plan:
+    """A streamed vision-language run: SFTTrainer does not prepare (nor shuffle) a vision dataset, so each rank's
+    batches are its stream's raw rows in stream order (see `shapeplan.adapters.stream`), each row read as for a
+    map-style dataset; the eval stream read whole at each evaluation."""
+    config = args.training
+    processor = _vision_processor(args, data)
+
+    def reader(name: str) -> stream.Read[ImageRow]:
+        def read(part: Any, limit: int | None, counting: stream.Reader, epoch: int) -> Iterator[ImageRow]:
+            rows = counting.rows(vision.undecoded(stream.in_pass(part, epoch)))
+            with trl_preparing(name):
+                yield from vision.iter_rows(rows, processor, config, name=name)
+        return read
+
+    def check(name: str) -> Callable[[int], None]:
+        def not_empty(rows: int) -> None:
+            if not rows:
+                raise DatasetError(f"the {name} stream yields no rows; check the data files")
+        return not_empty
+
+    train, loop, note = stream.read_train(data.train, args, reader("train"), check("train"))
+    train_rows = vision.collated_rows(tuple(train.rows), processor, config, name="train")
+    info = RunInfo(method=args.method, rows=train.rows_per_pass, pad_to_multiple_of=config.pad_to_multiple_of,
+                   exact=True, config=recorded_config(args, argv), versions=versions(),
+                   fingerprint=run_fingerprint(data), warnings=[*warnings, note])
+    layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
+    if data.eval is None:
+        return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=train.epoch_batches,
+                        info=info)
+    evaluated = stream.read_eval(data.eval, args, reader("eval"), check("eval"))
+    return plan_sft(train_rows=train_rows, layout=layout, loop=loop, epoch_batches=train.epoch_batches, info=info,
+                    eval_rows=vision.collated_rows(tuple(evaluated.rows), processor, config, name="eval"),
+                    eval_batches=evaluated.batches, eval_steps=eval_steps_of(args, loop))
+
+
 def _check_vision(args: TrainingArgs, data: RunData) -> None:
     """What `SFTTrainer` and its vision collator refuse on image data, and what shapeplan does not plan yet, each
     before any image is read."""
     config = args.training
-    if streamed(args):
-        raise UsageError("vision-language runs are planned from map-style datasets; drop --dataset_streaming to plan "
-                         "this one")
     if config.packing:
         raise UsageError("TRL refuses packing on vision datasets; drop --packing")
     if config.padding_free:
@@ -295,6 +338,8 @@ def _check_vision(args: TrainingArgs, data: RunData) -> None:
         raise UsageError(f"TRL drops the {config.dataset_text_field!r} column of a vision dataset "
                          "(remove_unused_columns), and its collator then fails on the first batch; pass "
                          "--remove_unused_columns false, or use 'messages' rows")
+    if streamed(args):
+        return  # a stream has no sampler, and SFTTrainer forces dispatch_batches off for it
     if config.train_sampling_strategy not in ("random", "sequential"):
         raise UsageError(f"train_sampling_strategy={config.train_sampling_strategy!r} on vision datasets is not "
                          "planned yet; use random or sequential")

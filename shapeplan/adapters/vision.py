@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,7 +184,7 @@ def image_size(value: Any) -> tuple[int, int]:
     raise ValueError(f"a {type(value).__name__}, not an image, a path, a URL or base64")
 
 
-def _undecoded(dataset: Any) -> Any:
+def undecoded(dataset: Any) -> Any:
     """The dataset with its `datasets` Image columns left undecoded: headers are all the sizes need."""
     import datasets
 
@@ -262,13 +263,17 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
 
 def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> tuple[ImageRow, ...]:
     """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
-    rows = []
+    return tuple(iter_rows(undecoded(dataset), vision, config, name=name))
+
+
+def iter_rows(examples: Iterable[dict[str, Any]], vision: VisionProcessor, config: Any, *,
+              name: str) -> Iterator[ImageRow]:
+    """`read_rows` lazily, over rows as they come (a stream's, its Image features left undecoded by `undecoded`)."""
     template = _training_template(vision, config)
-    for index, example in enumerate(_undecoded(dataset)):
+    for index, example in enumerate(examples):
         sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
         tokens, last = _row_tokens(vision, example, len(sizes), config, index, name, template)
-        rows.append(ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes))
-    return tuple(rows)
+        yield ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes)
 
 
 def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: Any, *, name: str,

@@ -165,3 +165,17 @@ def test_qwen3_vl_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
     seen = observed(run_sft_vision(train, argv, model=model))
     assert planned(plan) == seen
     assert all(pixels[1] == 1536 for _, _, pixels in seen.values() if pixels)
+
+
+def test_a_streamed_vision_run_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
+    """--dataset_streaming: SFTTrainer neither prepares nor shuffles a vision stream, so batches are its rows in
+    stream order; a stream of 5 rows is read again until max_steps; the eval stream read whole."""
+    train = write_rows(tmp_path / "train.jsonl", images, 5, seed=8)
+    evaluation = write_rows(tmp_path / "eval.jsonl", images, 3, seed=9)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "4", "--max_length", "640", "--pad_to_multiple_of",
+            "128", "--eval_strategy", "steps", "--eval_steps", "4", "--per_device_eval_batch_size", "2"]
+    plan = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL),
+                           "--dataset_streaming", *argv], eval_source=str(evaluation), use_cache=False)
+    seen = observed(run_sft_vision(train, argv, eval_path=evaluation, streaming=True))
+    assert planned(plan) == seen
+    assert any(key[0] == "eval" for key in seen)

@@ -33,9 +33,10 @@ def processor(model: Path = TINY_VL_MODEL) -> Any:
 
 
 def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                   images: str | None = None, model: Path = TINY_VL_MODEL, guard: Any = None) -> list[Forward]:
+                   images: str | None = None, model: Path = TINY_VL_MODEL, guard: Any = None,
+                   streaming: bool = False) -> list[Forward]:
     """Train with `trl sft`'s parser on `argv`; `images`: cast that column to `datasets` Image features first (as a
-    Hub dataset holds them), else the rows keep their paths."""
+    Hub dataset holds them), else the rows keep their paths; `streaming`: the data as IterableDatasets."""
     import datasets
     import torch
     from transformers import AutoModelForImageTextToText
@@ -51,7 +52,7 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
     def load(path: Path) -> Any:
         if (path / "dataset_info.json").is_file():  # a save_to_disk folder, as `trl sft` loads it
             return datasets.load_from_disk(str(path))
-        data = load_data(path, False)
+        data = load_data(path, streaming)
         if images == "images":
             return data.cast_column("images", datasets.List(datasets.Image()))
         if images == "image":
