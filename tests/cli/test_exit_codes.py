@@ -305,20 +305,19 @@ def test_verify_and_import_refuse_a_cache_warmed_with_other_peft_settings(tmp_pa
 @pytest.mark.slow
 def test_verify_never_writes_the_cache_it_checks(warmed_sft: WarmedSFT, tmp_path: Path,
                                                  read_only: list[Path]) -> None:
-    """torch.compile on Inductor: verify on an unwarmed cache fails twice in a row (the first run's compiles did
-    not land in the cache), leaving it unchanged; once warmed (with the session's warm-up of the same plan) and made
-    read-only, verify passes and changes nothing."""
+    """torch.compile on Inductor: verify on an unwarmed cache fails, leaving it unchanged (its compiles did not
+    land in the cache); once warmed (with the session's warm-up of the same plan) and made read-only, verify passes
+    and changes nothing."""
     plan = warmed_sft.plan
     cache = tmp_path / "cache"  # Inductor's C++ builds fail under a path with a space
     cache.mkdir()
     (cache / "unrelated.txt").write_text("kept as it is")
     before = snapshot(cache)
-    for _ in range(2):
-        result = shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json")
-        assert result.returncode == 1, result.stderr[-3000:]
-        (row,) = json.loads(result.stdout)["results"]
-        assert row["status"] == "compiled" and row["counters"]["fxgraph_cache_miss"] > 0
-        assert snapshot(cache) == before
+    result = shapeplan("verify", "--plan", plan, "--device", "cpu", "--cache-dir", cache, "--json")
+    assert result.returncode == 1, result.stderr[-3000:]
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["status"] == "compiled" and row["counters"]["fxgraph_cache_miss"] > 0
+    assert snapshot(cache) == before
 
     warmed = warmed_sft.report
     assert [r["status"] for r in warmed["results"]] == ["compiled"]
