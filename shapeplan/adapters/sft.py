@@ -340,9 +340,16 @@ def _check_vision(args: TrainingArgs, data: RunData) -> None:
                          "--remove_unused_columns false, or use 'messages' rows")
     if streamed(args):
         return  # a stream has no sampler, and SFTTrainer forces dispatch_batches off for it
-    if config.train_sampling_strategy not in ("random", "sequential"):
-        raise UsageError(f"train_sampling_strategy={config.train_sampling_strategy!r} on vision datasets is not "
-                         "planned yet; use random or sequential")
+    strategy = config.train_sampling_strategy
+    if strategy not in ("random", "sequential"):
+        if config.length_column_name not in first:
+            # transformers' length-aware samplers read each row's first model input (the processor's: pixel_values),
+            # which TRL never adds to the unprepared rows of a vision dataset
+            raise UsageError(f"train_sampling_strategy={strategy!r} fails on a vision dataset without a "
+                             f"{config.length_column_name!r} column (transformers reads each row's first model "
+                             "input, which vision rows do not hold: ValueError); use random or sequential")
+        raise UsageError(f"train_sampling_strategy={strategy!r} on vision datasets is not planned yet; use random "
+                         "or sequential")
     if config.train_sampling_strategy == "random" and not config.accelerator_config.use_seedable_sampler:
         raise UsageError("use_seedable_sampler=False on vision datasets is not planned yet (the order, and so each "
                          "batch's images, comes from the global RNG); keep the seedable sampler")

@@ -52,6 +52,8 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
         "not a multiple": (["--model", str(TINY_VL_MODEL), "--max_length", "600"], "pass --max_length 512", 2),
         "prompt-completion": (["--model", str(TINY_VL_MODEL)], "pass --pad_to_multiple_of none", 2),
         "string images": (["--model", str(TINY_VL_MODEL)], "'images' value that is a str, not a list", 1),
+        "group_by_length": (["--model", str(TINY_VL_MODEL), "--train_sampling_strategy", "group_by_length"],
+                            "fails on a vision dataset without a 'length' column", 2),
     }
     for case, (argv, message, code) in cases.items():
         source = prompt_completion if case == "prompt-completion" else bad if case in (
