@@ -102,8 +102,8 @@ def test_analyze_streaming(tmp_path: Path) -> None:
 
 def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
     """An image column makes TRL feed the rows through a processor (image tokens, pixel batches): the methods that do
-    not plan them refuse it, instead of planning the text; SFT refuses what it does not plan (a text model, a
-    stream, images only in the eval set)."""
+    not plan them refuse it, instead of planning the text; SFT refuses what it does not plan (a text model, images
+    only in the eval set)."""
     rows = {"sft": {"messages": [{"role": "user", "content": "what is shown"},
                                  {"role": "assistant", "content": "a cat"}]},
             "dpo": {"prompt": "what is shown", "chosen": "a cat", "rejected": "a dog"},
@@ -119,11 +119,8 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
             continue
         refused(shapeplan("analyze", data, "--model", TINY_MODEL, "--no-cache"), 2,
                 "the dataset has images, and " + str(TINY_MODEL) + " is a 'qwen3' model, whose processor shapeplan "
-                "does not plan images for (it plans qwen2_vl, qwen2_5_vl); plan a Qwen2-VL or Qwen2.5-VL model, or "
-                "drop the image columns")
-        refused(shapeplan("analyze", data, "--model", TINY_MODEL, "--no-cache", "--dataset_streaming",
-                          "--max_steps", "1"), 2, "vision-language runs are planned from map-style datasets; drop "
-                "--dataset_streaming to plan this one")
+                "does not plan images for (it plans qwen2_vl, qwen2_5_vl, qwen3_vl); plan a Qwen2-VL, Qwen2.5-VL or "
+                "Qwen3-VL model, or drop the image columns")
         refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--no-cache", "--eval-dataset", data,
                           "--eval_strategy", "steps"), 2, "the eval dataset has images and the train dataset has none: "
                 "SFTTrainer picks its collator from the train rows, so the eval images are not fed to the model; drop "
