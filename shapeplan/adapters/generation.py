@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DatasetError, UsageError, first_line
 from ..plan.grpo import GenerationLayout, plan_generation
 from ..plan.model import Plan
+from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop
 from . import generation_stream
 from .common import RunData, run_fingerprint, versions
@@ -121,10 +122,12 @@ def prompt_lengths(dataset: Any, trainer: Any, name: str) -> tuple[int, ...]:
 
 
 def train_order(args: TrainingArgs, trainer: Any, train: Any, *, repeat: generation_stream.Repeat, batch_size: int,
-                option: str, warnings: list[str]) -> tuple[tuple[int, ...], Callable[[int], RankBatches], TrainLoop]:
+                option: str, warnings: list[str], lengths: tuple[int, ...] | None = None,
+                ) -> tuple[tuple[int, ...], Callable[[int], RankBatches], TrainLoop]:
     """The train prompts' lengths, each epoch's per-rank batches and the Trainer's loop: TRL's `RepeatSampler` with
     `repeat`'s arguments (one permutation per epoch) over a map-style dataset, or its stream counterpart (a note
-    saying what was read goes to `warnings`). `batch_size`: the train dataloader's, set by `option`."""
+    saying what was read goes to `warnings`). `batch_size`: the train dataloader's, set by `option`; `lengths`:
+    the prompts' lengths where the caller has them (a vision run's, with their image tokens)."""
     from trl.trainer.utils import RepeatSampler
 
     from .loop import sampled_epochs, train_loop
@@ -136,7 +139,7 @@ def train_order(args: TrainingArgs, trainer: Any, train: Any, *, repeat: generat
                                                              batch_size=batch_size, option=option)
         warnings.append(note)
         return streamed.lengths, streamed.epoch_batches, loop
-    lengths = prompt_lengths(train, trainer, "train")
+    lengths = prompt_lengths(train, trainer, "train") if lengths is None else lengths
     sampler = RepeatSampler(range(len(lengths)), mini_repeat_count=repeat.mini_repeat_count,
                             batch_size=repeat.batch_size, repeat_count=repeat.repeat_count,
                             shuffle=config.shuffle_dataset, seed=config.seed)
@@ -158,7 +161,8 @@ class EvalLoop:
     steps: tuple[int, ...] = ()
 
 
-def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, generations: int) -> EvalLoop:
+def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, generations: int, *,
+              lengths: tuple[int, ...] | None = None) -> EvalLoop:
     """The eval loop of the run: `_get_eval_sampler` is a fresh `RepeatSampler` per evaluation (for a stream, a fresh
     seeded shuffle), seeded alike, so every evaluation walks the same order; `generations` completions per prompt."""
     if data.eval is None:
@@ -169,7 +173,7 @@ def eval_loop(args: TrainingArgs, data: RunData, trainer: Any, loop: TrainLoop, 
     from trl.trainer.utils import RepeatSampler
 
     config = args.training
-    lengths = prompt_lengths(data.eval, trainer, "eval")
+    lengths = prompt_lengths(data.eval, trainer, "eval") if lengths is None else lengths
     order = list(RepeatSampler(range(len(lengths)), mini_repeat_count=generations, seed=config.seed))
     shards = sharding(args)
     shards.rank_batch_size(config.per_device_eval_batch_size, "per_device_eval_batch_size")
@@ -201,8 +205,9 @@ def sliding_window(args: TrainingArgs) -> int | None:
 
 def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...], layout: GenerationLayout,
              loop: TrainLoop, epoch_batches: Callable[[int], RankBatches], evals: EvalLoop, config: dict[str, Any],
-             warnings: Sequence[str] = ()) -> Plan:
-    """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run (and its tools)."""
+             warnings: Sequence[str] = (), images: Rows | None = None, eval_images: Rows | None = None) -> Plan:
+    """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run (and its tools);
+    `images` / `eval_images`: the prompts' grids of a vision-language run."""
     if args.agentic:
         config = {**config, **args.agentic.recorded(),
                   "tool_turns": layout.tool_loop.turns if layout.tool_loop else 0}
@@ -215,6 +220,8 @@ def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...
         eval_prompt_lengths=evals.lengths,
         eval_batches=evals.order,
         eval_steps=list(evals.steps),
+        images=images,
+        eval_images=eval_images,
         generation_kwargs=args.training.generation_kwargs or {},
         config={**config, "sliding_window": sliding_window(args)},
         versions=versions(),

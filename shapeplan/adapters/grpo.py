@@ -4,13 +4,16 @@ holds what Distillation shares)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
-from . import generation_stream
+from ..plan.rows import Rows
+from . import generation_stream, vision
 from .agentic import check_supported as check_agentic
 from .agentic import tool_loop
-from .common import load_run_data, recorded_config
+from .common import RunData, load_run_data, recorded_config, streamed
 from .generation import (
     bare_trainer,
     eval_loop,
@@ -97,14 +100,15 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     generation = generation_settings(config)
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
-    data = load_run_data(args, eval_source=eval_source)
+    data = load_run_data(args, eval_source=eval_source, vision=args.method == "grpo")
     trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
+    images = _vision_prompts(args, data, trainer)
     repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
                                       batch_size=size // config.num_generations,
                                       repeat_count=config.num_iterations * steps)
     train_lengths, epoch_batches, loop = train_order(
         args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
-        option=_GENERATION_BATCH, warnings=warnings)
+        option=_GENERATION_BATCH, warnings=warnings, lengths=images[0].lengths if images else None)
 
     # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
     old_logprob = (args.spec.old_logprobs_always
@@ -125,9 +129,42 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         eval_forwards=eval_forwards,
         tool_loop=tool_loop(trainer, config),
     )
-    evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations)
+    evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations,
+                      lengths=images[1].lengths if images and images[1] else None)
     recorded = recorded_config(args, argv)
     recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                     num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
     return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop, epoch_batches=epoch_batches,
-                    evals=evals, config=recorded, warnings=warnings)
+                    evals=evals, config=recorded, warnings=warnings, images=images[0] if images else None,
+                    eval_images=images[1] if images else None)
+
+
+def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> tuple[Rows, Rows | None] | None:
+    """A vision-language GRPO run's train and eval prompts (lengths with their image tokens, and grids), after
+    what shapeplan does not plan on images is refused; None for a text run."""
+    if not vision.is_vision(data.train):
+        if data.eval is not None and vision.is_vision(data.eval):
+            raise UsageError("the eval dataset has images and the train dataset has none; plan them apart")
+        return None
+    config = args.training
+    if streamed(args):
+        raise UsageError("vision-language GRPO runs are planned from map-style datasets; drop --dataset_streaming")
+    if args.agentic:
+        raise UsageError("tools and environments on vision-language GRPO runs are not planned yet (tool images "
+                         "take another path); drop --tools / --environment_factory")
+    rows = config.per_device_train_batch_size * config.steps_per_generation
+    if rows != config.num_generations:
+        # GRPOTrainer shuffles a round's rows (and their pixel rows) before cutting its micro-batches, and the
+        # model's rope index then meets image tokens that are not its grids' (a shape mismatch in get_rope_index)
+        # wherever a micro-batch holds rows of different prompts
+        raise UsageError(f"a vision-language GRPO round of {rows} rows (per_device_train_batch_size x "
+                         f"steps_per_generation) holds {rows / config.num_generations:g} prompts, and TRL's train "
+                         "step fails on micro-batches of several prompts' images (a shape mismatch in the model's "
+                         "get_rope_index after the round's shuffle); set per_device_train_batch_size x "
+                         f"steps_per_generation to num_generations ({config.num_generations})")
+    processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
+                                      revision=args.model.model_revision,
+                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
+    train = vision.prompt_rows(data.train, processor, trainer, name="train")
+    evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
+    return train, evaluated

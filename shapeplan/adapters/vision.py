@@ -276,6 +276,37 @@ def iter_rows(examples: Iterable[dict[str, Any]], vision: VisionProcessor, confi
         yield ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes)
 
 
+def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: str) -> Rows:
+    """A vision-language GRPO dataset's prompts as `GRPOTrainer._tokenize_prompts` tokenizes them: each row's
+    conversational prompt with an image part per image (`prepare_multimodal_messages`), rendered with the
+    generation prompt by the processor's chat template, each image's placeholder expanded to its tokens; and each
+    row's grids. Never truncated (GRPO keeps whole prompts)."""
+    from trl.data_utils import is_conversational, prepare_multimodal_messages
+
+    rows = []
+    for index, example in enumerate(undecoded(dataset)):
+        sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
+        prompt = example.get("prompt")
+        if not is_conversational({"prompt": prompt}):
+            raise DatasetError(f"row {index} of the {name} dataset has images and a prompt that is not a list of "
+                               "messages; shapeplan plans images with conversational prompts")
+        try:
+            text = vision.processor.apply_chat_template(
+                prepare_multimodal_messages(prompt, images=[None] * len(sizes)), tools=trainer.tools or None,
+                chat_template=getattr(trainer, "chat_template", None), add_generation_prompt=True, tokenize=False,
+                **trainer.chat_template_kwargs)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
+                               f"{first_line(exc)}; fix the row") from None
+        ids = vision.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
+        if len(positions) != len(sizes):
+            raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
+                               f"{vision.image_token} tokens in its prompt; give each image one")
+        rows.append(ImageRow(tokens=len(ids), last_placeholder=positions[-1] if positions else None, sizes=sizes))
+    return image_rows(rows, vision.images, None)
+
+
 def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: Any, *, name: str,
                   resize: FixedSizes | None = None) -> Rows:
     """The rows as the collator pads them (`resize`: with every image resized to one of those sizes first)."""

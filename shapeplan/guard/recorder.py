@@ -149,6 +149,7 @@ class ShapeRecorder:
         self._handles: list[Any] = []
         self._in_generate = False
         self._turn: int | None = None  # the tool turn of the `generate` in progress
+        self._generate_vision: dict[str, Any] = {}  # the pixel batch the `generate` in progress encodes
         self._cache: Any = None
         self._logits_to_keep: int | None = None
         self._kl = False
@@ -215,6 +216,9 @@ class ShapeRecorder:
 
         def recording_generate(*args: Any, **kwargs: Any) -> Any:
             self._in_generate, self._cache, self._turn = True, None, _tool_turn()
+            # transformers encodes a generate's images before its first forward (which then gets the encoder's
+            # outputs, not the pixels): the call's own arguments are what the vision tower receives
+            self._generate_vision = vision_inputs(kwargs)
             try:
                 return generate(*args, **kwargs)
             finally:
@@ -297,7 +301,7 @@ class ShapeRecorder:
         cache_len = cache.get_max_length() if isinstance(cache, StaticCache) else None
         self.listener(Forward("generate" if module.training else "eval_generate", int(ids.shape[0]),
                               int(ids.shape[1]), self._step(), cache_len=cache_len, rank=self._rank,
-                              turn=self._turn))
+                              turn=self._turn, **self._generate_vision))
 
     def _policy_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch

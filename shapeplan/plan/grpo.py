@@ -6,6 +6,11 @@ the padding multiple, and so does the static cache length (a running maximum kep
 The completion bucket C = R(longest completion) depends on sampling, so every C in `completion_buckets` is planned
 for every P; those entries are `certain` only when there is a single bucket.
 
+With images (`images`: the prompts' grids, vision-language GRPO), each `generate` carries its rows' image encode
+and each forward its rows' pixel batch, in row order. The trainer shuffles a round's rows before cutting its
+micro-batches, so a train micro-batch's rows are its round's first ones only where the round holds one prompt (the
+adapter refuses other vision runs, on which TRL fails).
+
 With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
 last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
 writes decides them, so they are planned as a bound (`certain` False), and so is every cache length they can grow.
@@ -16,12 +21,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from .batches import RankBatches
 from .buckets import round_up
 from .counter import ShapeCounter
 from .model import GENERATE_PHASES, Method, Phase, Plan, PlanStats, Shape
+from .rows import Rows
 from .schedule import TrainLoop, micro_batches
+from .vision import Grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +124,26 @@ class CacheLength:
         return {bucket: tuple(sorted(lengths)) for bucket, lengths in each.items()}
 
 
-def _chunks(rows: int, size: int) -> list[int]:
-    """Row counts of TRL's chunked no-grad forwards (`_get_per_token_logps_and_entropies(batch_size=size)`)."""
-    return [min(size, rows - start) for start in range(0, rows, size)]
+def _chunks(rows: Sequence[int], size: int) -> list[Sequence[int]]:
+    """The rows of TRL's chunked no-grad forwards (`_get_per_token_logps_and_entropies(batch_size=size)`)."""
+    return [rows[start:start + size] for start in range(0, len(rows), size)]
+
+
+class Vision(TypedDict, total=False):
+    """ShapeCounter.add's pixel_values and image_grid_thw for a batch (empty without images)."""
+
+    pixel_values: tuple[int, int]
+    image_grid_thw: tuple[Grid, ...]
+
+
+def _vision(images: Rows | None, rows: Sequence[int]) -> Vision:
+    """What a batch of these prompts' rows feeds the vision tower (nothing without images)."""
+    if images is None:
+        return Vision()
+    pixels, grids = images.vision(rows)
+    if pixels is None:
+        return Vision()
+    return Vision(pixel_values=pixels, image_grid_thw=grids)
 
 
 @dataclass
@@ -126,6 +151,7 @@ class _Rank:
     cache: CacheLength
     prompt_bucket: int = 0  # P of the round being trained on
     train_rows: int = 0  # rows of each slice of the round being trained on
+    train_vision: Vision | None = None  # the pixel batch of each slice of the round being trained on
 
 
 class _Counting:
@@ -137,16 +163,17 @@ class _Counting:
         self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
         self.certain = len(self.buckets) == 1
 
-    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int) -> None:
+    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: Vision | None = None) -> None:
         for completion in self.buckets:
             self.counter.add(phase, rows, prompt_bucket + completion, step, certain=self.certain,
-                             logits_to_keep=completion)
+                             logits_to_keep=completion, **(vision or Vision()))
 
-    def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int) -> None:
+    def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int,
+                 vision: Vision | None = None) -> None:
         lengths = cache.next(prompt_bucket)
         for cache_len in lengths:
             self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len, certain=len(lengths) == 1,
-                             max_new_tokens=self.layout.max_new_tokens)
+                             max_new_tokens=self.layout.max_new_tokens, **(vision or Vision()))
 
     def tool_turns(self, phase: Phase, rows: int, prompt_lengths: Sequence[int], cache: CacheLength,
                    step: int) -> None:
@@ -173,6 +200,8 @@ def plan_generation(
     eval_prompt_lengths: Sequence[int] = (),
     eval_batches: RankBatches = (),
     eval_steps: Sequence[int] = (),
+    images: Rows | None = None,
+    eval_images: Rows | None = None,
     exact: bool = True,
     generation_kwargs: Mapping[str, object] | None = None,
     config: dict[str, object] | None = None,
@@ -180,7 +209,8 @@ def plan_generation(
     fingerprint: dict[str, str] | None = None,
     warnings: Sequence[str] = (),
 ) -> Plan:
-    """Replay the training loop rank by rank, in time order (the cache length depends on it), into a Plan."""
+    """Replay the training loop rank by rank, in time order (the cache length depends on it), into a Plan.
+    `images` / `eval_images`: the prompts' image grids, by prompt index (vision-language runs)."""
     counting = _Counting(ShapeCounter(), layout)
     multiple = layout.pad_to_multiple_of
     ranks: list[_Rank] | None = None
@@ -199,11 +229,12 @@ def plan_generation(
                 for batch in rank_batches:
                     lengths = [eval_prompt_lengths[i] for i in batch]
                     bucket = round_up(max(lengths), multiple)
-                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache, step)
+                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache, step,
+                                      _vision(eval_images, batch))
                     counting.tool_turns("eval_generate", len(batch), lengths, rank_state.cache, step)
                     for phase in layout.eval_forwards:
-                        for rows in _chunks(len(batch), layout.eval_batch_size):
-                            counting.forwards(phase, rows, bucket, step)
+                        for rows in _chunks(batch, layout.eval_batch_size):
+                            counting.forwards(phase, len(rows), bucket, step, _vision(eval_images, rows))
 
     current_epoch, batches = -1, None
     for mb in micro_batches(loop):
@@ -223,14 +254,17 @@ def plan_generation(
                 bucket = round_up(max(lengths), multiple)
                 rank_state.prompt_bucket = bucket
                 rank_state.train_rows = len(batch) // layout.steps_per_generation
-                counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step)
+                # with images the round is one prompt's rows: a shuffled slice is its first rows
+                rank_state.train_vision = _vision(images, batch[:rank_state.train_rows])
+                counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step, _vision(images, batch))
                 counting.tool_turns("generate", len(batch), lengths, rank_state.cache, mb.step)
                 for phase in layout.round_forwards:
-                    for rows in _chunks(len(batch), layout.batch_size):
-                        counting.forwards(phase, rows, bucket, mb.step)
+                    for rows in _chunks(batch, layout.batch_size):
+                        counting.forwards(phase, len(rows), bucket, mb.step, _vision(images, rows))
                 tokens += sum(lengths)
                 padded += len(batch) * bucket
-            counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step)
+            counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step,
+                              rank_state.train_vision)
             micro += 1
         micro_step += 1
         last_step = mb.step

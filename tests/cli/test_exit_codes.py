@@ -102,8 +102,8 @@ def test_analyze_streaming(tmp_path: Path) -> None:
 
 def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
     """An image column makes TRL feed the rows through a processor (image tokens, pixel batches): the methods that do
-    not plan them refuse it, instead of planning the text; SFT refuses what it does not plan (a text model, images
-    only in the eval set)."""
+    not plan them refuse it, instead of planning the text; SFT and GRPO refuse what they do not plan (a text model;
+    for SFT, images only in the eval set)."""
     rows = {"sft": {"messages": [{"role": "user", "content": "what is shown"},
                                  {"role": "assistant", "content": "a cat"}]},
             "dpo": {"prompt": "what is shown", "chosen": "a cat", "rejected": "a dog"},
@@ -112,15 +112,17 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
         data = tmp_path / f"{method}.jsonl"
         data.write_text(json.dumps({**row, "images": ["cat.png"]}) + "\n")
         message = (f"dataset {data} has an 'images' column: vision-language {method} runs are not planned yet (their "
-                   "image tokens and pixel batches are not counted); shapeplan plans images for SFT runs, and "
-                   "text-only datasets for the other methods")
-        if method != "sft":
+                   "image tokens and pixel batches are not counted); shapeplan plans images for SFT and GRPO runs, "
+                   "and text-only datasets for the other methods")
+        if method == "dpo":
             refused(shapeplan("analyze", "--method", method, data, "--model", TINY_MODEL, "--no-cache"), 2, message)
             continue
-        refused(shapeplan("analyze", data, "--model", TINY_MODEL, "--no-cache"), 2,
+        refused(shapeplan("analyze", "--method", method, data, "--model", TINY_MODEL, "--no-cache"), 2,
                 "the dataset has images, and " + str(TINY_MODEL) + " is a 'qwen3' model, whose processor shapeplan "
                 "does not plan images for (it plans qwen2_vl, qwen2_5_vl, qwen3_vl); plan a Qwen2-VL, Qwen2.5-VL or "
                 "Qwen3-VL model, or drop the image columns")
+        if method != "sft":
+            continue
         refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--no-cache", "--eval-dataset", data,
                           "--eval_strategy", "steps"), 2, "the eval dataset has images and the train dataset has none: "
                 "SFTTrainer picks its collator from the train rows, so the eval images are not fed to the model; drop "

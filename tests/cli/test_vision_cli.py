@@ -1,5 +1,6 @@
-"""Vision-language SFT through the installed console script: the plan carries each batch's pixel rows and grids, the
-report counts the vision graphs, and every input TRL or shapeplan refuses is one line and a non-zero exit code."""
+"""Vision-language SFT and GRPO through the installed console script: the plan carries each batch's pixel rows and
+grids, the report counts the vision graphs, and every input TRL or shapeplan refuses is one line and a non-zero exit
+code."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from PIL import Image
 
 from tests import console
 from tests.conftest import TINY_MODEL, TINY_VL_MODEL
-from tests.oracle.vision_data import write_images, write_rows
+from tests.oracle.vision_data import write_images, write_prompts, write_rows
 
 RUN = ["analyze", "--method", "sft", "--per_device_train_batch_size", "2", "--max_steps", "3",
        "--pad_to_multiple_of", "128", "--max_length", "1024"]
@@ -70,3 +71,22 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     # the fix the refusal names runs
     fixed = console.run([*RUN, str(prompt_completion), "--model", str(TINY_VL_MODEL), "--pad_to_multiple_of", "none"])
     assert fixed.returncode == 0, fixed.stderr
+
+    # GRPO: a round of several prompts (TRL's train step fails on it), a string prompt, advise; the fix runs
+    prompts = write_prompts(tmp_path / "prompts.jsonl", images, 4, seed=2)
+    (tmp_path / "strings.jsonl").write_text(json.dumps({"prompt": "what is shown", "images": [images[0]]}) + "\n")
+    grpo = ["--method", "grpo", "--model", str(TINY_VL_MODEL), "--num_generations", "2", "--max_completion_length",
+            "16", "--max_steps", "2"]
+    for argv, message, code in (
+            (["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "4"],
+             "set per_device_train_batch_size x steps_per_generation to num_generations (2)", 2),
+            (["analyze", str(tmp_path / "strings.jsonl"), *grpo, "--per_device_train_batch_size", "2"],
+             "a prompt that is not a list of messages", 1),
+            (["advise", str(prompts), *grpo, "--per_device_train_batch_size", "2"], "plan it with `shapeplan analyze`",
+             2)):
+        result = console.run(argv)
+        assert result.returncode == code and message in result.stderr, (argv, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    planned = console.run(["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "2", "--json"])
+    assert planned.returncode == 0, planned.stderr
+    assert {s["phase"] for s in json.loads(planned.stdout)["shapes"] if "pixel_values" in s} == {"generate", "train"}

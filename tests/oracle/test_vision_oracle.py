@@ -12,8 +12,15 @@ import pytest
 from shapeplan import ShapeGuard
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_VL_MODEL
-from tests.oracle.vision_data import write_images, write_qwen2_vl, write_qwen3_vl, write_rows, write_structured_rows
-from tests.oracle.vision_harness import observed, planned, run_sft_vision
+from tests.oracle.vision_data import (
+    write_images,
+    write_prompts,
+    write_qwen2_vl,
+    write_qwen3_vl,
+    write_rows,
+    write_structured_rows,
+)
+from tests.oracle.vision_harness import observed, planned, run_grpo_vision, run_sft_vision
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +58,7 @@ def test_vision_prompt_completion_batches_are_planned_exactly(kind: str, images:
                            "--pad_to_multiple_of", "none", *argv], use_cache=False)
     seen = observed(run_sft_vision(train, ["--pad_to_multiple_of", "none", *argv]))
     assert planned(plan) == seen
-    assert any(key[3] for key in seen) and any(key[2] == 400 for key in seen)
+    assert any(key[4] for key in seen) and any(key[2] == 400 for key in seen)
 
 
 def test_assistant_only_loss_is_planned_with_the_collator_s_template(images: list[str], tmp_path: Path) -> None:
@@ -82,7 +89,7 @@ def test_vision_sft_batches_are_planned_exactly(kind: str, images: list[str], tm
                                    images="image" if kind == "image" else None, model=model, guard=guard))
     assert planned(plan) == seen
     assert not guard.unplanned
-    assert any(key[3] for key in seen) and any(key[0] == "eval" for key in seen)
+    assert any(key[4] for key in seen) and any(key[0] == "eval" for key in seen)
 
 
 def test_the_guard_names_an_unplanned_pixel_batch(images: list[str], tmp_path: Path,
@@ -129,7 +136,7 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
     assert planned(replanned) == planned(best.plan)
     seen = observed(run_sft_vision(resized, argv))
     assert seen == planned(best.plan)
-    assert len({key[3] for key in seen if key[3]}) == best.plan.vision_graphs
+    assert len({key[4] for key in seen if key[4]}) == best.plan.vision_graphs
 
     limited = next(option for option in advice.options if option.limits is not None)
     model = tmp_path / "limited"
@@ -179,3 +186,20 @@ def test_a_streamed_vision_run_is_planned_exactly(images: list[str], tmp_path: P
     seen = observed(run_sft_vision(train, argv, eval_path=evaluation, streaming=True))
     assert planned(plan) == seen
     assert any(key[0] == "eval" for key in seen)
+
+
+def test_vision_grpo_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
+    """GRPO on prompts with images (a round of one prompt's generations, as TRL's train step needs): each generate
+    carries its rows' image encode and each forward its rows' pixel batch; an eval loop."""
+    train = write_prompts(tmp_path / "train.jsonl", images, 8, seed=10)
+    evaluation = write_prompts(tmp_path / "eval.jsonl", images, 2, seed=11)
+    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8",
+            "--max_steps", "3", "--pad_to_multiple_of", "128", "--cache_implementation", "static", "--beta", "0.04",
+            "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "2"]
+    plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                   eval_source=str(evaluation), use_cache=False)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = observed(run_grpo_vision(train, argv, eval_path=evaluation, guard=guard))
+    assert planned(plan) == seen
+    assert not guard.unplanned
+    assert {key[0] for key in seen if key[4]} >= {"generate", "ref", "train", "eval_generate", "eval"}

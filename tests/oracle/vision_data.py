@@ -138,3 +138,13 @@ def write_qwen3_vl(folder: Path, source: Path) -> Path:
     processor.update(patch_size=16, size={"shortest_edge": 8192, "longest_edge": 131072})
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     return folder
+
+
+def write_prompts(path: Path, images: list[str], rows: int, *, seed: int) -> Path:
+    """GRPO rows: a conversational prompt and 1 or 2 images each."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": _words(rng, 1, 30)}],
+                                "images": rng.sample(images, rng.choice([1, 1, 2]))}) + "\n")
+    return path

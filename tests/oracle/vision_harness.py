@@ -70,9 +70,40 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
     return seen
 
 
+def run_grpo_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+                    guard: Any = None) -> list[Forward]:
+    """Train a GRPOTrainer on the tiny Qwen2.5-VL with `trl grpo`'s parser on `argv` (a length reward)."""
+    import importlib
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from trl import GRPOTrainer
+
+    from shapeplan import ShapeGuard
+
+    parser = importlib.import_module("trl.scripts.grpo").make_parser()
+    _, config, *_ = parser.parse_args_and_config([
+        "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
+        "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv], return_remaining_strings=True)
+    vlm = AutoModelForImageTextToText.from_pretrained(TINY_VL_MODEL, dtype="float32")
+    seen: list[Forward] = []
+    guard = guard or ShapeGuard(on_unplanned="record")
+    guard.on_forward = seen.append
+
+    def length(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [float(len(c)) for c in completions]
+
+    trainer = GRPOTrainer(model=vlm, reward_funcs=[length], args=config, train_dataset=load_data(train_path, False),
+                          eval_dataset=load_data(eval_path, False) if eval_path else None,
+                          processing_class=processor(), callbacks=[guard])
+    torch.set_num_threads(1)
+    trainer.train()
+    return seen
+
+
 def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int, Any]]:
-    """(phase, batch, seq, image_grid_thw) -> (count, first step, pixel_values)."""
-    keys = [(s.phase, s.batch, s.seq, s.image_grid_thw) for s in seen]
+    """(phase, batch, seq, cache_len, image_grid_thw) -> (count, first step, pixel_values)."""
+    keys = [(s.phase, s.batch, s.seq, s.cache_len, s.image_grid_thw) for s in seen]
     counts = Counter(keys)
     out: dict[Key, tuple[int, int, Any]] = {}
     for key, s in zip(keys, seen, strict=True):
@@ -82,5 +113,5 @@ def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int, Any]]:
 
 
 def planned(plan: Any) -> dict[Key, tuple[int, int, Any]]:
-    return {(s.phase, s.batch, s.seq, s.image_grid_thw): (s.count, s.first_step, s.pixel_values)
+    return {(s.phase, s.batch, s.seq, s.cache_len, s.image_grid_thw): (s.count, s.first_step, s.pixel_values)
             for s in plan.shapes}
