@@ -119,12 +119,12 @@ def check_rows(dataset: Any, source: str) -> None:
 
 def check_text_only(dataset: Any, source: str, method: str) -> None:
     """Refuse vision-language data for a method whose planner does not count image tokens and pixel batches
-    (planned as text, the plan would miss every shape); SFT's and GRPO's plan them (adapters/vision.py)."""
+    (planned as text, the plan would miss every shape); SFT's, GRPO's and RLOO's plan them (adapters/vision.py)."""
     images = image_columns(dataset)
     if images:
         raise UsageError(f"dataset {source} has an {images[0]!r} column: vision-language {method} runs are not "
                          "planned yet (their image tokens and pixel batches are not counted); shapeplan plans images "
-                         "for SFT and GRPO runs, and text-only datasets for the other methods")
+                         "for SFT, GRPO and RLOO runs, and text-only datasets for the other methods")
 
 
 def load_tokenizer(model: str | None, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:

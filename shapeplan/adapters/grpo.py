@@ -100,7 +100,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     generation = generation_settings(config)
     # Parsed with the run's process count (see trl_args), so these are the run's.
     steps, size = config.steps_per_generation, config.generation_batch_size
-    data = load_run_data(args, eval_source=eval_source, vision=args.method == "grpo")
+    data = load_run_data(args, eval_source=eval_source, vision=True)
     trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
     images = _vision_prompts(args, data, trainer)
     repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
@@ -140,7 +140,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
 
 
 def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> tuple[Rows, Rows | None] | None:
-    """A vision-language GRPO run's train and eval prompts (lengths with their image tokens, and grids), after
+    """A vision-language GRPO or RLOO run's train and eval prompts (lengths with their image tokens, and grids), after
     what shapeplan does not plan on images is refused; None for a text run."""
     if not vision.is_vision(data.train):
         if data.eval is not None and vision.is_vision(data.eval):
@@ -148,16 +148,17 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> tuple[Ro
         return None
     config = args.training
     if streamed(args):
-        raise UsageError("vision-language GRPO runs are planned from map-style datasets; drop --dataset_streaming")
+        raise UsageError(f"vision-language {args.method} runs are planned from map-style datasets; drop "
+                         "--dataset_streaming")
     if args.agentic:
-        raise UsageError("tools and environments on vision-language GRPO runs are not planned yet (tool images "
-                         "take another path); drop --tools / --environment_factory")
+        raise UsageError(f"tools and environments on vision-language {args.method} runs are not planned yet (tool "
+                         "images take another path); drop --tools / --environment_factory")
     rows = config.per_device_train_batch_size * config.steps_per_generation
     if rows != config.num_generations:
-        # GRPOTrainer shuffles a round's rows (and their pixel rows) before cutting its micro-batches, and the
-        # model's rope index then meets image tokens that are not its grids' (a shape mismatch in get_rope_index)
-        # wherever a micro-batch holds rows of different prompts
-        raise UsageError(f"a vision-language GRPO round of {rows} rows (per_device_train_batch_size x "
+        # GRPOTrainer and RLOOTrainer shuffle a round's rows (and their pixel rows) before cutting its micro-batches,
+        # and the model's rope index then meets image tokens that are not its grids' (a shape mismatch in
+        # get_rope_index) wherever a micro-batch holds rows of different prompts
+        raise UsageError(f"a vision-language {args.method} round of {rows} rows (per_device_train_batch_size x "
                          f"steps_per_generation) holds {rows / config.num_generations:g} prompts, and TRL's train "
                          "step fails on micro-batches of several prompts' images (a shape mismatch in the model's "
                          "get_rope_index after the round's shuffle); set per_device_train_batch_size x "

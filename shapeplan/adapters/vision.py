@@ -277,7 +277,7 @@ def iter_rows(examples: Iterable[dict[str, Any]], vision: VisionProcessor, confi
 
 
 def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: str) -> Rows:
-    """A vision-language GRPO dataset's prompts as `GRPOTrainer._tokenize_prompts` tokenizes them: each row's
+    """A vision-language GRPO / RLOO dataset's prompts as the trainer's `_tokenize_prompts` tokenizes them: each row's
     conversational prompt with an image part per image (`prepare_multimodal_messages`), rendered with the
     generation prompt by the processor's chat template, each image's placeholder expanded to its tokens; and each
     row's grids. Never truncated (GRPO keeps whole prompts)."""

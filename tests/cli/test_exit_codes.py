@@ -112,8 +112,8 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
         data = tmp_path / f"{method}.jsonl"
         data.write_text(json.dumps({**row, "images": ["cat.png"]}) + "\n")
         message = (f"dataset {data} has an 'images' column: vision-language {method} runs are not planned yet (their "
-                   "image tokens and pixel batches are not counted); shapeplan plans images for SFT and GRPO runs, "
-                   "and text-only datasets for the other methods")
+                   "image tokens and pixel batches are not counted); shapeplan plans images for SFT, GRPO and RLOO "
+                   "runs, and text-only datasets for the other methods")
         if method == "dpo":
             refused(shapeplan("analyze", "--method", method, data, "--model", TINY_MODEL, "--no-cache"), 2, message)
             continue

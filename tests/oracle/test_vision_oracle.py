@@ -20,7 +20,7 @@ from tests.oracle.vision_data import (
     write_rows,
     write_structured_rows,
 )
-from tests.oracle.vision_harness import observed, planned, run_grpo_vision, run_sft_vision
+from tests.oracle.vision_harness import observed, planned, run_generation_vision, run_sft_vision
 
 pytestmark = pytest.mark.slow
 
@@ -188,18 +188,19 @@ def test_a_streamed_vision_run_is_planned_exactly(images: list[str], tmp_path: P
     assert any(key[0] == "eval" for key in seen)
 
 
-def test_vision_grpo_is_planned_exactly(images: list[str], tmp_path: Path) -> None:
-    """GRPO on prompts with images (a round of one prompt's generations, as TRL's train step needs): each generate
-    carries its rows' image encode and each forward its rows' pixel batch; an eval loop."""
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+def test_vision_generation_runs_are_planned_exactly(method: str, images: list[str], tmp_path: Path) -> None:
+    """GRPO and RLOO on prompts with images (a round of one prompt's generations, as TRL's train step needs): each
+    generate carries its rows' image encode and each forward its rows' pixel batch; an eval loop."""
     train = write_prompts(tmp_path / "train.jsonl", images, 8, seed=10)
     evaluation = write_prompts(tmp_path / "eval.jsonl", images, 2, seed=11)
     argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8",
             "--max_steps", "3", "--pad_to_multiple_of", "128", "--cache_implementation", "static", "--beta", "0.04",
             "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "2"]
-    plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+    plan = analyze(method, ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                    eval_source=str(evaluation), use_cache=False)
     guard = ShapeGuard(plan, on_unplanned="record")
-    seen = observed(run_grpo_vision(train, argv, eval_path=evaluation, guard=guard))
+    seen = observed(run_generation_vision(method, train, argv, eval_path=evaluation, guard=guard))
     assert planned(plan) == seen
     assert not guard.unplanned
     assert {key[0] for key in seen if key[4]} >= {"generate", "ref", "train", "eval_generate", "eval"}

@@ -70,18 +70,19 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
     return seen
 
 
-def run_grpo_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                    guard: Any = None) -> list[Forward]:
-    """Train a GRPOTrainer on the tiny Qwen2.5-VL with `trl grpo`'s parser on `argv` (a length reward)."""
+def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
+                          guard: Any = None) -> list[Forward]:
+    """Train `method`'s trainer (GRPO, RLOO) on the tiny Qwen2.5-VL with `trl <method>`'s parser on `argv` (a length
+    reward)."""
     import importlib
 
     import torch
     from transformers import AutoModelForImageTextToText
-    from trl import GRPOTrainer
 
     from shapeplan import ShapeGuard
+    from shapeplan.services.trainers import TRAINERS
 
-    parser = importlib.import_module("trl.scripts.grpo").make_parser()
+    parser = importlib.import_module(TRAINERS[method].script).make_parser()
     _, config, *_ = parser.parse_args_and_config([
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv], return_remaining_strings=True)
@@ -93,9 +94,10 @@ def run_grpo_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | 
     def length(completions: list[Any], **kwargs: Any) -> list[float]:
         return [float(len(c)) for c in completions]
 
-    trainer = GRPOTrainer(model=vlm, reward_funcs=[length], args=config, train_dataset=load_data(train_path, False),
-                          eval_dataset=load_data(eval_path, False) if eval_path else None,
-                          processing_class=processor(), callbacks=[guard])
+    trainer = TRAINERS[method].trainer()(model=vlm, reward_funcs=[length], args=config,
+                                         train_dataset=load_data(train_path, False),
+                                         eval_dataset=load_data(eval_path, False) if eval_path else None,
+                                         processing_class=processor(), callbacks=[guard])
     torch.set_num_threads(1)
     trainer.train()
     return seen
