@@ -4,12 +4,15 @@ holds what Distillation shares)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..plan.rows import Rows
+from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
+from ..plan.vision_rows import ImageRow, image_rows
 from . import generation_stream, vision
 from .agentic import check_supported as check_agentic
 from .agentic import tool_loop
@@ -93,55 +96,111 @@ def _check_split(args: TrainingArgs) -> None:
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:
+    return read(args, argv, eval_source=eval_source).plan()
+
+
+@dataclass(frozen=True)
+class GenerationRun:
+    """A GRPO / RLOO run read once: its data, the planning trainer and, for a vision-language run, its prompts'
+    rendered tokens and image sizes; what each plan of it derives from (the run as given, and `advise`'s image
+    what-ifs)."""
+
+    args: TrainingArgs
+    argv: list[str]
+    data: RunData
+    trainer: Any
+    warnings: tuple[str, ...]
+    prompts: VisionPrompts | None
+
+    @property
+    def processing(self) -> ImageProcessing:
+        if self.prompts is None:
+            raise ValueError("a text run has no image processing")
+        return self.prompts.processor.images
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """Every train image's (height, width), as the processor receives it."""
+        return [size for row in self.prompts.train for size in row.sizes] if self.prompts else []
+
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
+        """The run's plan; `resize` / `limits`: as if every image were resized to one of those sizes first, or the
+        processor had those pixel limits."""
+        args, config, trainer, data = self.args, self.args.training, self.trainer, self.data
+        images = self.prompts.rows(resize, limits) if self.prompts else None
+        warnings = list(self.warnings)
+        generation = generation_settings(config)
+        # Parsed with the run's process count (see trl_args), so these are the run's.
+        steps, size = config.steps_per_generation, config.generation_batch_size
+        repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
+                                          batch_size=size // config.num_generations,
+                                          repeat_count=config.num_iterations * steps)
+        train_lengths, epoch_batches, loop = train_order(
+            args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
+            option=_GENERATION_BATCH, warnings=warnings, lengths=images[0].lengths if images else None)
+
+        # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
+        old_logprob = (args.spec.old_logprobs_always
+                       or config.gradient_accumulation_steps % (steps * config.num_iterations) != 0)
+        ref = config.beta != 0.0
+        round_forwards = ("old_logprob",) * old_logprob + ("ref",) * ref
+        eval_forwards = ("eval",) + ("eval",) * old_logprob + ("ref",) * ref
+        layout = GenerationLayout(
+            batch_size=config.per_device_train_batch_size,
+            steps_per_generation=steps,
+            num_iterations=config.num_iterations,
+            pad_to_multiple_of=config.pad_to_multiple_of,
+            max_new_tokens=generation.max_new_tokens,
+            static_cache=static_cache(generation),
+            max_cache_len=generation.max_cache_len,
+            round_forwards=round_forwards,
+            eval_batch_size=config.per_device_eval_batch_size,
+            eval_forwards=eval_forwards,
+            tool_loop=tool_loop(trainer, config),
+        )
+        evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations,
+                          lengths=images[1].lengths if images and images[1] else None)
+        recorded = recorded_config(args, self.argv)
+        recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
+                        num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
+        if resize is not None:
+            recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
+        if limits is not None:
+            recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
+        return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop,
+                        epoch_batches=epoch_batches, evals=evals, config=recorded, warnings=warnings,
+                        images=images[0] if images else None, eval_images=images[1] if images else None)
+
+
+@dataclass(frozen=True)
+class VisionPrompts:
+    """A vision-language run's prompts: rendered tokens (one placeholder per image) and image sizes."""
+
+    processor: vision.VisionProcessor
+    train: tuple[ImageRow, ...]
+    eval: tuple[ImageRow, ...] | None
+
+    def rows(self, resize: FixedSizes | None, limits: PixelLimits | None) -> tuple[Rows, Rows | None]:
+        """The prompts' lengths with their image tokens, and their grids (under a what-if's sizes or limits)."""
+        processing = self.processor.images if limits is None else limits.applied(self.processor.images)
+        evaluated = None if self.eval is None else image_rows(self.eval, processing, None, resize)
+        return image_rows(self.train, processing, None, resize), evaluated
+
+
+def read(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> GenerationRun:
+    """The run read once (`plan` and `advise` derive its plans from it)."""
     args, notes = with_guide_example(args, argv)
     warnings = notes + _check_supported(args)
     _check_split(args)
-    config = args.training
-    generation = generation_settings(config)
-    # Parsed with the run's process count (see trl_args), so these are the run's.
-    steps, size = config.steps_per_generation, config.generation_batch_size
     data = load_run_data(args, eval_source=eval_source, vision=True)
-    trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
-    images = _vision_prompts(args, data, trainer)
-    repeat = generation_stream.Repeat(mini_repeat_count=config.num_generations,
-                                      batch_size=size // config.num_generations,
-                                      repeat_count=config.num_iterations * steps)
-    train_lengths, epoch_batches, loop = train_order(
-        args, trainer, data.train, repeat=repeat, batch_size=config.per_device_train_batch_size * steps,
-        option=_GENERATION_BATCH, warnings=warnings, lengths=images[0].lengths if images else None)
-
-    # GRPO needs old log-probs only when generation and optimizer steps are misaligned; RLOO always computes them.
-    old_logprob = (args.spec.old_logprobs_always
-                   or config.gradient_accumulation_steps % (steps * config.num_iterations) != 0)
-    ref = config.beta != 0.0
-    round_forwards = ("old_logprob",) * old_logprob + ("ref",) * ref
-    eval_forwards = ("eval",) + ("eval",) * old_logprob + ("ref",) * ref
-    layout = GenerationLayout(
-        batch_size=config.per_device_train_batch_size,
-        steps_per_generation=steps,
-        num_iterations=config.num_iterations,
-        pad_to_multiple_of=config.pad_to_multiple_of,
-        max_new_tokens=generation.max_new_tokens,
-        static_cache=static_cache(generation),
-        max_cache_len=generation.max_cache_len,
-        round_forwards=round_forwards,
-        eval_batch_size=config.per_device_eval_batch_size,
-        eval_forwards=eval_forwards,
-        tool_loop=tool_loop(trainer, config),
-    )
-    evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations,
-                      lengths=images[1].lengths if images and images[1] else None)
-    recorded = recorded_config(args, argv)
-    recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
-                    num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
-    return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop, epoch_batches=epoch_batches,
-                    evals=evals, config=recorded, warnings=warnings, images=images[0] if images else None,
-                    eval_images=images[1] if images else None)
+    trainer = bare_trainer(args.spec, data.tokenizer, args.training, args.agentic)
+    return GenerationRun(args=args, argv=argv, data=data, trainer=trainer, warnings=tuple(warnings),
+                         prompts=_vision_prompts(args, data, trainer))
 
 
-def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> tuple[Rows, Rows | None] | None:
-    """A vision-language GRPO or RLOO run's train and eval prompts (lengths with their image tokens, and grids), after
-    what shapeplan does not plan on images is refused; None for a text run."""
+def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPrompts | None:
+    """A vision-language GRPO or RLOO run's train and eval prompts, after what shapeplan does not plan on images is
+    refused; None for a text run."""
     if not vision.is_vision(data.train):
         if data.eval is not None and vision.is_vision(data.eval):
             raise UsageError("the eval dataset has images and the train dataset has none; plan them apart")
@@ -168,4 +227,4 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> tuple[Ro
                                       trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
     train = vision.prompt_rows(data.train, processor, trainer, name="train")
     evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
-    return train, evaluated
+    return VisionPrompts(processor=processor, train=train, eval=evaluated)

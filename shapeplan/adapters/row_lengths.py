@@ -39,10 +39,6 @@ def _whole_data(args: TrainingArgs, eval_source: str | None) -> RunData:
     it has images (`advise` weighs image sizes for those, see services/vision_advice.py)."""
     data = load_run_data(args, eval_source=eval_source, vision=True)
     if is_vision(data.train):
-        if args.method != "sft":  # `advise` weighs image sizes for SFT only
-            raise UsageError(f"advise and --histogram weigh text lengths, which do not decide a vision-language "
-                             f"{args.method} run's compiles, and advice on its images is not built yet; plan it with "
-                             "`shapeplan analyze` (its report counts the vision graphs)")
         raise UsageError("--histogram shows text lengths, which do not decide a vision run's compiles; `shapeplan "
                          "advise` shows its vision graphs and the image sizes that make them few")
     if is_stream(data.train):

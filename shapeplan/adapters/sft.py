@@ -11,7 +11,7 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from ..plan.vision import FixedSizes, PixelLimits
+from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
 from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
 from .common import (
@@ -208,6 +208,18 @@ class VisionRun:
     train: tuple[ImageRow, ...]
     eval: tuple[ImageRow, ...] | None
     warnings: tuple[str, ...]
+
+    @property
+    def processing(self) -> ImageProcessing:
+        return self.processor.images
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """Every train image's (height, width), as the processor receives it."""
+        return [size for row in self.train for size in row.sizes]
+
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
+        return plan_vision(self, resize, limits)
 
 
 def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> VisionRun | None:

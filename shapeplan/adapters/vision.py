@@ -276,7 +276,7 @@ def iter_rows(examples: Iterable[dict[str, Any]], vision: VisionProcessor, confi
         yield ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes)
 
 
-def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: str) -> Rows:
+def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: str) -> tuple[ImageRow, ...]:
     """A vision-language GRPO / RLOO dataset's prompts as the trainer's `_tokenize_prompts` tokenizes them: each row's
     conversational prompt with an image part per image (`prepare_multimodal_messages`), rendered with the
     generation prompt by the processor's chat template, each image's placeholder expanded to its tokens; and each
@@ -304,7 +304,7 @@ def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: st
             raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
                                f"{vision.image_token} tokens in its prompt; give each image one")
         rows.append(ImageRow(tokens=len(ids), last_placeholder=positions[-1] if positions else None, sizes=sizes))
-    return image_rows(rows, vision.images, None)
+    return tuple(rows)
 
 
 def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: Any, *, name: str,

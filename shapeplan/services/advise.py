@@ -32,7 +32,7 @@ from ..plan.model import LengthKind, Plan
 from .analyze import analyze
 from .trainers import MEASURED, trainer_spec
 from .trl_command import TrlCommand, trl_command, with_options
-from .vision_advice import VisionAdvice, advise_vision
+from .vision_advice import ImageRun, VisionAdvice, advise_vision
 
 
 @dataclass(frozen=True)
@@ -67,19 +67,32 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
                          f"{method}` to plan it")
     from ..adapters.lengths import shared_tokenization
 
-    if kind == "rows":  # SFT: the method that plans images
-        from ..adapters.sft import vision_run
-        from ..adapters.trl_args import parse_training_args
-
-        run = vision_run(parse_training_args(trainer_spec(method), list(argv)), list(argv), eval_source=eval_source)
-        if run is not None:
-            if calibrate is not None:
-                raise UsageError("--calibrate costs text shapes; vision advice counts vision graphs, drop --calibrate")
-            return advise_vision(run)
+    images = _vision_run(method, kind, argv, eval_source)
+    if images is not None:
+        if calibrate is not None:
+            raise UsageError("--calibrate costs text shapes; vision advice counts vision graphs, drop --calibrate")
+        return advise_vision(method, images)
 
     with shared_tokenization():
         return _advise(method, kind, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
                        allow_truncation=allow_truncation)
+
+
+def _vision_run(method: str, kind: LengthKind, argv: Sequence[str], eval_source: str | None) -> ImageRun | None:
+    """The run read once where its train set has images (SFT, GRPO, RLOO); None for a text run."""
+    from ..adapters.trl_args import parse_training_args
+
+    args = parse_training_args(trainer_spec(method), list(argv))
+    if kind == "rows":
+        from ..adapters.sft import vision_run
+
+        return vision_run(args, list(argv), eval_source=eval_source)
+    if method in ("grpo", "rloo"):
+        from ..adapters import grpo
+
+        run = grpo.read(args, list(argv), eval_source=eval_source)
+        return run if run.prompts is not None else None
+    return None
 
 
 def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str | None, use_cache: bool,

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import DatasetError
 from ..plan.cost import compile_minutes
 from ..plan.io import shape_to_dict
 from ..plan.model import Plan
-from ..plan.vision import FixedSizes, PixelLimits, fixed_sizes, pixel_limits, pixels_kept, pixels_kept_under
-
-if TYPE_CHECKING:
-    from ..adapters.sft import VisionRun
+from ..plan.vision import (
+    FixedSizes,
+    ImageProcessing,
+    PixelLimits,
+    fixed_sizes,
+    pixel_limits,
+    pixels_kept,
+    pixels_kept_under,
+)
 
 SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
 
@@ -50,28 +55,42 @@ class VisionAdvice:
         return best if best is not None and best.compile_minutes < self.baseline.compile_minutes else None
 
 
-def advise_vision(run: VisionRun, counts: Sequence[int] = SIZE_COUNTS) -> VisionAdvice:
-    from ..adapters.sft import plan_vision
+class ImageRun(Protocol):
+    """A vision-language run read once (`adapters.sft.VisionRun`, `adapters.grpo.GenerationRun`)."""
 
-    processing = run.processor.images
-    sizes = [size for row in run.train for size in row.sizes]
-    baseline = VisionOption(sizes=None, plan=plan_vision(run), pixels_kept=1.0)
+    @property
+    def processing(self) -> ImageProcessing: ...
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """Every train image's (height, width), as the processor receives it."""
+        ...
+
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
+        """Its plan, as given or under a what-if: every image resized to one of `resize`, or pixel limits."""
+        ...
+
+
+def advise_vision(method: str, run: ImageRun, counts: Sequence[int] = SIZE_COUNTS) -> VisionAdvice:
+    """The run as given and its what-ifs, each an exact plan of the same rows."""
+    processing, sizes, plan = run.processing, run.sizes, run.plan
+    baseline = VisionOption(sizes=None, plan=plan(), pixels_kept=1.0)
     options: list[VisionOption] = []
     for count in counts:
         fixed = fixed_sizes(sizes, count, processing)
         if not fixed.sizes or any(option.sizes == fixed for option in options):
             continue
-        options.append(VisionOption(sizes=fixed, plan=plan_vision(run, fixed),
+        options.append(VisionOption(sizes=fixed, plan=plan(fixed),
                                     pixels_kept=pixels_kept(sizes, fixed, processing)))
     for limits in pixel_limits(sizes, processing):
         try:
-            plan = plan_vision(run, limits=limits)
+            limited = plan(limits=limits)
         except DatasetError:  # more image tokens than max_length holds: a what-if TRL's forward would fail on
             continue
-        options.append(VisionOption(sizes=None, limits=limits, plan=plan,
+        options.append(VisionOption(sizes=None, limits=limits, plan=limited,
                                     pixels_kept=pixels_kept_under(sizes, processing, limits)))
     options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
-    return VisionAdvice(method=run.args.method, baseline=baseline, options=tuple(options))
+    return VisionAdvice(method=method, baseline=baseline, options=tuple(options))
 
 
 def apply_line(option: VisionOption) -> str:

@@ -72,7 +72,7 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     fixed = console.run([*RUN, str(prompt_completion), "--model", str(TINY_VL_MODEL), "--pad_to_multiple_of", "none"])
     assert fixed.returncode == 0, fixed.stderr
 
-    # GRPO: a round of several prompts (TRL's train step fails on it), a string prompt, advise; the fix runs
+    # GRPO: a round of several prompts (TRL's train step fails on it), a string prompt; the plan; advise
     prompts = write_prompts(tmp_path / "prompts.jsonl", images, 4, seed=2)
     (tmp_path / "strings.jsonl").write_text(json.dumps({"prompt": "what is shown", "images": [images[0]]}) + "\n")
     grpo = ["--method", "grpo", "--model", str(TINY_VL_MODEL), "--num_generations", "2", "--max_completion_length",
@@ -81,12 +81,18 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
             (["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "4"],
              "set per_device_train_batch_size x steps_per_generation to num_generations (2)", 2),
             (["analyze", str(tmp_path / "strings.jsonl"), *grpo, "--per_device_train_batch_size", "2"],
-             "a prompt that is not a list of messages", 1),
-            (["advise", str(prompts), *grpo, "--per_device_train_batch_size", "2"], "plan it with `shapeplan analyze`",
-             2)):
+             "a prompt that is not a list of messages", 1)):
         result = console.run(argv)
         assert result.returncode == code and message in result.stderr, (argv, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     planned = console.run(["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "2", "--json"])
     assert planned.returncode == 0, planned.stderr
-    assert {s["phase"] for s in json.loads(planned.stdout)["shapes"] if "pixel_values" in s} == {"generate", "train"}
+    shapes = json.loads(planned.stdout)["shapes"]
+    assert {s["phase"] for s in shapes if "pixel_values" in s} == {"generate", "train"}
+    # advise weighs the prompts' image sizes: the what-if of one fixed size leaves one vision graph
+    advised = console.run(["advise", str(prompts), *grpo, "--per_device_train_batch_size", "2", "--json"])
+    assert advised.returncode == 0, advised.stderr
+    advice = json.loads(advised.stdout)
+    assert advice["baseline"]["vision_graphs"] == len(
+        {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if s["phase"] == "train"})
+    assert any(o["vision_graphs"] == 1 for o in advice["options"] if len(o["sizes"] or []) == 1), advice

@@ -204,3 +204,30 @@ def test_vision_generation_runs_are_planned_exactly(method: str, images: list[st
     assert planned(plan) == seen
     assert not guard.unplanned
     assert {key[0] for key in seen if key[4]} >= {"generate", "ref", "train", "eval_generate", "eval"}
+
+
+def test_grpo_with_the_advised_fixed_size_applied_meets_the_advised_vision_graphs(images: list[str],
+                                                                                  tmp_path: Path) -> None:
+    """advise on a GRPO run weighs its prompts' images; its one-size what-if, applied with `resize_images`, plans
+    as the what-if did and the real GRPOTrainer run meets exactly its shapes."""
+    import datasets
+
+    from shapeplan import resize_images
+    from shapeplan.services.advise import advise
+    from shapeplan.services.vision_advice import VisionAdvice
+
+    train = write_prompts(tmp_path / "train.jsonl", images, 6, seed=12)
+    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8",
+            "--max_steps", "3", "--pad_to_multiple_of", "128", "--cache_implementation", "static"]
+    advice = advise("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                    use_cache=False)
+    assert isinstance(advice, VisionAdvice)
+    one = next(option for option in advice.options if option.sizes is not None and len(option.sizes.sizes) == 1)
+    assert one.plan.vision_graphs < advice.baseline.plan.vision_graphs
+    resized = tmp_path / "resized"
+    resize_images(datasets.load_dataset("json", data_files=str(train), split="train"),
+                  one.sizes.sizes).save_to_disk(str(resized))
+    replanned = analyze("grpo", ["--dataset_name", str(resized), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                        use_cache=False)
+    assert planned(replanned) == planned(one.plan)
+    assert observed(run_generation_vision("grpo", resized, argv)) == planned(one.plan)

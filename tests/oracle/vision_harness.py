@@ -37,7 +37,6 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
                    streaming: bool = False) -> list[Forward]:
     """Train with `trl sft`'s parser on `argv`; `images`: cast that column to `datasets` Image features first (as a
     Hub dataset holds them), else the rows keep their paths; `streaming`: the data as IterableDatasets."""
-    import datasets
     import torch
     from transformers import AutoModelForImageTextToText
     from trl import SFTTrainer
@@ -50,14 +49,7 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
         "--save_strategy", "no", "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv])
 
     def load(path: Path) -> Any:
-        if (path / "dataset_info.json").is_file():  # a save_to_disk folder, as `trl sft` loads it
-            return datasets.load_from_disk(str(path))
-        data = load_data(path, streaming)
-        if images == "images":
-            return data.cast_column("images", datasets.List(datasets.Image()))
-        if images == "image":
-            return data.cast_column("image", datasets.Image())
-        return data
+        return _load(path, streaming=streaming, images=images)
 
     vlm = AutoModelForImageTextToText.from_pretrained(model, dtype="float32")
     seen: list[Forward] = []
@@ -68,6 +60,21 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
                          callbacks=[guard])
     trainer.train()
     return seen
+
+
+def _load(path: Path, *, streaming: bool = False, images: str | None = None) -> Any:
+    """A JSONL file or a `save_to_disk` folder, as `trl <method>` loads it; `images`: that column cast to `datasets`
+    Image features."""
+    import datasets
+
+    if (path / "dataset_info.json").is_file():
+        return datasets.load_from_disk(str(path))
+    data = load_data(path, streaming)
+    if images == "images":
+        return data.cast_column("images", datasets.List(datasets.Image()))
+    if images == "image":
+        return data.cast_column("image", datasets.Image())
+    return data
 
 
 def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
@@ -95,8 +102,8 @@ def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *,
         return [float(len(c)) for c in completions]
 
     trainer = TRAINERS[method].trainer()(model=vlm, reward_funcs=[length], args=config,
-                                         train_dataset=load_data(train_path, False),
-                                         eval_dataset=load_data(eval_path, False) if eval_path else None,
+                                         train_dataset=_load(train_path),
+                                         eval_dataset=_load(eval_path) if eval_path else None,
                                          processing_class=processor(), callbacks=[guard])
     torch.set_num_threads(1)
     trainer.train()
