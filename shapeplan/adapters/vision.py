@@ -289,7 +289,8 @@ def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: st
         prompt = example.get("prompt")
         if not is_conversational({"prompt": prompt}):
             raise DatasetError(f"row {index} of the {name} dataset has images and a prompt that is not a list of "
-                               "messages; shapeplan plans images with conversational prompts")
+                               "messages, which the trainer refuses (multimodal training requires conversational "
+                               "prompts: ValueError); give the prompt as messages")
         try:
             text = vision.processor.apply_chat_template(
                 prepare_multimodal_messages(prompt, images=[None] * len(sizes)), tools=trainer.tools or None,
