@@ -212,16 +212,23 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPr
     if args.agentic:
         raise UsageError(f"tools and environments on vision-language {args.method} runs are not planned yet (tool "
                          "images take another path); drop --tools / --environment_factory")
+    # TRL's loss forward (compute_loss) fails on a batch of several prompts' images, train and eval alike (a shape
+    # mismatch in the model's get_rope_index; seen on the real trainer, while the chunked no-grad forwards of the
+    # same rows run): only runs whose every loss batch is one prompt's generations train
     rows = config.per_device_train_batch_size * config.steps_per_generation
     if rows != config.num_generations:
-        # GRPOTrainer and RLOOTrainer shuffle a round's rows (and their pixel rows) before cutting its micro-batches,
-        # and the model's rope index then meets image tokens that are not its grids' (a shape mismatch in
-        # get_rope_index) wherever a micro-batch holds rows of different prompts
         raise UsageError(f"a vision-language {args.method} round of {rows} rows (per_device_train_batch_size x "
                          f"steps_per_generation) holds {rows / config.num_generations:g} prompts, and TRL's train "
                          "step fails on micro-batches of several prompts' images (a shape mismatch in the model's "
-                         "get_rope_index after the round's shuffle); set per_device_train_batch_size x "
-                         f"steps_per_generation to num_generations ({config.num_generations})")
+                         "get_rope_index); set per_device_train_batch_size x steps_per_generation to "
+                         f"num_generations ({config.num_generations})")
+    generations_eval = config.num_generations_eval or config.num_generations
+    if data.eval is not None and config.per_device_eval_batch_size != generations_eval:
+        raise UsageError(f"a vision-language {args.method} eval batch of {config.per_device_eval_batch_size} rows "
+                         f"holds {config.per_device_eval_batch_size / generations_eval:g} prompts, and TRL's eval "
+                         "step fails on batches of several prompts' images (a shape mismatch in the model's "
+                         f"get_rope_index); set per_device_eval_batch_size to {generations_eval} (the eval "
+                         "generations per prompt)")
     processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
                                       revision=args.model.model_revision,
                                       trust_remote_code=bool(getattr(config, "trust_remote_code", False)))

@@ -8,8 +8,8 @@ for every P; those entries are `certain` only when there is a single bucket.
 
 With images (`images`: the prompts' grids, vision-language GRPO), each `generate` carries its rows' image encode
 and each forward its rows' pixel batch, in row order. The trainer shuffles a round's rows before cutting its
-micro-batches, so a train micro-batch's rows are its round's first ones only where the round holds one prompt (the
-adapter refuses other vision runs, on which TRL fails).
+micro-batches, so a train micro-batch's rows are its round's first ones where the round holds one prompt, the only
+vision runs TRL trains (the adapter refuses the others).
 
 With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
 last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
