@@ -212,23 +212,15 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPr
     if args.agentic:
         raise UsageError(f"tools and environments on vision-language {args.method} runs are not planned yet (tool "
                          "images take another path); drop --tools / --environment_factory")
-    # TRL's loss forward (compute_loss) fails on a batch of several prompts' images, train and eval alike (a shape
-    # mismatch in the model's get_rope_index; seen on the real trainer, while the chunked no-grad forwards of the
-    # same rows run): only runs whose every loss batch is one prompt's generations train
     rows = config.per_device_train_batch_size * config.steps_per_generation
-    if rows != config.num_generations:
-        raise UsageError(f"a vision-language {args.method} round of {rows} rows (per_device_train_batch_size x "
-                         f"steps_per_generation) holds {rows / config.num_generations:g} prompts, and TRL's train "
-                         "step fails on micro-batches of several prompts' images (a shape mismatch in the model's "
-                         "get_rope_index); set per_device_train_batch_size x steps_per_generation to "
-                         f"num_generations ({config.num_generations})")
-    generations_eval = config.num_generations_eval or config.num_generations
-    if data.eval is not None and config.per_device_eval_batch_size != generations_eval:
-        raise UsageError(f"a vision-language {args.method} eval batch of {config.per_device_eval_batch_size} rows "
-                         f"holds {config.per_device_eval_batch_size / generations_eval:g} prompts, and TRL's eval "
-                         "step fails on batches of several prompts' images (a shape mismatch in the model's "
-                         f"get_rope_index); set per_device_eval_batch_size to {generations_eval} (the eval "
-                         "generations per prompt)")
+    if config.steps_per_generation > 1 and rows != config.num_generations:
+        # the trainer shuffles a round's rows (the global RNG) before cutting it into steps_per_generation slices:
+        # which prompts' images a micro-batch holds is random
+        raise UsageError(f"steps_per_generation={config.steps_per_generation} on a vision-language {args.method} run "
+                         f"whose round holds {rows // config.num_generations} prompts: the trainer shuffles each "
+                         "round's rows before cutting its micro-batches, so which images each one holds is random; "
+                         "use steps_per_generation 1 (gradient_accumulation_steps 1), or rounds of one prompt "
+                         f"(per_device_train_batch_size x steps_per_generation = {config.num_generations})")
     processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
                                       revision=args.model.model_revision,
                                       trust_remote_code=bool(getattr(config, "trust_remote_code", False)))

@@ -116,14 +116,16 @@ def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
     return {"completion_tokens": (int(chosen.sum()), int(rejected.sum())), "chosen_rows": sum(labels)}
 
 
-def vision_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def vision_inputs(kwargs: dict[str, Any], *, sort: bool = False) -> dict[str, Any]:
     """What a forward's vision tower receives: `pixel_values` (N, D) and the `image_grid_thw` rows (a copy of a few
-    integers to the host, which the model's own rope and window index make of the same tensor anyway)."""
+    integers to the host, which the model's own rope and window index make of the same tensor anyway); `sort`: the
+    grids in sorted order."""
     pixels, grids = kwargs.get("pixel_values"), kwargs.get("image_grid_thw")
     if pixels is None or grids is None:
         return {}
+    rows = [(int(t), int(h), int(w)) for t, h, w in grids.tolist()]
     return {"pixel_values": (int(pixels.shape[0]), int(pixels.shape[1])),
-            "image_grid_thw": tuple((int(t), int(h), int(w)) for t, h, w in grids.tolist())}
+            "image_grid_thw": tuple(sorted(rows) if sort else rows)}
 
 
 def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -288,7 +290,9 @@ class ShapeRecorder:
             extra["max_length_q"] = None if max_q is None else int(max_q)
         if self.rules.unpadded:
             extra["unpadded"] = unpadded(kwargs)
-        extra.update(vision_inputs(kwargs))
+        # a generating trainer shuffles each round's rows before training on them (`shuffle_sequence_dict`): the
+        # plan keys a train forward's grids in sorted order, one entry for every order
+        extra.update(vision_inputs(kwargs, sort=phase == "train" and self.rules.generates))
         self.listener(Forward(phase, int(ids.shape[0]), int(ids.shape[1]), step, rank=self._rank, **extra))
 
     def _generate_prefill(self, module: Any, ids: Any, kwargs: dict[str, Any]) -> None:

@@ -7,9 +7,10 @@ The completion bucket C = R(longest completion) depends on sampling, so every C 
 for every P; those entries are `certain` only when there is a single bucket.
 
 With images (`images`: the prompts' grids, vision-language GRPO), each `generate` carries its rows' image encode
-and each forward its rows' pixel batch, in row order. The trainer shuffles a round's rows before cutting its
-micro-batches, so a train micro-batch's rows are its round's first ones where the round holds one prompt, the only
-vision runs TRL trains (the adapter refuses the others).
+and each forward its rows' pixel batch, in row order, but for the train forwards: the trainer shuffles a round's
+rows (with the global RNG) before cutting its micro-batches, so a train entry's grids are keyed in sorted order, one
+entry for every order of the same images (a micro-batch holds the whole round, or one prompt's rows; the adapter
+refuses random subsets).
 
 With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
 last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
@@ -136,14 +137,15 @@ class Vision(TypedDict, total=False):
     image_grid_thw: tuple[Grid, ...]
 
 
-def _vision(images: Rows | None, rows: Sequence[int]) -> Vision:
-    """What a batch of these prompts' rows feeds the vision tower (nothing without images)."""
+def _vision(images: Rows | None, rows: Sequence[int], *, shuffled: bool = False) -> Vision:
+    """What a batch of these prompts' rows feeds the vision tower (nothing without images); `shuffled`: the grids
+    in sorted order, the key of every order a shuffle of the rows gives."""
     if images is None:
         return Vision()
     pixels, grids = images.vision(rows)
     if pixels is None:
         return Vision()
-    return Vision(pixel_values=pixels, image_grid_thw=grids)
+    return Vision(pixel_values=pixels, image_grid_thw=tuple(sorted(grids)) if shuffled else grids)
 
 
 @dataclass
@@ -254,8 +256,8 @@ def plan_generation(
                 bucket = round_up(max(lengths), multiple)
                 rank_state.prompt_bucket = bucket
                 rank_state.train_rows = len(batch) // layout.steps_per_generation
-                # with images the round is one prompt's rows: a shuffled slice is its first rows
-                rank_state.train_vision = _vision(images, batch[:rank_state.train_rows])
+                # a slice of the shuffled round: the whole round, or (steps_per_generation > 1) one prompt's rows
+                rank_state.train_vision = _vision(images, batch[:rank_state.train_rows], shuffled=True)
                 counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step, _vision(images, batch))
                 counting.tool_turns("generate", len(batch), lengths, rank_state.cache, mb.step)
                 for phase in layout.round_forwards:

@@ -190,13 +190,14 @@ def test_a_streamed_vision_run_is_planned_exactly(images: list[str], tmp_path: P
 
 @pytest.mark.parametrize("method", ["grpo", "rloo"])
 def test_vision_generation_runs_are_planned_exactly(method: str, images: list[str], tmp_path: Path) -> None:
-    """GRPO and RLOO on prompts with images (a round of one prompt's generations, as TRL's train step needs): each
-    generate carries its rows' image encode and each forward its rows' pixel batch; an eval loop."""
+    """GRPO and RLOO on prompts with images, two prompts a round: each generate carries its rows' image encode, each
+    no-grad forward its rows' pixel batch, each train forward its shuffled round's (grids keyed in sorted order); an
+    eval loop of two prompts a batch."""
     train = write_prompts(tmp_path / "train.jsonl", images, 8, seed=10)
-    evaluation = write_prompts(tmp_path / "eval.jsonl", images, 2, seed=11)
-    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8",
+    evaluation = write_prompts(tmp_path / "eval.jsonl", images, 4, seed=11)
+    argv = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8",
             "--max_steps", "3", "--pad_to_multiple_of", "128", "--cache_implementation", "static", "--beta", "0.04",
-            "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "2"]
+            "--eval_strategy", "steps", "--eval_steps", "3", "--per_device_eval_batch_size", "4"]
     plan = analyze(method, ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                    eval_source=str(evaluation), use_cache=False)
     guard = ShapeGuard(plan, on_unplanned="record")

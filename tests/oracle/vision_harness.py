@@ -101,10 +101,12 @@ def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *,
     def length(completions: list[Any], **kwargs: Any) -> list[float]:
         return [float(len(c)) for c in completions]
 
+    loaded = processor()
+    loaded.tokenizer.padding_side = "left"  # as the trainer loads a processor itself (AutoProcessor, padding left)
     trainer = TRAINERS[method].trainer()(model=vlm, reward_funcs=[length], args=config,
                                          train_dataset=_load(train_path),
                                          eval_dataset=_load(eval_path) if eval_path else None,
-                                         processing_class=processor(), callbacks=[guard])
+                                         processing_class=loaded, callbacks=[guard])
     torch.set_num_threads(1)
     trainer.train()
     return seen
