@@ -192,7 +192,7 @@ def read(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     args, notes = with_guide_example(args, argv)
     warnings = notes + _check_supported(args)
     _check_split(args)
-    data = load_run_data(args, eval_source=eval_source, vision=True)
+    data = load_run_data(args, eval_source=eval_source, vision=args.spec.images)
     trainer = bare_trainer(args.spec, data.tokenizer, args.training, args.agentic)
     return GenerationRun(args=args, argv=argv, data=data, trainer=trainer, warnings=tuple(warnings),
                          prompts=_vision_prompts(args, data, trainer))

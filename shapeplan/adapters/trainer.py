@@ -75,6 +75,7 @@ class TrainerSpec:
     phase_rules: PhaseRules = PhaseRules()
     collated: Literal["rows", "halves", "examples"] = "rows"
     agentic: tuple[str, ...] = ()  # the trainer's arguments of Python objects shapeplan plans (tools=, ...)
+    images: bool = False  # its plans hold vision-language rows (image columns); other methods refuse them
 
     def plan(self, args: Any, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:

@@ -82,17 +82,18 @@ def _vision_run(method: str, kind: LengthKind, argv: Sequence[str], eval_source:
     """The run read once where its train set has images (SFT, GRPO, RLOO); None for a text run."""
     from ..adapters.trl_args import parse_training_args
 
-    args = parse_training_args(trainer_spec(method), list(argv))
+    spec = trainer_spec(method)
+    if not spec.images:
+        return None
+    args = parse_training_args(spec, list(argv))
     if kind == "rows":
         from ..adapters.sft import vision_run
 
         return vision_run(args, list(argv), eval_source=eval_source)
-    if method in ("grpo", "rloo"):
-        from ..adapters import grpo
+    from ..adapters import grpo
 
-        run = grpo.read(args, list(argv), eval_source=eval_source)
-        return run if run.prompts is not None else None
-    return None
+    run = grpo.read(args, list(argv), eval_source=eval_source)
+    return run if run.prompts is not None else None
 
 
 def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str | None, use_cache: bool,
