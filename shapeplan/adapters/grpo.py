@@ -162,11 +162,8 @@ class GenerationRun:
                           lengths=images[1].lengths if images and images[1] else None)
         recorded = recorded_config(args, self.argv)
         recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
-                        num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset)
-        if resize is not None:
-            recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
-        if limits is not None:
-            recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
+                        num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset,
+                        **vision.whatif_config(resize, limits))
         return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop,
                         epoch_batches=epoch_batches, evals=evals, config=recorded, warnings=warnings,
                         images=images[0] if images else None, eval_images=images[1] if images else None)
@@ -221,9 +218,7 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPr
                          "round's rows before cutting its micro-batches, so which images each one holds is random; "
                          "use steps_per_generation 1 (gradient_accumulation_steps 1), or rounds of one prompt "
                          f"(per_device_train_batch_size x steps_per_generation = {config.num_generations})")
-    processor = vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
-                                      revision=args.model.model_revision,
-                                      trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
+    processor = vision.run_processor(args, data.tokenizer)
     train = vision.prompt_rows(data.train, processor, trainer, name="train")
     evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
     return VisionPrompts(processor=processor, train=train, eval=evaluated)

@@ -234,11 +234,7 @@ def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None =
 def _vision_processor(args: TrainingArgs, data: RunData) -> vision.VisionProcessor:
     """The run's processor, after what SFTTrainer refuses on image data has been checked."""
     _check_vision(args, data)
-    config = args.training
-    return vision.load_processor(args.model.model_name_or_path or "", data.tokenizer,
-                                 revision=args.model.model_revision,
-                                 trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
-                                 chat_template_path=config.chat_template_path)
+    return vision.run_processor(args, data.tokenizer)
 
 
 def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: list[str]) -> VisionRun:
@@ -268,11 +264,7 @@ def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelL
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)
     epoch_batches, loop = train_schedule(args, len(train_rows))
-    recorded = recorded_config(args, run.argv)
-    if resize is not None:
-        recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
-    if limits is not None:
-        recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
+    recorded = {**recorded_config(args, run.argv), **vision.whatif_config(resize, limits)}
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded, versions=versions(), fingerprint=run_fingerprint(run.data),
                    warnings=run.warnings)
@@ -362,7 +354,7 @@ def _check_vision(args: TrainingArgs, data: RunData) -> None:
                              "input, which vision rows do not hold: ValueError); use random or sequential")
         raise UsageError(f"train_sampling_strategy={strategy!r} on vision datasets is not planned yet; use random "
                          "or sequential")
-    if config.train_sampling_strategy == "random" and not config.accelerator_config.use_seedable_sampler:
+    if strategy == "random" and not config.accelerator_config.use_seedable_sampler:
         raise UsageError("use_seedable_sampler=False on vision datasets is not planned yet (the order, and so each "
                          "batch's images, comes from the global RNG); keep the seedable sampler")
     if bool(config.accelerator_config.dispatch_batches) and args.num_processes > 1:

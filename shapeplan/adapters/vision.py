@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.rows import Rows
-from ..plan.vision import FixedSizes, ImageProcessing
+from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
 from ..plan.vision_rows import CutImageTokens, ImageRow, image_rows
 
 # The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image
@@ -95,6 +95,25 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
     processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
                                         chat_template=template or tokenizer.chat_template)
     return VisionProcessor(images=settings, processor=processor)
+
+
+def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
+    """`load_processor` for a run's parsed arguments (`TrainingArgs`): its model, revision, trust_remote_code and,
+    where the method has one, chat_template_path."""
+    config = args.training
+    return load_processor(args.model.model_name_or_path or "", tokenizer, revision=args.model.model_revision,
+                          trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
+                          chat_template_path=getattr(config, "chat_template_path", None))
+
+
+def whatif_config(resize: FixedSizes | None, limits: PixelLimits | None) -> dict[str, Any]:
+    """What a plan records of an image what-if: the fixed sizes every image is resized to, the pixel limits."""
+    recorded: dict[str, Any] = {}
+    if resize is not None:
+        recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
+    if limits is not None:
+        recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
+    return recorded
 
 
 def _processor_template(model: str, revision: str | None) -> Any:
@@ -272,8 +291,8 @@ def iter_rows(examples: Iterable[dict[str, Any]], vision: VisionProcessor, confi
     template = _training_template(vision, config)
     for index, example in enumerate(examples):
         sizes = tuple(_size(vision, image, index, name) for image in _row_images(example, index, name))
-        tokens, last = _row_tokens(vision, example, len(sizes), config, index, name, template)
-        yield ImageRow(tokens=tokens, last_placeholder=last, sizes=sizes)
+        yield _image_row(vision, _row_texts(vision, example, len(sizes), config, index, name, template), sizes,
+                         index, name)
 
 
 def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: str) -> tuple[ImageRow, ...]:
@@ -299,12 +318,7 @@ def prompt_rows(dataset: Any, vision: VisionProcessor, trainer: Any, *, name: st
         except (ValueError, TypeError, KeyError) as exc:
             raise DatasetError(f"row {index} of the {name} dataset cannot be rendered with its images: "
                                f"{first_line(exc)}; fix the row") from None
-        ids = vision.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-        positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
-        if len(positions) != len(sizes):
-            raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
-                               f"{vision.image_token} tokens in its prompt; give each image one")
-        rows.append(ImageRow(tokens=len(ids), last_placeholder=positions[-1] if positions else None, sizes=sizes))
+        rows.append(_image_row(vision, [text], sizes, index, name))
     return tuple(rows)
 
 
@@ -347,10 +361,10 @@ def _training_template(vision: VisionProcessor, config: Any) -> str | None:
     return template
 
 
-def _row_tokens(vision: VisionProcessor, example: dict[str, Any], images: int, config: Any, index: int,
-                name: str, template: str | None = None) -> tuple[int, int | None]:
-    """The row's token count with one placeholder per image, and the position of its last placeholder
-    (`template`: the collator's chat template, where it is not the processor's)."""
+def _row_texts(vision: VisionProcessor, example: dict[str, Any], images: int, config: Any, index: int,
+               name: str, template: str | None = None) -> list[str]:
+    """The row's text as the collator tokenizes it, one placeholder per image: one text, or a prompt-completion
+    row's two (`template`: the collator's chat template, where it is not the processor's)."""
     from trl.data_utils import prepare_multimodal_messages
 
     processor = vision.processor
@@ -369,14 +383,20 @@ def _row_tokens(vision: VisionProcessor, example: dict[str, Any], images: int, c
         raise DatasetError(f"row {index} of the {name} dataset has images but neither 'messages', 'prompt' and "
                            f"'completion', nor a text column {config.dataset_text_field!r}; vision rows need one "
                            "of them")
-    # tokenized apart and joined: the prompt-completion collator tokenizes the two apart
-    ids = [token for text in texts for token in processor.tokenizer(text, add_special_tokens=False)["input_ids"]]
-    placeholder = vision.image_token_id
-    positions = [i for i, token in enumerate(ids) if token == placeholder]
-    if len(positions) != images:
-        raise DatasetError(f"row {index} of the {name} dataset has {images} images and {len(positions)} "
+    return texts
+
+
+def _image_row(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int, int], ...], index: int,
+               name: str) -> ImageRow:
+    """A row of these texts (tokenized apart and joined, as the prompt-completion collator does) and images: its
+    tokens, one placeholder per image, and the position of the last placeholder."""
+    tokenizer = vision.processor.tokenizer
+    ids = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
+    if len(positions) != len(sizes):
+        raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
                            f"{vision.image_token} tokens in its text; give each image one")
-    return len(ids), positions[-1] if positions else None
+    return ImageRow(tokens=len(ids), last_placeholder=positions[-1] if positions else None, sizes=sizes)
 
 
 def _prompt_completion(processor: Any, example: dict[str, Any], images: int, config: Any, index: int,

@@ -64,30 +64,39 @@ def write_rows(path: Path, images: list[str], rows: int, *, seed: int, kind: str
     return path
 
 
-def write_qwen2_vl(folder: Path, source: Path) -> Path:
-    """A random tiny Qwen2-VL (`qwen2_vl`) with `source`'s text decoder config, vision token ids, tokenizer, chat
-    template and image processor, and other pixel limits."""
+def _another_vl_model(folder: Path, source: Path, build: Any, processor: dict[str, Any]) -> Path:
+    """A copy of `source` (its tokenizer, chat template and image processor) with another model: `build(base, ids)`
+    makes the random model from the source's config and its vision token ids; `processor` updates the image
+    processor's settings."""
     import shutil
 
     import torch
-    from transformers import AutoConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import AutoConfig
 
     shutil.copytree(source, folder)
     for name in ("config.json", "model.safetensors", "generation_config.json"):
         (folder / name).unlink()
     base = AutoConfig.from_pretrained(source)
     tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    config = Qwen2VLConfig(
-        text_config=base.text_config.to_dict(),
-        vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32, "mlp_ratio": 2, "num_heads": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        tie_word_embeddings=True, **{name: getattr(base, name) for name in tokens})
     torch.manual_seed(0)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
-    processor = json.loads((folder / "preprocessor_config.json").read_text())
-    processor["size"] = {"shortest_edge": 6272, "longest_edge": 90000}
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    build(base, {name: getattr(base, name) for name in tokens}).save_pretrained(folder)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**settings, **processor}))
     return folder
+
+
+def write_qwen2_vl(folder: Path, source: Path) -> Path:
+    """A random tiny Qwen2-VL (`qwen2_vl`) with `source`'s text decoder config, vision token ids, tokenizer, chat
+    template and image processor, and other pixel limits."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    def build(base: Any, ids: dict[str, int]) -> Any:
+        return Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+            text_config=base.text_config.to_dict(),
+            vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32, "mlp_ratio": 2, "num_heads": 2,
+                           "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+            tie_word_embeddings=True, **ids))
+    return _another_vl_model(folder, source, build, {"size": {"shortest_edge": 6272, "longest_edge": 90000}})
 
 
 def write_structured_rows(path: Path, images: list[str], rows: int, *, seed: int) -> Path:
@@ -111,33 +120,22 @@ def write_structured_rows(path: Path, images: list[str], rows: int, *, seed: int
 def write_qwen3_vl(folder: Path, source: Path) -> Path:
     """A random tiny Qwen3-VL (`qwen3_vl`: 16-pixel patches, so 1536-wide patch rows, and its own processor class)
     with `source`'s tokenizer, vision token ids, chat template and image processor."""
-    import shutil
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    import torch
-    from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    shutil.copytree(source, folder)
-    for name in ("config.json", "model.safetensors", "generation_config.json"):
-        (folder / name).unlink()
-    base = AutoConfig.from_pretrained(source)
-    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    text = base.text_config
-    config = Qwen3VLConfig(
-        text_config={"vocab_size": text.vocab_size, "hidden_size": 32, "intermediate_size": 64,
-                     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-                     "pad_token_id": text.pad_token_id, "eos_token_id": text.eos_token_id,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                         "mrope_section": [1, 1, 2], "mrope_interleaved": True}},
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 16,
-                       "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32,
-                       "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
-        tie_word_embeddings=True, **{name: getattr(base, name) for name in tokens})
-    torch.manual_seed(0)
-    Qwen3VLForConditionalGeneration(config).save_pretrained(folder)
-    processor = json.loads((folder / "preprocessor_config.json").read_text())
-    processor.update(patch_size=16, size={"shortest_edge": 8192, "longest_edge": 131072})
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
-    return folder
+    def build(base: Any, ids: dict[str, int]) -> Any:
+        text = base.text_config
+        return Qwen3VLForConditionalGeneration(Qwen3VLConfig(
+            text_config={"vocab_size": text.vocab_size, "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                         "pad_token_id": text.pad_token_id, "eos_token_id": text.eos_token_id,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                             "mrope_section": [1, 1, 2], "mrope_interleaved": True}},
+            vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 16,
+                           "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32,
+                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+            tie_word_embeddings=True, **ids))
+    return _another_vl_model(folder, source, build,
+                             {"patch_size": 16, "size": {"shortest_edge": 8192, "longest_edge": 131072}})
 
 
 def write_prompts(path: Path, images: list[str], rows: int, *, seed: int) -> Path:
