@@ -8,9 +8,7 @@ bytes (every layer at the full length: sliding-window layers, which may keep few
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from .model import GENERATE_PHASES, Plan, Shape
+from .model import GENERATE_PHASES, Plan
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
@@ -29,11 +27,10 @@ def token_bytes(plan: Plan) -> int | None:
     return 2 * layers * heads * head_dim * width  # type: ignore[operator]  # all ints, checked above
 
 
-def peak_bytes(plan: Plan, shapes: Sequence[Shape] | None = None) -> int | None:
+def peak_bytes(plan: Plan) -> int | None:
     """The static cache's largest allocation over the plan's `generate` calls; None without a static cache or where
     the model facts are unknown."""
-    sizes = [s.batch * s.cache_len for s in (plan.shapes if shapes is None else shapes)
-             if s.phase in GENERATE_PHASES and s.cache_len is not None]
+    sizes = [s.batch * s.cache_len for s in plan.shapes if s.phase in GENERATE_PHASES and s.cache_len is not None]
     per_token = token_bytes(plan)
     if not sizes or per_token is None:
         return None

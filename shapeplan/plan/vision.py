@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`
 
@@ -129,9 +129,7 @@ class PixelLimits:
     max_pixels: int
 
     def applied(self, processing: ImageProcessing) -> ImageProcessing:
-        return ImageProcessing(min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                               patch_size=processing.patch_size, merge_size=processing.merge_size,
-                               temporal_patch_size=processing.temporal_patch_size)
+        return replace(processing, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
 
     @property
     def label(self) -> str:
