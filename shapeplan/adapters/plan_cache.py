@@ -24,7 +24,7 @@ from .host import cache_root, installed_versions
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = 1
+SCHEMA = 2  # 2: vision SFT entries carry their rows' text_runs
 _VERSIONED = ("shapeplan", "trl", "transformers", "accelerate", "datasets", "tokenizers", "torch", "jinja2")
 _ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TRL_", "ACCELERATE_", "SHAPEPLAN_")
 _MAX_FILES = 10_000  # a folder with more files than this is not worth stat-ing on every run

@@ -76,6 +76,7 @@ class TrainerSpec:
     collated: Literal["rows", "halves", "examples"] = "rows"
     agentic: tuple[str, ...] = ()  # the trainer's arguments of Python objects shapeplan plans (tools=, ...)
     images: bool = False  # its plans hold vision-language rows (image columns); other methods refuse them
+    warm_images: bool = False  # its warmer feeds those rows' vision batches (warm refuses a vision plan otherwise)
 
     def plan(self, args: Any, argv: list[str], *, eval_source: str | None = None,
              use_cache: bool = True) -> Plan:

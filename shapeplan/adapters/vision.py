@@ -389,14 +389,14 @@ def _row_texts(vision: VisionProcessor, example: dict[str, Any], images: int, co
 def _image_row(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int, int], ...], index: int,
                name: str) -> ImageRow:
     """A row of these texts (tokenized apart and joined, as the prompt-completion collator does) and images: its
-    tokens, one placeholder per image, and the position of the last placeholder."""
+    tokens, one placeholder per image, and the placeholders' positions."""
     tokenizer = vision.processor.tokenizer
     ids = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
     positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
     if len(positions) != len(sizes):
         raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
                            f"{vision.image_token} tokens in its text; give each image one")
-    return ImageRow(tokens=len(ids), last_placeholder=positions[-1] if positions else None, sizes=sizes)
+    return ImageRow(tokens=len(ids), placeholders=tuple(positions), sizes=sizes)
 
 
 def _prompt_completion(processor: Any, example: dict[str, Any], images: int, config: Any, index: int,

@@ -19,6 +19,7 @@ class _Entry:
     completion_tokens: set[int] = field(default_factory=set)
     chosen_rows: set[int] = field(default_factory=set)
     pixel_values: tuple[int, int] | None = None  # follows from the key's grids
+    text_runs: dict[tuple[tuple[int, ...], ...], None] = field(default_factory=dict)  # distinct layouts, in order
 
 
 class ShapeCounter:
@@ -46,6 +47,7 @@ class ShapeCounter:
         unpadded: bool = False,
         pixel_values: tuple[int, int] | None = None,
         image_grid_thw: tuple[tuple[int, int, int], ...] = (),
+        text_runs: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep, image_grid_thw)
         entry = self._entries.get(key)
@@ -69,6 +71,8 @@ class ShapeCounter:
         entry.completion_tokens.update(completion_tokens)
         if chosen_rows is not None:
             entry.chosen_rows.add(chosen_rows)
+        if text_runs:
+            entry.text_runs[text_runs] = None
 
     def shapes(self) -> tuple[Shape, ...]:
         out = [
@@ -91,6 +95,7 @@ class ShapeCounter:
                 chosen_rows=tuple(sorted(e.chosen_rows)),
                 pixel_values=e.pixel_values,
                 image_grid_thw=key.image_grid_thw,
+                text_runs=tuple(e.text_runs),
             )
             for key, e in self._entries.items()
         ]

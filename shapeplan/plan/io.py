@@ -19,7 +19,8 @@ PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when not their default.
 _OPTIONAL = ("max_count", "cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
-             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "image_grid_thw")
+             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "image_grid_thw",
+             "text_runs")
 _DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
@@ -36,8 +37,13 @@ def shape_to_dict(shape: Shape) -> dict[str, Any]:
     for name in _OPTIONAL:
         value = getattr(shape, name)
         if value != _DEFAULTS[name]:
-            out[name] = [list(v) if isinstance(v, tuple) else v for v in value] if isinstance(value, tuple) else value
+            out[name] = _listed(value)
     return out
+
+
+def _listed(value: Any) -> Any:
+    """Tuples as JSON lists, however deep."""
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -139,7 +145,25 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
         pixel_values=pixels,
         image_grid_thw=grids,
+        text_runs=_text_runs(s, where, grids, seq),
     )
+
+
+def _text_runs(s: dict[str, Any], where: str, grids: tuple[tuple[int, int, int], ...],
+               seq: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """A vision batch's layouts: each a list of `batch` rows, each row's text runs (one more than its images), the
+    rows' images together as many as `image_grid_thw` holds."""
+    layouts = s.get("text_runs", [])
+    where = f"{where}.text_runs"
+    if not isinstance(layouts, list) or not all(
+            isinstance(layout, list) and len(layout) == s["batch"] and all(isinstance(row, list) and row
+                                                                           for row in layout) for layout in layouts):
+        raise _malformed(where, "must be a list of layouts, each a list of the batch's rows' text runs")
+    out = tuple(tuple(_ints(row, where, 0, seq) for row in layout) for layout in layouts)
+    for layout in out:
+        if sum(len(row) - 1 for row in layout) != len(grids):
+            raise _malformed(where, "has a layout whose rows hold another number of images than image_grid_thw")
+    return out
 
 
 def _vision(s: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tuple[tuple[int, int, int], ...]]:

@@ -60,6 +60,10 @@ class Shape:
     Batches with images (vision-language runs) carry what the vision tower receives: `pixel_values` (N, D), every
     image's patch rows concatenated, and `image_grid_thw`, one (t, h, w) per image in the batch's row order; the
     grids are part of the key (the tower's attention windows depend on each image's grid, not only on N).
+    Vision SFT batches also carry `text_runs`: each distinct layout the shape's batches had, as every row's text
+    tokens before, between and after its images (the row's grids being the next ones of `image_grid_thw`).
+    Qwen-VL's forward builds each row's position ids from these runs op by op on the device, so every layout is
+    ops of its own sizes on an eager device.
     """
 
     phase: Phase
@@ -80,6 +84,7 @@ class Shape:
     chosen_rows: tuple[int, ...] = ()
     pixel_values: tuple[int, int] | None = None
     image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    text_runs: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
     def key(self) -> ShapeKey:

@@ -16,13 +16,15 @@ class Rows:
 
     `documents` holds, for packed rows, the lengths of the documents packed into each row (`seq_lengths`);
     None means each row is one document. Rows with images (vision-language data) hold each row's image grids in
-    `images` and the processor's patch width in `pixel_dim`.
+    `images`, the processor's patch width in `pixel_dim`, and in `text_runs` each row's text tokens before, between
+    and after its images: Qwen-VL's forward builds each row's position ids from these runs, op by op on the device.
     """
 
     lengths: tuple[int, ...]
     documents: tuple[tuple[int, ...], ...] | None = None
     images: tuple[tuple[Grid, ...], ...] | None = None
     pixel_dim: int = 0
+    text_runs: tuple[tuple[int, ...], ...] | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -35,6 +37,10 @@ class Rows:
         order (None and () for text rows, or a batch without images)."""
         grids = () if self.images is None else tuple(grid for i in batch for grid in self.images[i])
         return ((pixel_rows(grids), self.pixel_dim) if grids else None), grids
+
+    def runs(self, batch: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Each row's text runs, in row order (() for text rows)."""
+        return () if self.text_runs is None else tuple(self.text_runs[i] for i in batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,7 @@ class BatchShape:
     unpadded: bool = False  # no pad token: attention runs without a mask
     pixel_values: tuple[int, int] | None = None  # vision batches: (N, D) of the batch's images
     image_grid_thw: tuple[Grid, ...] = ()  # vision batches: each image's grid, in row order
+    text_runs: tuple[tuple[int, ...], ...] = ()  # vision batches: each row's text runs around its images
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +105,7 @@ def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> Batc
     seq = collated_seq(batch, lambda part: round_up(max(rows.lengths[i] for i in part), multiple))
     pixels, grids = rows.vision(batch)
     return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq,
-                      pixel_values=pixels, image_grid_thw=grids)
+                      pixel_values=pixels, image_grid_thw=grids, text_runs=rows.runs(batch))
 
 
 def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from .rows import Rows
 from .vision import FixedSizes, Grid, ImageProcessing
@@ -15,8 +16,16 @@ class ImageRow:
     """A row of a vision dataset as its rendered text and its images: what its collated length follows from."""
 
     tokens: int  # the rendered row's tokens, one placeholder token per image
-    last_placeholder: int | None  # the position of its last image placeholder (None without images)
+    placeholders: tuple[int, ...]  # the position of each image placeholder among them
     sizes: tuple[tuple[int, int], ...]  # each image's (height, width), as the processor receives it
+
+    def text_runs(self, cut: int = 0) -> tuple[int, ...]:
+        """The row's text tokens before, between and after its images (one run more than images), the last run
+        `cut` tokens shorter (max_length cuts text after the last image only: a cut into images is refused)."""
+        edges = (-1, *self.placeholders, self.tokens)
+        runs = [after - before - 1 for before, after in pairwise(edges)]
+        runs[-1] -= cut
+        return tuple(runs)
 
 
 class CutImageTokens(ValueError):
@@ -29,19 +38,22 @@ class CutImageTokens(ValueError):
 
 def image_rows(rows: Sequence[ImageRow], processing: ImageProcessing, max_length: int | None,
                resize: FixedSizes | None = None) -> Rows:
-    """The rows' collated lengths (each placeholder expanded to its image's tokens, truncated to max_length) and
-    grids; `resize`: every image first resized to one of those fixed sizes (a what-if)."""
+    """The rows' collated lengths (each placeholder expanded to its image's tokens, truncated to max_length), grids
+    and text runs; `resize`: every image first resized to one of those fixed sizes (a what-if)."""
     lengths: list[int] = []
     grids: list[tuple[Grid, ...]] = []
+    runs: list[tuple[int, ...]] = []
     for index, row in enumerate(rows):
         sizes = row.sizes if resize is None else tuple(resize.target(h, w) for h, w in row.sizes)
         row_grids = tuple(processing.grid(h, w) for h, w in sizes)
         added = sum(processing.tokens(grid) - 1 for grid in row_grids)
         length = row.tokens + added
+        cut = 0
         if max_length is not None and length > max_length:
-            if row.last_placeholder is not None and row.last_placeholder + added >= max_length:
+            if row.placeholders and row.placeholders[-1] + added >= max_length:
                 raise CutImageTokens(index, length)
-            length = max_length
+            length, cut = max_length, length - max_length
         lengths.append(length)
         grids.append(row_grids)
-    return Rows(lengths=tuple(lengths), images=tuple(grids), pixel_dim=processing.pixel_dim)
+        runs.append(row.text_runs(cut))
+    return Rows(lengths=tuple(lengths), images=tuple(grids), pixel_dim=processing.pixel_dim, text_runs=tuple(runs))

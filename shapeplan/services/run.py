@@ -142,6 +142,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
             raise UsageError("--eval-dataset names the eval data to plan, and the plan holds its eval shapes; drop "
                              "--eval-dataset, or re-create the plan with it")
         spec = trainer_spec(plan.method)
+        check_vision_warm(spec, plan)
         planned = _planned_args(spec, plan, plan_path, device)
         given = split_run_arguments(spec, trl_args, model, split)
         named = given_options(given)
@@ -163,8 +164,17 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         plan = analyze(spec.name, argv, eval_source=eval_dataset, parsed=parsed if run_argv == argv else None)
     elif named:
         check_config(plan, args, planned, named)
+    check_vision_warm(spec, plan)
     check_plan_fits_model(plan, args)
     return plan, warmer
+
+
+def check_vision_warm(spec: TrainerSpec, plan: Plan) -> None:
+    """A plan with vision batches is warmed only by a method whose warmer feeds them."""
+    if not spec.warm_images and any(s.pixel_values is not None for s in plan.shapes):
+        raise PlanFileError(f"the plan has vision batches (pixel_values), which warm feeds for SFT only, not yet "
+                            f"for {plan.method}: warming only their text would leave every vision-tower graph cold; "
+                            "plan and guard the run, and let the first epoch compile them")
 
 
 def plan_tasks(plan_path: str, device: str, method: str | None = None, model: str | None = None,

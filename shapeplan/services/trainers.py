@@ -102,7 +102,7 @@ _SPECS = (
     TrainerSpec(name="sft", script="trl.scripts.sft", trainer_class="SFTTrainer", config_class="SFTConfig",
                 default_dataset="trl-lib/Capybara", plan_function=_sft_plan, warmer_class=_sft_warmer,
                 phases=("train", "eval"), lengths="rows",
-                phase_rules=PhaseRules(varlen=True, unpadded=True), images=True),
+                phase_rules=PhaseRules(varlen=True, unpadded=True), images=True, warm_images=True),
     TrainerSpec(name="grpo", script="trl.scripts.grpo", trainer_class="GRPOTrainer", config_class="GRPOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
                 phases=_GENERATION_PHASES, generates=True, lengths="prompts",

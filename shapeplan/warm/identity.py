@@ -38,11 +38,11 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
 
 def check_plan_fits_model(plan: Plan, args: Any) -> None:
     """Every planned sequence must fit the model's position embeddings (when its config states them), and the
-    warm-up must be able to feed every shape (not yet a vision batch's pixels)."""
-    if any(s.pixel_values is not None for s in plan.shapes):
-        raise PlanFileError("the plan has vision batches (pixel_values), which warm does not feed yet: warming only "
-                            "their text would leave every vision-tower graph cold; plan and guard the run, and let "
-                            "the first epoch compile them")
+    warm-up must be able to feed every shape (a vision batch: with its rows' layouts)."""
+    if any(s.pixel_values is not None and not s.text_runs for s in plan.shapes):
+        raise PlanFileError("the plan's vision batches lack their rows' layouts (text_runs), which warm needs to "
+                            "feed them (an observed plan, or one made by an older shapeplan); re-create it with "
+                            "`shapeplan analyze`")
     beyond = beyond_position_embeddings(plan, args)
     if beyond is not None:
         raise PlanFileError(f"{beyond}; re-create the plan with a --max_length that fits")

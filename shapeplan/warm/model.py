@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +46,8 @@ class WarmTask:
     KTO's numbers of desirable rows (each value needs a batch).
     `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
     grow with every batch, so a warm eval pass runs as many batches as the real one.
+    Vision batches carry their `image_grid_thw` and every planned layout of their rows' `text_runs` (each gets a
+    batch: see shapeplan/warm/vision.py).
     """
 
     phase: str
@@ -56,6 +59,8 @@ class WarmTask:
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
     per_pass: int = 1
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    text_runs: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
     def key(self) -> str:
@@ -71,10 +76,18 @@ class WarmTask:
             parts.append("chosen=" + ",".join(map(str, self.chosen_rows)))
         if self.phase == "eval":
             parts.append(f"per_pass={self.per_pass}")
+        if self.image_grid_thw:
+            parts.append("grids=" + ",".join("x".join(map(str, grid)) for grid in self.image_grid_thw))
+            layouts = repr(self.text_runs).encode()
+            parts.append(f"layouts={len(self.text_runs)}:{hashlib.sha256(layouts).hexdigest()[:12]}")
         return " ".join(parts)
 
     @property
     def label(self) -> str:
+        if self.image_grid_thw:
+            images = len(self.image_grid_thw)
+            return (f"{self.phase} ({self.batch}, {self.seq}) {images} image{'s' if images > 1 else ''}, "
+                    f"{sum(t * h * w for t, h, w in self.image_grid_thw)} patches")
         return f"{self.phase} ({self.batch}, {self.seq})"
 
 

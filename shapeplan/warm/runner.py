@@ -76,7 +76,7 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
         tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, varlen_pairs=shape.varlen_pairs,
                               padded=shape.unpadded < shape.count, unpadded=shape.unpadded > 0,
                               completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows,
-                              per_pass=per_pass))
+                              per_pass=per_pass, image_grid_thw=shape.image_grid_thw, text_runs=shape.text_runs))
     return tuple(tasks)
 
 
@@ -87,7 +87,7 @@ def plan_id(plan: Plan) -> str:
 
 def graph_bound(tasks: Sequence[Task]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
-    return sum(max(2, len(getattr(t, "varlen_pairs", ()))) for t in tasks)
+    return sum(max(2, len(getattr(t, "varlen_pairs", ())), len(getattr(t, "text_runs", ()))) for t in tasks)
 
 
 def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, verify: bool = False,

@@ -1,6 +1,7 @@
 """The SFT warmer: the real `SFTTrainer`, built from the run's own config and model, through the trainer-loop
 warm-up (shapeplan/warm/trainer_loop.py). What is SFT's own: the chat template and EOS of the run's tokenizer,
-padded or padding-free (packed) batches, and each padding-free (len(cu_seq_lens), max_length_q) pair as a batch.
+padded or padding-free (packed) batches, each padding-free (len(cu_seq_lens), max_length_q) pair as a batch, and
+vision-language batches (each planned row layout with images of its grids: shapeplan/warm/vision.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
+from ..plan.model import Plan
 from .identity import load_run_tokenizer
 from .model import WarmTask
 from .synthetic import (
@@ -18,10 +20,17 @@ from .synthetic import (
     padding_free_batches,
 )
 from .trainer_loop import TrainerLoopWarmer
+from .vision import VisionBatch, vision_batches, vision_rows
 
 
-class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
+class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
     """Warms SFT shapes with `trl.SFTTrainer`."""
+
+    vision = False  # the plan's batches carry images (set by bind)
+
+    def bind(self, plan: Plan) -> None:
+        super().bind(plan)
+        self.vision = any(s.image_grid_thw or s.text_runs for s in plan.shapes)
 
     def _padding_free(self) -> bool:
         return bool(self.config.padding_free or (
@@ -37,21 +46,36 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
             tokenizer.eos_token = self.config.eos_token
         return tokenizer
 
-    def layouts(self, task: WarmTask) -> list[SyntheticBatch]:
-        """The synthetic batches that reproduce `task`: one per planned layout (padding-free pair; padded, unpadded)."""
+    @cached_property
+    def processor(self) -> Any:
+        """The run's processor (vision-language runs), as the planner loads it."""
+        from ..adapters.vision import run_processor
+
+        return run_processor(self.args, self.tokenizer)
+
+    def layouts(self, task: WarmTask) -> list[SyntheticBatch | VisionBatch]:
+        """The synthetic batches that reproduce `task`: one per planned layout (padding-free pair; padded, unpadded;
+        a vision batch's row layout)."""
+        if self.vision:
+            return list(vision_batches(task.image_grid_thw, task.text_runs))
         multiple = self.config.pad_to_multiple_of
         if self.padding_free:
             batches, problems = padding_free_batches(task.seq, task.varlen_pairs, multiple)
             self.warnings += [f"{task.label}: {p}" for p in problems]
-            return batches
-        return padded_layouts(task.batch, task.seq, multiple, padded=task.padded, unpadded=task.unpadded)
+            return list(batches)
+        return list(padded_layouts(task.batch, task.seq, multiple, padded=task.padded, unpadded=task.unpadded))
 
-    def rows(self, batches: Sequence[SyntheticBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
-        """Prepared dataset rows for `batches`, and the row indices of each batch."""
-        return dataset_rows(batches, self.tokenizer.vocab_size,
+    def rows(self, batches: Sequence[SyntheticBatch | VisionBatch]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+        """Prepared dataset rows for `batches` (vision: text rows with images, which the collator processes), and
+        the row indices of each batch."""
+        if self.vision:
+            vision = self.processor
+            return vision_rows([b for b in batches if isinstance(b, VisionBatch)], vision.processor, vision.images,
+                               self.config.dataset_text_field)
+        return dataset_rows([b for b in batches if isinstance(b, SyntheticBatch)], self.tokenizer.vocab_size,
                             seq_lengths=self.padding_free and bool(self.config.packing))
 
-    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch]]:
+    def _eval_batches(self, tasks: Sequence[WarmTask]) -> list[tuple[WarmTask, SyntheticBatch | VisionBatch]]:
         """`per_pass` batches of each shape, its layouts in turn (every layout at least once)."""
         out = []
         for task in tasks:
@@ -64,6 +88,17 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch]):
         return task is not None and not self.padding_free and task.batch == self.eval_short
 
     def _build_trainer(self, train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]] | None) -> Any:
-        # the synthetic rows are already prepared
-        self.config.dataset_kwargs = {**(self.config.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        if self.vision:
+            # text rows with images: the run's collator renders nothing, so the loss masks of a conversational or
+            # prompt-completion run (labels' values, not shapes) are not asked of it, and the text column is kept
+            # (a vision dataset's kept columns are messages, prompt, completion and the images)
+            self.config.assistant_only_loss = False
+            self.config.completion_only_loss = None
+            self.config.remove_unused_columns = False
+        else:  # the synthetic rows are already prepared
+            self.config.dataset_kwargs = {**(self.config.dataset_kwargs or {}), "skip_prepare_dataset": True}
         return super()._build_trainer(train_rows, eval_rows)
+
+    def _trainer_kwargs(self) -> dict[str, Any]:
+        # the processor as the planner loads it (AutoProcessor would also build a video processor)
+        return {"processing_class": self.processor.processor} if self.vision else {}

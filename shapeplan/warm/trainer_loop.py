@@ -220,6 +220,10 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
         return self._new_trainer(datasets.Dataset.from_list(train_rows),
                                  datasets.Dataset.from_list(eval_rows) if eval_rows else None)
 
+    def _trainer_kwargs(self) -> dict[str, Any]:
+        """What the warmer gives the trainer besides `trl <method>`'s arguments (SFT: a vision run's processor)."""
+        return {}
+
     def _new_trainer(self, train_dataset: Any, eval_dataset: Any) -> Any:
         """The trainer as `trl <method>`'s main() builds it, on these prepared datasets."""
         from transformers import PrinterCallback
@@ -239,6 +243,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
             eval_dataset=eval_dataset,
             peft_config=get_peft_config(model_args),
             quantization_config=get_quantization_config(model_args),
+            **self._trainer_kwargs(),
         )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; the warm-up reports for itself
         return trainer

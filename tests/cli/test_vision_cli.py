@@ -30,10 +30,18 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     shapes = again
     report = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL)])
     assert "vision graphs: " in report.stdout and "pixel_values " in report.stdout, report.stdout
-    for command, message in (("warm", "which warm does not feed yet"), ("analyze --histogram", "text lengths")):
-        result = console.run([*command.split(), *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
-        assert result.returncode != 0 and message in result.stderr, (command, result.stderr)
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    histogram = console.run(["analyze", "--histogram", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
+    assert histogram.returncode != 0 and "text lengths" in histogram.stderr, histogram.stderr
+    assert len(histogram.stderr.strip().splitlines()) == 1, histogram.stderr
+    # a plan whose vision batches lost their rows' layouts (an observed plan has none): warm cannot feed it
+    plan = json.loads(console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
+    for shape in plan["shapes"]:
+        shape.pop("text_runs")
+    (tmp_path / "no-layouts.json").write_text(json.dumps(plan))
+    result = console.run(["warm", "--plan", str(tmp_path / "no-layouts.json"), "--device", "cpu", "--cache-dir",
+                          str(tmp_path / "cache")])
+    assert result.returncode == 1 and "lack their rows' layouts (text_runs)" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     advice = json.loads(console.run(["advise", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
     assert advice["vision"] and advice["baseline"]["vision_graphs"] == len(
         {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if "image_grid_thw" in s})
@@ -87,6 +95,11 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     planned = console.run(["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "2", "--json"])
     assert planned.returncode == 0, planned.stderr
+    (tmp_path / "grpo-plan.json").write_text(planned.stdout)
+    warm = console.run(["warm", "--plan", str(tmp_path / "grpo-plan.json"), "--device", "cpu", "--cache-dir",
+                        str(tmp_path / "cache")])
+    assert warm.returncode != 0 and "which warm feeds for SFT only, not yet for grpo" in warm.stderr, warm.stderr
+    assert len(warm.stderr.strip().splitlines()) == 1, warm.stderr
     shapes = json.loads(planned.stdout)["shapes"]
     assert {s["phase"] for s in shapes if "pixel_values" in s} == {"generate", "train"}
     # advise weighs the prompts' image sizes: the what-if of one fixed size leaves one vision graph

@@ -34,9 +34,10 @@ def processor(model: Path = TINY_VL_MODEL) -> Any:
 
 def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
                    images: str | None = None, model: Path = TINY_VL_MODEL, guard: Any = None,
-                   streaming: bool = False) -> list[Forward]:
+                   streaming: bool = False, guarded: bool = True) -> list[Forward]:
     """Train with `trl sft`'s parser on `argv`; `images`: cast that column to `datasets` Image features first (as a
-    Hub dataset holds them), else the rows keep their paths; `streaming`: the data as IterableDatasets."""
+    Hub dataset holds them), else the rows keep their paths; `streaming`: the data as IterableDatasets;
+    `guarded=False`: without the guard (which reads each batch's mask on the host: an op of its own on CPU)."""
     import torch
     from transformers import AutoModelForImageTextToText
     from trl import SFTTrainer
@@ -57,7 +58,7 @@ def run_sft_vision(train_path: Path, argv: Sequence[str], *, eval_path: Path | N
     guard.on_forward = seen.append
     trainer = SFTTrainer(model=vlm, args=config, train_dataset=load(train_path),
                          eval_dataset=load(eval_path) if eval_path else None, processing_class=processor(model),
-                         callbacks=[guard])
+                         callbacks=[guard] if guarded else None)
     trainer.train()
     return seen
 

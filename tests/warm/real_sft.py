@@ -2,7 +2,8 @@
 
     python -m tests.warm.real_sft SPEC_JSON
 
-SPEC_JSON: {"data": path, "argv": [TRL options], "output_dir": path, "script_lines": [lines from the warm report]}.
+SPEC_JSON: {"data": path, "argv": [TRL options], "output_dir": path, "script_lines": [lines from the warm report]};
+with "vision": true, the data's rows have images and the run is the vision oracle's (the bundled tiny Qwen2.5-VL).
 TORCHINDUCTOR_CACHE_DIR comes from the environment. Prints one JSON line: the compile cache counters and the
 seconds from `train()` to the end of each optimizer step.
 """
@@ -35,7 +36,12 @@ def main() -> None:
         def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
             step_ends.append(round(time.perf_counter() - start, 3))
 
-    real_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
+    if spec.get("vision"):
+        from tests.oracle.vision_harness import run_sft_vision
+
+        run_sft_vision(Path(spec["data"]), spec["argv"], guarded=False)
+    else:
+        real_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
     out = {"counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()},
            "step_ends": step_ends}
     print(json.dumps(out))
