@@ -92,8 +92,13 @@ def _vision_lines(plan: Plan) -> list[str]:
     """How many vision-tower graphs the run needs: one per distinct set of grids a batch feeds it."""
     if not plan.vision_graphs:
         return []
-    return [f"vision graphs: {plan.vision_graphs} distinct pixel batches (image_grid_thw sets); TRL pads neither, so "
-            "each is a compile of the vision tower"]
+    lines = [f"vision graphs: {plan.vision_graphs} distinct pixel batches (image_grid_thw sets); TRL pads neither, "
+             "so each is a compile of the vision tower"]
+    layouts = sum(len(s.text_runs) for s in plan.shapes)
+    if layouts:
+        lines.append(f"row layouts: {layouts} (each row's text runs around its images, from which Qwen-VL builds "
+                     "its position ids op by op); `warm` runs one batch of each")
+    return lines
 
 
 def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES) -> str:

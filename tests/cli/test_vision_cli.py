@@ -30,6 +30,7 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     shapes = again
     report = console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL)])
     assert "vision graphs: " in report.stdout and "pixel_values " in report.stdout, report.stdout
+    assert f"row layouts: {sum(len(s['text_runs']) for s in shapes)} " in report.stdout, report.stdout
     histogram = console.run(["analyze", "--histogram", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL)])
     assert histogram.returncode != 0 and "text lengths" in histogram.stderr, histogram.stderr
     assert len(histogram.stderr.strip().splitlines()) == 1, histogram.stderr
