@@ -1,5 +1,5 @@
-"""One plan warmed by 3 shard processes on CPU (Inductor, `torch_compile`), in both ways of bringing shards
-together: a shared cache dir (3 concurrent processes, one killed with -9 and re-run alone) and archives (3 exports,
+"""A plan warmed by 3 shard processes on CPU (Inductor, `torch_compile`), in both ways of bringing shards together:
+a shared cache dir (3 concurrent processes, one killed with -9 and re-run alone) and archives (3 exports,
 `cache merge`, `import`). The shards' task sets are disjoint and together the plan; `--status` exits 1 before the
 last shard and 0 after; `verify` compiles nothing."""
 
@@ -21,9 +21,10 @@ from tests.warm.harness import run_argv
 
 pytestmark = pytest.mark.slow
 
-# Six shapes: train and eval at 128, 256 and 384 (batch 1); every shard gets one train shape to compile.
-ARGV = ["--max_length", "384", "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "1",
-        "--max_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8", "--torch_compile", "true"]
+# Three shapes: train at 128, 256 and 384 (batch 1), one a shard; the shared-dir test adds eval at each (six), so
+# that the shard it kills after its first shape has one left.
+TRAIN = ["--max_length", "384", "--per_device_train_batch_size", "1", "--max_steps", "8", "--torch_compile", "true"]
+ARGV = [*TRAIN, "--per_device_eval_batch_size", "1", "--eval_strategy", "steps", "--eval_steps", "8"]
 SHARDS = 3
 
 
@@ -63,18 +64,16 @@ def _verify_compiles_nothing(plan: Path, cache: Path) -> None:
     assert results and all(r["status"] == "cached" and not r["counters"].get("fxgraph_cache_miss") for r in results)
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("fleet-plan")
+def _plan(folder: Path, argv: list[str], *extra: str) -> Path:
     path = folder / "plan.json"
-    done = _run("analyze", *run_argv(CAPYBARA, ARGV, folder / "out"), "--eval-dataset", str(CAPYBARA), "-o",
-                str(path))
+    done = _run("analyze", *run_argv(CAPYBARA, argv, folder / "out"), *extra, "-o", str(path))
     assert done.returncode == 0, done.stderr
-    assert len(json.loads(path.read_text())["shapes"]) >= 6
     return path
 
 
-def test_shared_cache_dir_with_a_shard_killed_and_rerun(plan: Path, tmp_path: Path) -> None:
+def test_shared_cache_dir_with_a_shard_killed_and_rerun(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, ARGV, "--eval-dataset", str(CAPYBARA))
+    assert len(json.loads(plan.read_text())["shapes"]) >= 6
     cache = tmp_path / "fsx"
     procs = [_shard(plan, cache, i, tmp_path / f"shard{i}.log", forked=i != 0) for i in range(SHARDS)]
     victim = cache / f"shapeplan-manifest.0-of-{SHARDS}.json"
@@ -108,7 +107,9 @@ def test_shared_cache_dir_with_a_shard_killed_and_rerun(plan: Path, tmp_path: Pa
     _verify_compiles_nothing(plan, cache)
 
 
-def test_archives_merged_and_imported(plan: Path, tmp_path: Path) -> None:
+def test_archives_merged_and_imported(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, TRAIN)
+    assert len(json.loads(plan.read_text())["shapes"]) == SHARDS
     caches = [tmp_path / f"local{i}" for i in range(SHARDS)]
     procs = [_shard(plan, caches[i], i, tmp_path / f"shard{i}.log") for i in range(SHARDS)]
     outputs = [proc.communicate()[0] for proc in procs]

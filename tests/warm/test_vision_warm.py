@@ -41,7 +41,13 @@ def test_warm_dispatches_exactly_the_ops_of_a_real_vision_run(images: list[str],
     argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "2",
             "--max_length", "512", "--pad_to_multiple_of", "64"]
     plan = analyze("sft", _plan_argv(data, argv, tmp_path / "out"))
-    assert any(len(s.text_runs) > 0 and s.pixel_values for s in plan.shapes)
+    lengths = []  # each planned row's collated length: its text runs and its images' tokens (2x2 patches merged)
+    for shape in plan.shapes:
+        for layout in shape.text_runs:
+            grids = iter(shape.image_grid_thw)
+            lengths += [sum(runs) + sum(t * h * w // 4 for t, h, w in (next(grids) for _ in runs[1:]))
+                        for runs in layout]
+    assert max(lengths) == 512 and min(lengths) < 256  # some row cut at max_length, others far shorter
     real, _ = record(lambda: run_sft_vision(data, [*argv, "--bf16", "false"], guarded=False))
     warmed, report = record(warm_plan, plan, tmp_path / "cache")
     assert [r.status for r in report.results] == ["eager"] * len(plan.shapes)
@@ -52,8 +58,8 @@ def test_warm_dispatches_exactly_the_ops_of_a_real_vision_run(images: list[str],
 def test_a_warmed_vision_run_misses_no_inductor_graph(images: list[str], tmp_path: Path) -> None:
     """`shapeplan warm` with torch_compile, then the real run in a new process on that cache: its Inductor graphs
     all come from the cache."""
-    data = write_rows(tmp_path / "rows.jsonl", images, 2, seed=7)
-    argv = ["--per_device_train_batch_size", "2", "--max_steps", "1", "--pad_to_multiple_of", "64",
+    data = write_rows(tmp_path / "rows.jsonl", images, 1, seed=7, kind="image")
+    argv = ["--per_device_train_batch_size", "1", "--max_steps", "1", "--pad_to_multiple_of", "64",
             "--torch_compile", "true"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plan, cache = tmp_path / "plan.json", tmp_path / "cache"
