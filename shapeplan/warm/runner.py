@@ -86,8 +86,10 @@ def plan_id(plan: Plan) -> str:
 
 
 def graph_bound(tasks: Sequence[Task]) -> int:
-    """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task."""
-    return sum(max(2, len(getattr(t, "varlen_pairs", ())), len(getattr(t, "text_runs", ()))) for t in tasks)
+    """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task (a vision
+    batch's every row: Qwen-VL's position ids loop over rows, each with its own ints, around graph breaks)."""
+    return sum(max(2, len(getattr(t, "varlen_pairs", ())), len(getattr(t, "text_runs", ())) * t.batch)
+               for t in tasks)
 
 
 def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, verify: bool = False,
