@@ -20,7 +20,7 @@ from .synthetic import (
     padding_free_batches,
 )
 from .trainer_loop import TrainerLoopWarmer
-from .vision import VisionBatch, vision_batches, vision_rows
+from .vision import VisionBatch, check_layouts, vision_batches, vision_rows
 
 
 class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
@@ -31,6 +31,9 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
     def bind(self, plan: Plan) -> None:
         super().bind(plan)
         self.vision = any(s.image_grid_thw or s.text_runs for s in plan.shapes)
+        for task in self.tasks(plan) if self.vision else ():
+            check_layouts(task.image_grid_thw, task.text_runs, task.seq, self.config.pad_to_multiple_of,
+                          self.processor.images, task.label)
 
     def _padding_free(self) -> bool:
         return bool(self.config.padding_free or (

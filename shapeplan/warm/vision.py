@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlanFileError
+from ..plan.buckets import round_up
 from ..plan.vision import Grid, ImageProcessing
 
 # Strings tried as the filler text, in order: one token each, however many are joined.
@@ -31,11 +32,6 @@ class VisionRow:
 
     runs: tuple[int, ...]
     grids: tuple[Grid, ...]
-
-    @property
-    def tokens(self) -> int:
-        """Text tokens and placeholders: what the row is before the processor expands each placeholder."""
-        return sum(self.runs) + len(self.grids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +49,18 @@ def vision_batches(grids: Sequence[Grid], layouts: Sequence[Sequence[Sequence[in
         rest = iter(grids)
         out.append(VisionBatch(tuple(VisionRow(tuple(runs), tuple(next(rest) for _ in runs[1:])) for runs in layout)))
     return out
+
+
+def check_layouts(grids: Sequence[Grid], layouts: Sequence[Sequence[Sequence[int]]], seq: int,
+                  multiple: int | None, images: ImageProcessing, label: str) -> None:
+    """Each layout collates to `seq` with the run's processor: its longest row, images expanded, padded up to
+    `multiple` (a plan edited by hand, or made with other pixel settings, would warm other shapes than it names)."""
+    for batch in vision_batches(grids, layouts):
+        longest = max(sum(row.runs) + sum(images.tokens(grid) for grid in row.grids) for row in batch.rows)
+        if round_up(longest, multiple) != seq:
+            raise PlanFileError(f"the plan's {label} has a row layout {longest} tokens long, which pads to "
+                                f"{round_up(longest, multiple)}, not {seq}; re-create the plan with `shapeplan "
+                                "analyze`")
 
 
 def filler(processor: Any) -> str:

@@ -35,14 +35,20 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     assert histogram.returncode != 0 and "text lengths" in histogram.stderr, histogram.stderr
     assert len(histogram.stderr.strip().splitlines()) == 1, histogram.stderr
     # a plan whose vision batches lost their rows' layouts (an observed plan has none): warm cannot feed it
+    # and one whose row is longer than its entry's seq: warm would feed another shape than it names
     plan = json.loads(console.run([*RUN, str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
+    edited = json.loads(json.dumps(plan))
+    edited["shapes"][0]["text_runs"][0][0][0] = edited["shapes"][0]["seq"]
     for shape in plan["shapes"]:
         shape.pop("text_runs")
-    (tmp_path / "no-layouts.json").write_text(json.dumps(plan))
-    result = console.run(["warm", "--plan", str(tmp_path / "no-layouts.json"), "--device", "cpu", "--cache-dir",
-                          str(tmp_path / "cache")])
-    assert result.returncode == 1 and "lack their rows' layouts (text_runs)" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for name, edit, message in (("no-layouts", plan, "lack their rows' layouts (text_runs)"),
+                                ("long-row", edited, "re-create the plan with `shapeplan analyze`")):
+        (tmp_path / f"{name}.json").write_text(json.dumps(edit))
+        result = console.run(["warm", "--plan", str(tmp_path / f"{name}.json"), "--device", "cpu", "--cache-dir",
+                              str(tmp_path / "cache")])
+        assert result.returncode == 1 and message in result.stderr, (name, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "cache" / "shapeplan-manifest.json").exists()  # refused before any shape ran
     advice = json.loads(console.run(["advise", *RUN[1:], str(data), "--model", str(TINY_VL_MODEL), "--json"]).stdout)
     assert advice["vision"] and advice["baseline"]["vision_graphs"] == len(
         {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if "image_grid_thw" in s})
