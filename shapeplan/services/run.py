@@ -162,15 +162,16 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         # parsed once: planning reads the run as parsed unless the device turned `use_cpu` off, which planning
         # keeps on to run anywhere
         plan = analyze(spec.name, argv, eval_source=eval_dataset, parsed=parsed if run_argv == argv else None)
+        check_vision_warm(spec, plan)  # a plan file's is checked as it is read
     elif named:
         check_config(plan, args, planned, named)
-    check_vision_warm(spec, plan)
     check_plan_fits_model(plan, args)
     return plan, warmer
 
 
 def check_vision_warm(spec: TrainerSpec, plan: Plan) -> None:
-    """A plan with vision batches is warmed only by a method whose warmer feeds them."""
+    """A plan with vision batches is warmed only by a method whose warmer feeds them (a plan file's before its
+    arguments are parsed: a GRPO plan without its reward function is refused for what warm cannot do at all)."""
     if not spec.warm_images and any(s.pixel_values is not None for s in plan.shapes):
         raise PlanFileError(f"the plan has vision batches (pixel_values), which warm feeds for SFT only, not yet "
                             f"for {plan.method}: warming only their text would leave every vision-tower graph cold; "

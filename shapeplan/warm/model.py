@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..plan.vision import pixel_rows
+
 if TYPE_CHECKING:
     from .shards import Shard
 
@@ -87,7 +89,7 @@ class WarmTask:
         if self.image_grid_thw:
             images = len(self.image_grid_thw)
             return (f"{self.phase} ({self.batch}, {self.seq}) {images} image{'s' if images > 1 else ''}, "
-                    f"{sum(t * h * w for t, h, w in self.image_grid_thw)} patches")
+                    f"{pixel_rows(self.image_grid_thw)} patches")
         return f"{self.phase} ({self.batch}, {self.seq})"
 
 
