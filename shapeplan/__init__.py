@@ -2,9 +2,10 @@
 
 The public API: the plan types and file functions; `analyze(method, argv)`, a run's plan as `shapeplan analyze`
 makes it; `ShapeGuard`, the callback that checks a real run against its plan; `resize_images(dataset, sizes)`,
-the `datasets.map` step that gives a vision dataset the few image sizes `shapeplan advise` proposes. The planning
-core (`shapeplan.plan`) is pure Python; TRL, transformers, datasets and torch are imported only inside the
-functions that need them.
+the `datasets.map` step that gives a vision dataset the few image sizes `shapeplan advise` proposes;
+`pad_tool_turns(trainer)`, which makes an agentic run's tool turns generate on the round's rows (the runs
+`--pad_tool_turns` plans). The planning core (`shapeplan.plan`) is pure Python; TRL, transformers, datasets and
+torch are imported only inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def __getattr__(name: str) -> object:
         from .services.analyze import analyze
 
         return analyze
+    if name == "pad_tool_turns":
+        from .adapters.tool_turns import pad_tool_turns
+
+        return pad_tool_turns
     if name == "resize_images":
         from .adapters.vision import resize_images
 
@@ -42,6 +47,7 @@ __all__ = [
     "__version__",
     "analyze",
     "load_plan",
+    "pad_tool_turns",
     "plan_from_dict",
     "plan_to_dict",
     "resize_images",

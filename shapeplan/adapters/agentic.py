@@ -34,6 +34,10 @@ class AgenticArguments:
                 "dict of them by the dataset's `environment` column)."})
     rollout_func: str | None = field(default=None, metadata={
         "help": "The run's `rollout_func=` (`module:attr`): refused, its shapes are the function's own."})
+    pad_tool_turns: bool = field(default=False, metadata={
+        "help": "The run pads each tool-loop generate to the round's rows (`shapeplan.pad_tool_turns(trainer)`, or "
+                "a ShapeGuard holding this plan): one batch size per turn shape instead of one for each number of "
+                "rows that can call a tool."})
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Agentic:
     tools: tuple[Callable[..., Any], ...] = ()
     environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None
     rollout_func: Callable[..., Any] | None = None
+    pad_tool_turns: bool = False  # the run pads its tool turns (`pad_tool_turns`); a setting, not an object
 
     def __bool__(self) -> bool:
         return bool(self.tools) or self.environment_factory is not None or self.rollout_func is not None
@@ -52,7 +57,7 @@ class Agentic:
         factory = self.environment_factory
         return {"tools": [tool.__name__ for tool in self.tools] or None,
                 "environment_factory": (sorted(factory) if isinstance(factory, dict) else _name(factory))
-                if factory is not None else None}
+                if factory is not None else None, **({"pad_tool_turns": True} if self.pad_tool_turns else {})}
 
 
 def _name(thing: Any) -> str:
@@ -94,7 +99,8 @@ def load(arguments: AgenticArguments | None) -> Agentic:
     factory = resolve(arguments.environment_factory, "environment_factory") \
         if arguments.environment_factory else None
     rollout = resolve(arguments.rollout_func, "rollout_func") if arguments.rollout_func else None
-    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout)
+    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout,
+                   pad_tool_turns=arguments.pad_tool_turns)
 
 
 def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:
@@ -105,6 +111,9 @@ def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> N
                          "prompt_ids + completion_ids, and each generate call's batch and prompt length per round)")
     given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory))
              if value]
+    if agentic.pad_tool_turns and not given:
+        raise UsageError("--pad_tool_turns pads the tool loop's generate calls, and the run has no tool loop; pass "
+                         "its --tools or --environment_factory, or drop --pad_tool_turns")
     for name in given:
         if name not in takes:
             raise UsageError(f"--{name} is not an argument `{method}`'s trainer takes; drop it")
@@ -247,8 +256,9 @@ def batch_prompts(trainer: Any, columns: dict[str, list[Any]]) -> list[Any]:
     return prompts
 
 
-def tool_loop(trainer: Any, config: Any) -> ToolLoop | None:
-    """The bound of the trainer's tool loop (`_tool_call_loop`), or None where it does not run."""
+def tool_loop(trainer: Any, config: Any, *, padded: bool) -> ToolLoop | None:
+    """The bound of the trainer's tool loop (`_tool_call_loop`), or None where it does not run; `padded`: the run
+    pads each turn to the round's rows."""
     if not trainer.tools:
         return None
     iterations = config.max_tool_calling_iterations
@@ -260,4 +270,4 @@ def tool_loop(trainer: Any, config: Any) -> ToolLoop | None:
                      for tool in trainer.tools)
     most = config.max_completion_length // growth
     return ToolLoop(turns=most if iterations is None else min(iterations, most), min_growth=growth,
-                    max_completion_length=config.max_completion_length)
+                    max_completion_length=config.max_completion_length, padded=padded)

@@ -35,7 +35,7 @@ def _check_supported(args: TrainingArgs) -> None:
         raise UsageError("a teacher model is required for distillation, as `trl distillation` requires; pass "
                          "--teacher_model_name_or_path")
     refuse_unplannable(args)
-    if args.agentic:
+    if args.agentic or args.agentic.pad_tool_turns:
         check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
         if any(inspect.iscoroutinefunction(tool) for tool in args.agentic.tools):
             raise UsageError("DistillationTrainer refuses async tools; pass synchronous functions as --tools")
@@ -63,7 +63,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         static_cache=static_cache(generation),
         max_cache_len=generation.max_cache_len,
         eval_batch_size=config.per_device_eval_batch_size,
-        tool_loop=tool_loop(trainer, config),
+        tool_loop=tool_loop(trainer, config, padded=args.agentic.pad_tool_turns),
     )
     evals = eval_loop(args, data, trainer, loop, generations=1)
     recorded = recorded_config(args, argv)

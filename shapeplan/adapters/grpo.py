@@ -58,7 +58,7 @@ def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArg
 def _check_supported(args: TrainingArgs) -> list[str]:
     """Refuse what planning cannot follow; warnings for what it plans without some of the run's shapes."""
     refuse_unplannable(args)
-    if args.agentic:
+    if args.agentic or args.agentic.pad_tool_turns:
         check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
     config = args.training
     if config.use_transformers_continuous_batching:
@@ -156,7 +156,7 @@ class GenerationRun:
             round_forwards=round_forwards,
             eval_batch_size=config.per_device_eval_batch_size,
             eval_forwards=eval_forwards,
-            tool_loop=tool_loop(trainer, config),
+            tool_loop=tool_loop(trainer, config, padded=args.agentic.pad_tool_turns),
         )
         evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations,
                           lengths=images[1].lengths if images and images[1] else None)

@@ -139,6 +139,10 @@ class ShapeGuard(TrainerCallback):
             raise UsageError(f"{self.plan_name} is a {self.plan.method} plan but the run is {method} "
                              f"({type(self.trainer).__name__}); plan this run with `shapeplan analyze --method "
                              f"{method}`")
+        if self.plan is not None and self.plan.config.get("pad_tool_turns"):
+            from ..adapters.tool_turns import pad_tool_turns
+
+            pad_tool_turns(self.trainer)  # the run the plan is of: its tool turns generate on the round's rows
         self.recorder = ShapeRecorder(self.trainer, self._met, method=method)
         self.recorder.attach()
         if self.backend is None:

@@ -177,6 +177,7 @@ class Settings:
     max_completion_length: int | None = None  # generation trainers
     generation_kwargs: Mapping[str, Any] = field(default_factory=dict)
     pin_cache_len: int | None = None  # the max_cache_len that pins one static cache length, when several are met
+    pads_tool_turns: bool | None = None  # whether tool turns are padded to the round's rows; None: no tool loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +238,8 @@ def _generation_candidates(s: Settings, multiple: int) -> list[Candidate]:
     if s.pin_cache_len is not None:
         kwargs = json.dumps({**s.generation_kwargs, "max_cache_len": s.pin_cache_len})
         out.append(Candidate(f"pin max_cache_len {s.pin_cache_len}", (("generation_kwargs", kwargs),)))
+    if s.pads_tool_turns is False:
+        out.append(Candidate("pad tool turns to the round's rows", (("pad_tool_turns", "true"),)))
     if s.max_completion_length is not None:
         out += [Candidate(f"max_completion_length {cap}", (("max_completion_length", str(cap)),),
                           caps_completions=True)

@@ -15,6 +15,8 @@ refuses random subsets).
 With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
 last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
 writes decides them, so they are planned as a bound (`certain` False), and so is every cache length they can grow.
+Which rows call is the model's choice too, so a turn's batch is any of 1..R, unless the run pads each turn to the
+round's R rows (`ToolLoop.padded`: `shapeplan.pad_tool_turns`).
 """
 
 from __future__ import annotations
@@ -68,11 +70,17 @@ class ToolLoop:
     more, each on k of the round's R rows (those whose completion called a tool, 1 <= k <= R) over prompt +
     completion + tool response, a sequence that grows by at least `min_growth` tokens a turn (the call and the
     response's formatting) and whose part past the prompt the trainer keeps within `max_completion_length` (longer
-    ones leave the loop)."""
+    ones leave the loop). `padded`: the run pads each turn to the round's R rows (`shapeplan.pad_tool_turns`), so
+    k is R."""
 
     turns: int
     min_growth: int
     max_completion_length: int
+    padded: bool = False
+
+    def batches(self, rows: int) -> range:
+        """The batch sizes a turn after a first `generate` on `rows` rows can have."""
+        return range(rows, rows + 1) if self.padded else range(1, rows + 1)
 
     def buckets(self, prompt_lengths: Sequence[int], multiple: int | None) -> tuple[int, ...]:
         """The padded prompt lengths a turn can meet for a round of these prompts."""
@@ -187,7 +195,7 @@ class _Counting:
         possible = cache.turns(loop.buckets(prompt_lengths, self.layout.pad_to_multiple_of))
         for bucket, lengths in possible.items():
             for cache_len in lengths:
-                for k in range(1, rows + 1):
+                for k in loop.batches(rows):
                     self.counter.add(phase, k, bucket, step, count=loop.turns, cache_len=cache_len, certain=False,
                                      max_new_tokens=self.layout.max_new_tokens)
 

@@ -16,6 +16,7 @@ from ..plan.model import Plan, Shape
 from .advice_report import KV_CACHE, length_bins, length_cap, lengths_kind, minutes, what_if_headers, what_if_rows
 from .advise import Advice
 from .report import shape_notes
+from .trl_command import trl_options
 
 # The run settings the page lists, in this order, when the plan's config has them.
 _SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_processes", "num_train_epochs",
@@ -235,12 +236,12 @@ def render_html(advice: Advice) -> str:
     program, baseline_argv = advice.command.words[:2], advice.command.words[2:]
     recommended = advice.recommended_command()
     if recommended is not None and advice.recommended is not None and advice.recommended.candidate is not None:
-        lines = command_lines(program, recommended[2:])
+        lines = command_lines(program, recommended.words[2:])
         run_it = (f"<p>Run it (the change highlighted):</p>"
-                  f"{_command_block(lines, len(advice.recommended.candidate.flags))}")
+                  f"{_command_block(lines, len(trl_options(advice.recommended.candidate.flags)))}")
     else:
         run_it = ""
-    run_it += "".join(f'<p class="muted">{_unbroken_flags(note)}</p>' for note in advice.command.notes)
+    run_it += "".join(f'<p class="muted">{_unbroken_flags(note)}</p>' for note in advice.notes())
     per_phase = ", ".join(f"{phase} {n}" for phase, n in cost.shapes_per_phase.items())
     skipped = "".join(f"<li>{escape(label)}: {escape(why)}</li>" for label, why in advice.skipped)
     warnings = "".join(f"<li>{_unbroken_flags(w)}</li>" for w in advice.warnings)

@@ -3,7 +3,6 @@ for machines (a JSON-ready dict). Returns strings; the CLI decides where they go
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -130,8 +129,8 @@ def render_advice(advice: Advice) -> str:
     ]
     command = advice.recommended_command()
     if command is not None:
-        lines.append(f"run it: {shlex.join(command)}")
-    lines += [f"note: {note}" for note in advice.command.notes]
+        lines.append(f"run it: {command.line()}")
+    lines += [f"note: {note}" for note in advice.notes()]
     lines += [f"warning: {w}" for w in advice.warnings]
     return "\n".join(lines)
 
@@ -154,6 +153,7 @@ def _option_dict(option: Option, base_total: float) -> dict[str, Any]:
 
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
     base = advice.baseline.cost.total_s
+    recommended = advice.recommended_command()
     return {
         "method": advice.method,
         "argv": list(advice.argv),
@@ -165,8 +165,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
                         if advice.recommended is not None and advice.recommended.candidate is not None else None),
         "recommendation": advice.recommendation,
         "command": list(advice.command.words),
-        "recommended_command": advice.recommended_command(),
-        "notes": list(advice.command.notes),
+        "recommended_command": list(recommended.words) if recommended is not None else None,
+        "notes": list(advice.notes()),
         "histogram": [{"low": low, "high": high, "rows": rows}
                       for low, high, rows in length_bins(advice.lengths, advice.baseline.plan.pad_to_multiple_of,
                                                          _cap(advice))],

@@ -31,7 +31,7 @@ from ..plan.grpo import cache_pin
 from ..plan.model import LengthKind, Plan
 from .analyze import analyze
 from .trainers import MEASURED, trainer_spec
-from .trl_command import TrlCommand, trl_command, with_options
+from .trl_command import TrlCommand, trl_command, trl_options, with_options
 from .vision_advice import ImageRun, VisionAdvice, advise_vision
 
 
@@ -50,11 +50,21 @@ class Advice:
     warnings: tuple[str, ...]
     command: TrlCommand  # the baseline's `trl <method>` command, as it runs
 
-    def recommended_command(self) -> list[str] | None:
-        """The `trl <method>` command that runs the recommendation (its flags last), None when there is none."""
+    def recommended_command(self) -> TrlCommand | None:
+        """The `trl <method>` command that runs the recommendation (its TRL flags last) and its notes, None when
+        there is none."""
         if self.recommended is None or self.recommended.candidate is None:
             return None
-        return [*self.command.words[:2], *with_flags(self.command.words[2:], self.recommended.candidate)]
+        candidate = self.recommended.candidate
+        notes = trl_command(self.method, with_flags(self.argv, candidate), eval_source=self.eval_source).notes
+        return TrlCommand(words=(*self.command.words[:2], *with_options(self.command.words[2:],
+                                                                         trl_options(candidate.flags))),
+                          notes=notes)
+
+    def notes(self) -> tuple[str, ...]:
+        """What the user must know of the command to run: the recommended one's notes, or the baseline's."""
+        recommended = self.recommended_command()
+        return (recommended or self.command).notes
 
 
 def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
@@ -155,6 +165,7 @@ def settings_of(plan: Plan, lengths: Sequence[int], kind: LengthKind) -> Setting
         max_completion_length=config.get("max_new_tokens") if trainer_spec(plan.method).generates else None,
         generation_kwargs=config.get("generation_kwargs") or {},
         pin_cache_len=pin.max_cache_len if pin is not None else None,
+        pads_tool_turns=bool(config.get("pad_tool_turns")) if config.get("tool_turns") else None,
     )
 
 

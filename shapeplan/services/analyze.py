@@ -39,7 +39,8 @@ def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None,
         from ..adapters.trl_args import parse_training_args
 
         args = parsed or parse_training_args(spec, argv)
-        given = Agentic(tools=tuple(tools), environment_factory=environment_factory)
+        given = Agentic(tools=tuple(tools), environment_factory=environment_factory,
+                        pad_tool_turns=args.agentic.pad_tool_turns)
         if args.agentic:
             raise UsageError("tools or an environment factory are given both as objects and in ARGV; pass them once")
         parsed = replace(args, agentic=given)

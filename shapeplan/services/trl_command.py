@@ -61,11 +61,13 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         pairs.append(("dataset_name", str(script.dataset_name)))
     if args.agentic:
         out = _without_agentic_options(out)
-        names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v)
+        names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v and k != "pad_tool_turns")
         notes.append(f"`trl {method}` cannot pass {names}: train with your own script, which hands them to the "
-                     "trainer; the options above are the run's TRL options" + (
-                         " (drop `tools:` and `environment_factory:` from the --config file for `trl`)"
-                         if "--config" in out else ""))
+                     "trainer" + (", and call shapeplan.pad_tool_turns(trainer) before training (a ShapeGuard "
+                                  "holding the plan does it)" if args.agentic.pad_tool_turns else "")
+                     + "; the options above are the run's TRL options" + (
+                         " (drop `tools:`, `environment_factory:` and `pad_tool_turns:` from the --config file for "
+                         "`trl`)" if "--config" in out else ""))
     if hasattr(script, "reward_funcs") and not script.reward_funcs and not script.reward_model_name_or_path:
         pairs.append(("reward_funcs", PLACEHOLDER_REWARD))
         notes.append(f"--reward_funcs {PLACEHOLDER_REWARD} is a placeholder so that the command runs: give your "
@@ -73,7 +75,13 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
     return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
 
 
-_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func")
+_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns")
+
+
+def trl_options(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The `--name value` pairs `trl` takes: shapeplan's options for Python objects, and for what the user's script
+    does with them (`pad_tool_turns`), left out."""
+    return [(name, value) for name, value in pairs if name not in _AGENTIC_OPTIONS]
 
 
 def _without_agentic_options(argv: Sequence[str]) -> list[str]:

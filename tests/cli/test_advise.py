@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -240,9 +239,9 @@ def test_html_page_is_one_self_contained_document() -> None:
     # the recommendation's command, whole and as `trl sft` parses it, its change last
     run_it = advice.recommended_command()
     assert run_it is not None and advice.recommended is not None and advice.recommended.candidate is not None
-    assert f"run it: {shlex.join(run_it)}" in text.splitlines()
-    assert run_it[-len(advice.recommended.candidate.argv()):] == advice.recommended.candidate.argv()
-    _trl_parse("sft", run_it)
+    assert f"run it: {run_it.line()}" in text.splitlines()
+    assert run_it.words[-len(advice.recommended.candidate.argv()):] == tuple(advice.recommended.candidate.argv())
+    _trl_parse("sft", list(run_it.words))
     assert all(len(line) <= WIDTH for line in text.split("what-if")[0].splitlines())
     data = advice_to_dict(advice)
     assert data["cost_model"]["step_fixed_s"] == CostModel().step_fixed_s

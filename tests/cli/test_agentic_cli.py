@@ -64,6 +64,9 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
                                                  "it returns, and the generate calls it makes, are its own; shapeplan "
                                                  "would need them declared (the longest prompt_ids + completion_ids, "
                                                  "and each generate call's batch and prompt length per round)",
+        ("--pad_tool_turns", "true"): "--pad_tool_turns pads the tool loop's generate calls, and the run has no "
+                                      "tool loop; pass its --tools or --environment_factory, or drop "
+                                      "--pad_tool_turns",
     }
     for (option, value), message in cases.items():
         result = console.run([*RUN, data, option, value], cwd=tmp_path)
@@ -84,11 +87,37 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
 
     argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
             "--tools", f"{TOOLS}:get_weather", f"{TOOLS}:now", "--max_steps", "2",
-            f"--environment_factory={TOOLS}:Calculator", "--reward_funcs", "accuracy_reward"]
+            f"--environment_factory={TOOLS}:Calculator", "--pad_tool_turns", "--reward_funcs", "accuracy_reward"]
     command = trl_command("grpo", argv)
     assert [w for w in command.words if "agentic_tools" in w or w.startswith(("--tools", "--environment"))] == []
     assert command.words[-6:] == ("--max_steps", "2", "--reward_funcs", "accuracy_reward", "--pad_to_multiple_of",
                                   "128")
     (note,) = command.notes
     assert note.startswith("`trl grpo` cannot pass tools=['get_weather', 'now'], environment_factory="
-                           f"{TOOLS}:Calculator: train with your own script")
+                           f"{TOOLS}:Calculator: train with your own script, which hands them to the trainer, "
+                           "and call shapeplan.pad_tool_turns(trainer) before training")
+
+
+def test_advise_offers_padded_tool_turns_and_says_how_to_run_them(tmp_path: Path) -> None:
+    """A run with tools: advise offers --pad_tool_turns (one generate batch a turn shape, not each of 1..R), and the
+    command it prints for it is the run's `trl grpo` command, which cannot take it, with a note to pad in the
+    user's script."""
+    from shapeplan.services.advice_report import render_advice
+    from shapeplan.services.advise import advise
+    from tests.cli.test_advise import _trl_parse
+
+    argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
+            "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "64",
+            "--max_steps", "2", "--cache_implementation", "static", "--tools", f"{TOOLS}:get_weather",
+            "--max_tool_calling_iterations", "2"]
+    advice = advise("grpo", argv, use_cache=False)
+    padded = next(o for o in advice.options if o.candidate and o.candidate.flags == (("pad_tool_turns", "true"),))
+    assert {s.batch for s in advice.baseline.plan.shapes if s.phase == "generate"} == {1, 2, 3, 4}
+    assert {s.batch for s in padded.plan.shapes if s.phase == "generate"} == {4}
+    assert advice.recommended is padded
+    command = advice.recommended_command()
+    assert command is not None and "--pad_tool_turns" not in command.words
+    _trl_parse("grpo", list(command.words))
+    text = render_advice(advice)
+    assert f"run it: {command.line()}" in text
+    assert "and call shapeplan.pad_tool_turns(trainer) before training" in text

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -44,3 +45,13 @@ def forced_call(tokenizer: Any, name: str, arguments: dict[str, Any]) -> str:
     call = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>{tokenizer.eos_token}"
     ids = tokenizer(call, add_special_tokens=False)["input_ids"]
     return json.dumps({"sequence_bias": [[ids[:i + 1], 10.0 * (i + 1)] for i in range(len(ids))]})
+
+
+_tickets = itertools.count()
+
+
+def ticket() -> str:
+    """Open a support ticket."""
+    # every other call answers at length: those rows leave the tool loop (past max_completion_length), so a turn
+    # generates on some of the round's rows
+    return "opened" if next(_tickets) % 2 == 0 else "queued " * 100

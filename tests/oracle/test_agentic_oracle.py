@@ -103,6 +103,26 @@ def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> N
     assert plan.config["tool_turns"] == 2
 
 
+def test_padded_tool_turns_generate_on_the_rounds_rows(tmp_path: Path) -> None:
+    """Every other tool response is too long to go on with, so a turn generates on some of the round's 4 rows:
+    unpadded, the run meets turns of fewer rows, inside the bound of 1..4; planned with --pad_tool_turns (the guard
+    pads the run as the plan says), every turn is on 4 rows, the plan lists no other batch, and it holds at most
+    twice the shapes the run met."""
+    argv = ["--max_completion_length", "200", "--max_tool_calling_iterations", "2",
+            "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "ticket", {})]
+    objects = {"tools": [agentic_tools.ticket]}
+    (tmp_path / "plain").mkdir()
+    plan, seen = _plan_and_run(tmp_path / "plain", argv, **objects)
+    _inside_bound(plan, seen)
+    assert {key[1] for key in seen if key[0] == "generate"} > {4}
+    (tmp_path / "padded").mkdir()
+    padded, seen = _plan_and_run(tmp_path / "padded", [*argv, "--pad_tool_turns", "true"], **objects)
+    _inside_bound(padded, seen)
+    assert {s.batch for s in padded.shapes if s.phase == "generate"} == {key[1] for key in seen
+                                                                         if key[0] == "generate"} == {4}
+    assert len(padded.shapes) <= 2 * len(seen) < len(plan.shapes)
+
+
 def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,
                                                                 capfd: pytest.CaptureFixture[str]) -> None:
     """A plan without the tool turns' bound: each generate the tool loop makes is reported unplanned, naming its
@@ -122,13 +142,15 @@ def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,
 
 
 def test_distillation_tool_calls_stay_inside_the_bound(tmp_path: Path) -> None:
-    """DistillationTrainer's tool loop is GRPO's: the student calls a tool every turn, and every shape the run met,
-    the teacher's forwards included, is inside the plan's bound."""
+    """DistillationTrainer's tool loop is GRPO's: the student calls a tool every turn, half the rows leave the loop
+    on a long response, and every shape the run met, the teacher's forwards included, is inside the plan's bound;
+    planned with --pad_tool_turns, which the guard applies, every turn is on the round's rows."""
     train = _conversational_prompts(tmp_path / "train.jsonl", 8)
     argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "2",
             "--cache_implementation", "static", "--max_completion_length", "200", "--max_tool_calling_iterations",
-            "2", "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "now", {})]
-    objects = {"tools": [agentic_tools.now]}
+            "2", "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "ticket", {}), "--pad_tool_turns",
+            "true"]
+    objects = {"tools": [agentic_tools.ticket]}
     plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
                                     "--teacher_model_name_or_path", str(TINY_MODEL), *argv], **objects)
     guard = ShapeGuard(plan, on_unplanned="record")
@@ -136,3 +158,5 @@ def test_distillation_tool_calls_stay_inside_the_bound(tmp_path: Path) -> None:
     assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
     _inside_bound(plan, seen)
     assert len([key for key in seen if key[0] == "generate"]) > 1 and plan.config["tool_turns"] == 2
+    assert {key[1] for key in seen if key[0] == "generate"} == {s.batch for s in plan.shapes
+                                                                if s.phase == "generate"} == {2 * 2}  # a round

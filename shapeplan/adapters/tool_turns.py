@@ -1,0 +1,59 @@
+"""Pad a trainer's tool turns to the round's rows.
+
+TRL's tool loop (`_tool_call_loop`, GRPOTrainer and DistillationTrainer) generates again only on the rows whose
+completion called a tool: k of the round's R rows, k the model's choice. On Neuron every k is a `generate` graph of
+its own, about 12 minutes to compile, so a plan has to list every k from 1 to R for each turn shape. Padded with
+copies of one calling row, every turn generates on R rows: one graph per turn shape. The copies' outputs are
+dropped and the calling rows' prompts are unchanged, so the padded length and the cache length are those of the k
+rows; with sampling, the copies draw from the same random generator, so which tokens are sampled differs from an
+unpadded run's as it does under any other batch size.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..errors import UsageError
+
+_PADDED = "_shapeplan_pads_tool_turns"
+
+
+def pad_tool_turns(trainer: Any) -> None:
+    """Make `trainer`'s tool loop generate on the round's rows at every turn (the plan of `shapeplan analyze
+    --pad_tool_turns`). Call it once, before training; a `ShapeGuard` holding such a plan calls it. Turns with images
+    are left as they are (vision-language runs with tools are not planned)."""
+    if getattr(trainer, _PADDED, False):
+        return
+    loop = getattr(trainer, "_tool_call_loop", None)
+    single_turn = getattr(trainer, "_generate_single_turn", None)
+    if loop is None or single_turn is None:
+        raise UsageError(f"{type(trainer).__name__} has no tool loop to pad; pad_tool_turns takes a GRPOTrainer or "
+                         "DistillationTrainer")
+    rounds: list[int] = []  # the rows of the round whose tool loop is running
+
+    @functools.wraps(single_turn)
+    def padded_turn(prompt_ids: list[list[int]], images: Any, multimodal_fields: Any, *args: Any,
+                    **kwargs: Any) -> Any:
+        rows = len(prompt_ids)
+        if not rounds or rows >= rounds[-1] or images is not None or multimodal_fields:
+            return single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
+        out = single_turn([*prompt_ids, *[prompt_ids[0]] * (rounds[-1] - rows)], images, multimodal_fields, *args,
+                          **kwargs)
+        # GRPO returns (completion ids, log-probs or None), Distillation the completion ids
+        if isinstance(out, tuple):
+            return tuple(None if part is None else part[:rows] for part in out)
+        return out[:rows]
+
+    @functools.wraps(loop)
+    def padded_loop(prompts: Any, prompt_ids: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        rounds.append(len(prompt_ids))
+        try:
+            return loop(prompts, prompt_ids, *args, **kwargs)
+        finally:
+            rounds.pop()
+
+    trainer._generate_single_turn = padded_turn
+    trainer._tool_call_loop = padded_loop
+    setattr(trainer, _PADDED, True)
+
