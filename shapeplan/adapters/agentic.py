@@ -33,7 +33,8 @@ class AgenticArguments:
         "help": "The run's `environment_factory=`: `module:attr` of a callable that returns an environment (or of a "
                 "dict of them by the dataset's `environment` column)."})
     rollout_func: str | None = field(default=None, metadata={
-        "help": "The run's `rollout_func=` (`module:attr`): refused, its shapes are the function's own."})
+        "help": "The run's `rollout_func=` (`module:attr`): run on each batch of prompts with the trainer's "
+                "_generate_single_turn answering the shortest and the longest completions, to bound its shapes."})
     pad_tool_turns: bool = field(default=False, metadata={
         "help": "The run pads each tool-loop generate to the round's rows (`shapeplan.pad_tool_turns(trainer)`, or "
                 "a ShapeGuard holding this plan): one batch size per turn shape instead of one for each number of "
@@ -57,7 +58,9 @@ class Agentic:
         factory = self.environment_factory
         return {"tools": [tool.__name__ for tool in self.tools] or None,
                 "environment_factory": (sorted(factory) if isinstance(factory, dict) else _name(factory))
-                if factory is not None else None, **({"pad_tool_turns": True} if self.pad_tool_turns else {})}
+                if factory is not None else None,
+                **({"rollout_func": _name(self.rollout_func)} if self.rollout_func is not None else {}),
+                **({"pad_tool_turns": True} if self.pad_tool_turns else {})}
 
 
 def _name(thing: Any) -> str:
@@ -105,18 +108,20 @@ def load(arguments: AgenticArguments | None) -> Agentic:
 
 def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:
     """Refuse a rollout function, whose shapes are its own, and what the trainer's plans do not take."""
-    if agentic.rollout_func is not None:
-        raise UsageError("--rollout_func is not planned: the prompt_ids and completion_ids it returns, and the "
-                         "generate calls it makes, are its own; shapeplan would need them declared (the longest "
-                         "prompt_ids + completion_ids, and each generate call's batch and prompt length per round)")
-    given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory))
-             if value]
+    given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory),
+                                      ("rollout_func", agentic.rollout_func)) if value]
     if agentic.pad_tool_turns and not given:
         raise UsageError("--pad_tool_turns pads the tool loop's generate calls, and the run has no tool loop; pass "
                          "its --tools or --environment_factory, or drop --pad_tool_turns")
     for name in given:
         if name not in takes:
             raise UsageError(f"--{name} is not an argument `{method}`'s trainer takes; drop it")
+    if agentic.rollout_func is not None and len(given) > 1:
+        raise UsageError("--rollout_func with tools or an environment is not planned (the trainer runs its tool loop "
+                         "after the function's rollout); plan one of them")
+    if agentic.rollout_func is not None and not callable(agentic.rollout_func):
+        raise UsageError(f"--rollout_func names {type(agentic.rollout_func).__name__}, not a function of (prompts, "
+                         "trainer)")
     factory = agentic.environment_factory
     if factory is not None and not callable(factory) and not (
             isinstance(factory, dict) and all(callable(f) for f in factory.values())):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DatasetError, UsageError, first_line
-from ..plan.grpo import GenerationLayout, plan_generation
+from ..plan.grpo import GenerationLayout, Rollouts, plan_generation
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.schedule import TrainLoop
@@ -206,9 +206,11 @@ def sliding_window(args: TrainingArgs) -> int | None:
 
 def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...], layout: GenerationLayout,
              loop: TrainLoop, epoch_batches: Callable[[int], RankBatches], evals: EvalLoop, config: dict[str, Any],
-             warnings: Sequence[str] = (), images: Rows | None = None, eval_images: Rows | None = None) -> Plan:
+             warnings: Sequence[str] = (), images: Rows | None = None, eval_images: Rows | None = None,
+             rollouts: Rollouts | None = None) -> Plan:
     """`plan_generation` on what the adapter gathered; `config`: what the plan records of the run (and its tools);
-    `images` / `eval_images`: the prompts' grids of a vision-language run."""
+    `images` / `eval_images`: the prompts' grids of a vision-language run; `rollouts`: what the run's rollout
+    function does with each batch of prompts."""
     if args.agentic:
         config = {**config, **args.agentic.recorded(),
                   "tool_turns": layout.tool_loop.turns if layout.tool_loop else 0}
@@ -223,6 +225,7 @@ def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...
         eval_steps=list(evals.steps),
         images=images,
         eval_images=eval_images,
+        rollouts=rollouts,
         generation_kwargs=args.training.generation_kwargs or {},
         config={**config, "sliding_window": sliding_window(args)},
         versions=versions(),

@@ -27,6 +27,7 @@ from .generation import (
     tool_loop_warnings,
     train_order,
 )
+from .rollout import RolloutProbe
 from .trl_args import TrainingArgs, make_parser, parse_training_args
 
 # Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
@@ -60,6 +61,9 @@ def _check_supported(args: TrainingArgs) -> list[str]:
     refuse_unplannable(args)
     if args.agentic or args.agentic.pad_tool_turns:
         check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
+    if args.agentic.rollout_func is not None and streamed(args):
+        raise UsageError("--rollout_func is planned from map-style datasets (it is run on each batch of prompts); "
+                         "drop --dataset_streaming")
     config = args.training
     if config.use_transformers_continuous_batching:
         raise UsageError("use_transformers_continuous_batching=True is not planned (its batches follow memory, "
@@ -166,7 +170,16 @@ class GenerationRun:
                         **vision.whatif_config(resize, limits))
         return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop,
                         epoch_batches=epoch_batches, evals=evals, config=recorded, warnings=warnings,
-                        images=images[0] if images else None, eval_images=images[1] if images else None)
+                        images=images[0] if images else None, eval_images=images[1] if images else None,
+                        rollouts=self._rollouts(generation.max_new_tokens))
+
+    def _rollouts(self, max_new_tokens: int) -> RolloutProbe | None:
+        """The run's rollout function, run on the batches of prompts the plan asks about; None without one."""
+        func, data = self.args.agentic.rollout_func, self.data
+        if func is None:
+            return None
+        prompts = {"train": data.train["prompt"], "eval": data.eval["prompt"] if data.eval is not None else []}
+        return RolloutProbe(func, self.trainer, prompts, config=self.args.training, max_new_tokens=max_new_tokens)
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,12 @@ class TrainerSpec:
     hold. `generates`: it generates completions during training (its plans hold generate sizes, advise varies the
     completion length). `lengths`: what its token lengths count, for `advise` and `analyze --histogram` (None:
     neither covers it). `old_logprobs_always`: it computes old log-probs every round, aligned steps or not.
-    `agentic`: the trainer arguments of Python objects (`tools`, `environment_factory`) its plans take, named on
-    the command line as `module:attr`. `phase_rules`: how the guard (and the oracle tests) tell its model calls'
-    phases apart. `collated`: what its
-    collator makes of a batch of examples, which accelerate's dispatch_batches slices by rows: "rows" (one row per
-    example in every tensor), "halves" (every example's chosen sequence, then every rejected one) or "examples" (the
-    list of example dicts itself, strings included, which accelerate can neither concatenate nor broadcast).
+    `agentic`: the trainer arguments of Python objects (`tools`, `environment_factory`, `rollout_func`) its plans
+    take, named on the command line as `module:attr`. `phase_rules`: how the guard (and the oracle tests) tell its
+    model calls' phases apart. `collated`: what its collator makes of a batch of examples, which accelerate's
+    dispatch_batches slices by rows: "rows" (one row per example in every tensor), "halves" (every example's chosen
+    sequence, then every rejected one) or "examples" (the list of example dicts itself, strings included, which
+    accelerate can neither concatenate nor broadcast).
     """
 
     name: Method

@@ -17,6 +17,11 @@ last completion called a tool (num_generations 1), over prompt + completion + to
 writes decides them, so they are planned as a bound (`certain` False), and so is every cache length they can grow.
 Which rows call is the model's choice too, so a turn's batch is any of 1..R, unless the run pads each turn to the
 round's R rows (`ToolLoop.padded`: `shapeplan.pad_tool_turns`).
+
+With a `rollout_func` (`Rollout`), the user's function makes a round's `generate` calls and returns its prompt and
+completion ids: each round is what the function does with its prompts when every completion is as short as it can
+be and as long as it can be (the adapter runs it so). Its first call is certain; every later call, and the
+completion buckets, span what lies between.
 """
 
 from __future__ import annotations
@@ -93,6 +98,43 @@ class ToolLoop:
         return tuple(range(round_up(low, multiple), round_up(high, multiple) + 1, multiple))
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutCall:
+    """One `generate` call of a rollout function: `rows` prompts whose longest is `shortest` tokens when every
+    earlier completion is as short as it can be, `longest` when every one is as long."""
+
+    rows: int
+    shortest: int
+    longest: int
+
+    def buckets(self, multiple: int | None) -> tuple[int, ...]:
+        return _spanned(self.shortest, self.longest, multiple)
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """What a `rollout_func` does with one batch of prompts: its `generate` calls in order, the longest prompt ids it
+    returns, and its longest returned completion ids with the shortest and with the longest completions."""
+
+    calls: tuple[RolloutCall, ...]
+    prompt: int
+    shortest_completion: int
+    longest_completion: int
+
+    def completion_buckets(self, multiple: int | None) -> tuple[int, ...]:
+        return _spanned(self.shortest_completion, self.longest_completion, multiple)
+
+
+def _spanned(low: int, high: int, multiple: int | None) -> tuple[int, ...]:
+    """Every padded length of a length from `low` to `high`."""
+    if multiple is None:
+        return tuple(range(low, high + 1))
+    return tuple(range(round_up(low, multiple), round_up(high, multiple) + 1, multiple))
+
+
+Rollouts = Callable[[str, Sequence[int]], Rollout]  # (side: "train" / "eval", prompt indices) -> its Rollout
+
+
 def completion_buckets(max_new_tokens: int, multiple: int | None) -> tuple[int, ...]:
     """Every padded completion length C a round can produce: R(L) for L in 1..max_new_tokens."""
     if multiple is None:
@@ -162,6 +204,7 @@ class _Rank:
     prompt_bucket: int = 0  # P of the round being trained on
     train_rows: int = 0  # rows of each slice of the round being trained on
     train_vision: Vision | None = None  # the pixel batch of each slice of the round being trained on
+    completions: tuple[int, ...] | None = None  # the round's completion buckets, where a rollout function sets them
 
 
 class _Counting:
@@ -171,11 +214,14 @@ class _Counting:
         self.counter = counter
         self.layout = layout
         self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
-        self.certain = len(self.buckets) == 1
 
-    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: Vision | None = None) -> None:
-        for completion in self.buckets:
-            self.counter.add(phase, rows, prompt_bucket + completion, step, certain=self.certain,
+    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: Vision | None = None,
+                 buckets: Sequence[int] | None = None) -> None:
+        """The forwards over a round's completions: one per completion bucket (`buckets`, default every one
+        max_new_tokens can give)."""
+        buckets = self.buckets if buckets is None else buckets
+        for completion in buckets:
+            self.counter.add(phase, rows, prompt_bucket + completion, step, certain=len(buckets) == 1,
                              logits_to_keep=completion, **(vision or Vision()))
 
     def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int,
@@ -184,6 +230,19 @@ class _Counting:
         for cache_len in lengths:
             self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len, certain=len(lengths) == 1,
                              max_new_tokens=self.layout.max_new_tokens, **(vision or Vision()))
+
+    def rollout(self, phase: Phase, rollout: Rollout, cache: CacheLength, step: int) -> None:
+        """A rollout function's `generate` calls: the first at its one bucket (certain), each later one at any
+        bucket it can reach, and every cache length those can grow."""
+        for index, call in enumerate(rollout.calls):
+            buckets = call.buckets(self.layout.pad_to_multiple_of)
+            if index == 0 and len(buckets) == 1:
+                self.generate(phase, call.rows, buckets[0], cache, step)
+                continue
+            for bucket, lengths in cache.turns(buckets).items():
+                for cache_len in lengths:
+                    self.counter.add(phase, call.rows, bucket, step, cache_len=cache_len, certain=False,
+                                     max_new_tokens=self.layout.max_new_tokens)
 
     def tool_turns(self, phase: Phase, rows: int, prompt_lengths: Sequence[int], cache: CacheLength,
                    step: int) -> None:
@@ -212,6 +271,7 @@ def plan_generation(
     eval_steps: Sequence[int] = (),
     images: Rows | None = None,
     eval_images: Rows | None = None,
+    rollouts: Rollouts | None = None,
     exact: bool = True,
     generation_kwargs: Mapping[str, object] | None = None,
     config: dict[str, object] | None = None,
@@ -220,7 +280,8 @@ def plan_generation(
     warnings: Sequence[str] = (),
 ) -> Plan:
     """Replay the training loop rank by rank, in time order (the cache length depends on it), into a Plan.
-    `images` / `eval_images`: the prompts' image grids, by prompt index (vision-language runs)."""
+    `images` / `eval_images`: the prompts' image grids, by prompt index (vision-language runs); `rollouts`: what a
+    rollout function does with a batch of prompts, where one makes the rounds."""
     counting = _Counting(ShapeCounter(), layout)
     multiple = layout.pad_to_multiple_of
     ranks: list[_Rank] | None = None
@@ -238,13 +299,19 @@ def plan_generation(
             for rank_state, rank_batches in zip(ranks or [], eval_batches, strict=False):
                 for batch in rank_batches:
                     lengths = [eval_prompt_lengths[i] for i in batch]
-                    bucket = round_up(max(lengths), multiple)
-                    counting.generate("eval_generate", len(batch), bucket, rank_state.cache, step,
-                                      _vision(eval_images, batch))
-                    counting.tool_turns("eval_generate", len(batch), lengths, rank_state.cache, step)
+                    if rollouts is not None:
+                        rollout = rollouts("eval", batch)
+                        counting.rollout("eval_generate", rollout, rank_state.cache, step)
+                        bucket, completions = round_up(rollout.prompt, multiple), rollout.completion_buckets(multiple)
+                    else:
+                        bucket, completions = round_up(max(lengths), multiple), None
+                        counting.generate("eval_generate", len(batch), bucket, rank_state.cache, step,
+                                          _vision(eval_images, batch))
+                        counting.tool_turns("eval_generate", len(batch), lengths, rank_state.cache, step)
                     for phase in layout.eval_forwards:
                         for rows in _chunks(batch, layout.eval_batch_size):
-                            counting.forwards(phase, len(rows), bucket, step, _vision(eval_images, rows))
+                            counting.forwards(phase, len(rows), bucket, step, _vision(eval_images, rows),
+                                              completions)
 
     current_epoch, batches = -1, None
     for mb in micro_batches(loop):
@@ -261,20 +328,28 @@ def plan_generation(
             if generating:
                 batch = rank_batches[mb.index]
                 lengths = [prompt_lengths[i] for i in batch]
-                bucket = round_up(max(lengths), multiple)
-                rank_state.prompt_bucket = bucket
                 rank_state.train_rows = len(batch) // layout.steps_per_generation
                 # a slice of the shuffled round: the whole round, or (steps_per_generation > 1) one prompt's rows
                 rank_state.train_vision = _vision(images, batch[:rank_state.train_rows], shuffled=True)
-                counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step, _vision(images, batch))
-                counting.tool_turns("generate", len(batch), lengths, rank_state.cache, mb.step)
+                if rollouts is not None:
+                    rollout = rollouts("train", batch)
+                    counting.rollout("generate", rollout, rank_state.cache, mb.step)
+                    bucket = round_up(rollout.prompt, multiple)
+                    rank_state.completions = rollout.completion_buckets(multiple)
+                else:
+                    bucket = round_up(max(lengths), multiple)
+                    counting.generate("generate", len(batch), bucket, rank_state.cache, mb.step,
+                                      _vision(images, batch))
+                    counting.tool_turns("generate", len(batch), lengths, rank_state.cache, mb.step)
+                rank_state.prompt_bucket = bucket
                 for phase in layout.round_forwards:
                     for rows in _chunks(batch, layout.batch_size):
-                        counting.forwards(phase, len(rows), bucket, mb.step, _vision(images, rows))
+                        counting.forwards(phase, len(rows), bucket, mb.step, _vision(images, rows),
+                                          rank_state.completions)
                 tokens += sum(lengths)
                 padded += len(batch) * bucket
             counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step,
-                              rank_state.train_vision)
+                              rank_state.train_vision, rank_state.completions)
             micro += 1
         micro_step += 1
         last_step = mb.step

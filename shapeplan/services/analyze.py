@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
             progress_bars: bool = True, parsed: TrainingArgs | None = None,
-            tools: Sequence[Callable[..., Any]] = (), environment_factory: Any = None) -> Plan:
+            tools: Sequence[Callable[..., Any]] = (), environment_factory: Any = None,
+            rollout_func: Callable[..., Any] | None = None) -> Plan:
     """Plan the run `trl <method> ARGV` would make. ARGV holds TRL's options (and `--config FILE`); `eval_source` is
     a dataset to plan the eval loop on instead of the dataset's test split.
 
@@ -29,20 +30,22 @@ def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None,
     `progress_bars=False` keeps datasets' progress bars (tokenizing) off stderr.
     `parsed`: the run already parsed from exactly ARGV (`parse_training_args`, as `load_run` has it), planned
     without parsing it again.
-    `tools`, `environment_factory`: what the run hands `GRPOTrainer` (the objects themselves; ARGV can name them as
-    `--tools module:attr`, `--environment_factory module:attr`). A plan with them is never cached.
+    `tools`, `environment_factory`, `rollout_func`: what the run hands `GRPOTrainer` (the objects themselves; ARGV
+    can name them as `--tools module:attr`, `--environment_factory module:attr`, `--rollout_func module:attr`). A
+    plan with them is never cached.
     """
     words = [*argv, *(["--eval-dataset", eval_source] if eval_source else [])]
     spec = trainer_spec(method)
-    if tools or environment_factory is not None:
+    if tools or environment_factory is not None or rollout_func is not None:
         from ..adapters.agentic import Agentic
         from ..adapters.trl_args import parse_training_args
 
         args = parsed or parse_training_args(spec, argv)
-        given = Agentic(tools=tuple(tools), environment_factory=environment_factory,
+        given = Agentic(tools=tuple(tools), environment_factory=environment_factory, rollout_func=rollout_func,
                         pad_tool_turns=args.agentic.pad_tool_turns)
         if args.agentic:
-            raise UsageError("tools or an environment factory are given both as objects and in ARGV; pass them once")
+            raise UsageError("tools, an environment factory or a rollout function are given both as objects and in "
+                             "ARGV; pass them once")
         parsed = replace(args, agentic=given)
         use_cache = False
     return _cached(spec, words, lambda: list(argv), parsed=parsed, eval_source=eval_source,

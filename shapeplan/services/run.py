@@ -142,7 +142,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
             raise UsageError("--eval-dataset names the eval data to plan, and the plan holds its eval shapes; drop "
                              "--eval-dataset, or re-create the plan with it")
         spec = trainer_spec(plan.method)
-        check_vision_warm(spec, plan)
+        check_warmable(spec, plan)
         planned = _planned_args(spec, plan, plan_path, device)
         given = split_run_arguments(spec, trl_args, model, split)
         named = given_options(given)
@@ -162,16 +162,21 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         # parsed once: planning reads the run as parsed unless the device turned `use_cpu` off, which planning
         # keeps on to run anywhere
         plan = analyze(spec.name, argv, eval_source=eval_dataset, parsed=parsed if run_argv == argv else None)
-        check_vision_warm(spec, plan)  # a plan file's is checked as it is read
+        check_warmable(spec, plan)  # a plan file's is checked as it is read
     elif named:
         check_config(plan, args, planned, named)
     check_plan_fits_model(plan, args)
     return plan, warmer
 
 
-def check_vision_warm(spec: TrainerSpec, plan: Plan) -> None:
-    """A plan with vision batches is warmed only by a method whose warmer feeds them (a plan file's before its
-    arguments are parsed: a GRPO plan without its reward function is refused for what warm cannot do at all)."""
+def check_warmable(spec: TrainerSpec, plan: Plan) -> None:
+    """Refuse what warm cannot drive, a plan file's before its arguments are parsed (a GRPO plan without its reward
+    function is refused for what warm cannot do at all): vision batches but where the method's warmer feeds them,
+    and a rollout function's run."""
+    if plan.config.get("rollout_func"):
+        raise PlanFileError("the plan is of a run with a rollout_func, which warm does not drive yet (the function's "
+                            "generate calls are its own, and an env_mask it returns changes the train step's graph); "
+                            "guard the run with the plan and let its first rounds compile them")
     if not spec.warm_images and any(s.pixel_values is not None for s in plan.shapes):
         raise PlanFileError(f"the plan has vision batches (pixel_values), which warm feeds for SFT only, not yet "
                             f"for {plan.method}: warming only their text would leave every vision-tower graph cold; "

@@ -111,7 +111,7 @@ _SPECS = (
                                "true"),
                 # TRL's trl-lib/tldr example rewards completions close to 20 characters
                 guide_reward_funcs=("reward_len",), phase_rules=_GENERATION_RULES, collated="examples",
-                agentic=("tools", "environment_factory"), images=True),
+                agentic=("tools", "environment_factory", "rollout_func"), images=True),
     TrainerSpec(name="rloo", script="trl.scripts.rloo", trainer_class="RLOOTrainer", config_class="RLOOConfig",
                 default_dataset="trl-lib/tldr", plan_function=_generation_plan, warmer_class=_generation_warmer,
                 phases=_GENERATION_PHASES, generates=True, lengths="prompts",

@@ -46,7 +46,14 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
     data = _prompts(tmp_path)
     (tmp_path / "broken_tools.py").write_text("raise RuntimeError('no network here')\n", encoding="utf-8")
     (tmp_path / "bare_tools.py").write_text("def lookup(x):\n    return x\n\nclass NoReset:\n    pass\n\n"
-                                            "NUMBER = 3\n", encoding="utf-8")
+                                            "NUMBER = 3\n\ndef scripted(prompts, trainer):\n    return {'prompt_ids': "
+                                            "[[1]] * len(prompts), 'completion_ids': [[2]] * len(prompts), "
+                                            "'logprobs': None}\n\ndef branching(prompts, trainer):\n    ids = "
+                                            "[[1] * 5] * len(prompts)\n    first, _ = trainer._generate_single_turn("
+                                            "ids, None, {}, 1)\n    if len(first[0]) < 2:\n        "
+                                            "trainer._generate_single_turn(ids, None, {}, 1)\n    return "
+                                            "{'prompt_ids': ids, 'completion_ids': first, 'logprobs': None}\n",
+                                            encoding="utf-8")
     cases = {
         ("--tools", "bare_tools"): "--tools 'bare_tools' names no object: write module:attr (a module importable "
                                    "from the working directory, and a name in it)",
@@ -60,13 +67,26 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
                                           "or a list of them",
         ("--environment_factory", "bare_tools:NoReset"): "the environment given has no reset method: GRPOTrainer "
                                                          "requires one (it is called before each rollout)",
-        ("--rollout_func", "bare_tools:lookup"): "--rollout_func is not planned: the prompt_ids and completion_ids "
-                                                 "it returns, and the generate calls it makes, are its own; shapeplan "
-                                                 "would need them declared (the longest prompt_ids + completion_ids, "
-                                                 "and each generate call's batch and prompt length per round)",
+        ("--rollout_func", "bare_tools:lookup"): "--rollout_func failed on shapeplan's dry run (TypeError: lookup() "
+                                                 "takes 1 positional argument but 2 were given): shapeplan plans a "
+                                                 "rollout_func that generates through trainer._generate_single_turn "
+                                                 "(the trainer's own path), runs its calls whatever the model writes, "
+                                                 "and returns prompt_ids, completion_ids and logprobs",
+        ("--rollout_func", "bare_tools:scripted"): "--rollout_func made no generate call through "
+                                                   "trainer._generate_single_turn: shapeplan plans a rollout_func "
+                                                   "that generates through trainer._generate_single_turn (the "
+                                                   "trainer's own path), runs its calls whatever the model writes, "
+                                                   "and returns prompt_ids, completion_ids and logprobs",
         ("--pad_tool_turns", "true"): "--pad_tool_turns pads the tool loop's generate calls, and the run has no "
                                       "tool loop; pass its --tools or --environment_factory, or drop "
                                       "--pad_tool_turns",
+        ("--rollout_func", "bare_tools:branching"): "--rollout_func makes other generate calls when the model writes "
+                                                    "more (the rows of each call: [2, 2] with the shortest "
+                                                    "completions, [2] with the longest): shapeplan plans a "
+                                                    "rollout_func that generates through "
+                                                    "trainer._generate_single_turn (the trainer's own path), runs its "
+                                                    "calls whatever the model writes, and returns prompt_ids, "
+                                                    "completion_ids and logprobs",
     }
     for (option, value), message in cases.items():
         result = console.run([*RUN, data, option, value], cwd=tmp_path)
@@ -75,6 +95,13 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
     undocumented = console.run([*RUN, data, "--tools", "bare_tools:lookup"], cwd=tmp_path)
     assert undocumented.returncode == 2 and undocumented.stderr.startswith(
         "Error: tool 'lookup': its schema cannot be built (") and undocumented.stderr.count("\n") == 1
+    planned = console.run([*RUN, data, "--rollout_func", f"{TOOLS}:two_turns", "-o", str(tmp_path / "plan.json")])
+    assert planned.returncode == 0, planned.stderr
+    warm = console.run(["warm", "--plan", str(tmp_path / "plan.json")])
+    assert (warm.returncode, warm.stderr) == (1, "Error: the plan is of a run with a rollout_func, which warm does "
+                                              "not drive yet (the function's generate calls are its own, and an "
+                                              "env_mask it returns changes the train step's graph); guard the run "
+                                              "with the plan and let its first rounds compile them\n")
     rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
     assert rloo.returncode == 2
     assert rloo.stderr == "Error: --tools is not an argument `rloo`'s trainer takes; drop it\n"

@@ -55,3 +55,19 @@ def ticket() -> str:
     # every other call answers at length: those rows leave the tool loop (past max_completion_length), so a turn
     # generates on some of the round's rows
     return "opened" if next(_tickets) % 2 == 0 else "queued " * 100
+
+
+def two_turns(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+    """A two-turn `rollout_func` through the trainer's own generation: the model answers, the environment replies
+    (masked out of the loss by `env_mask`), the model answers again."""
+    tokenizer = trainer.processing_class
+    prompt_ids = [tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+                  for prompt in prompts]
+    first, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    reply = tokenizer("\nuser: again\nassistant:", add_special_tokens=False)["input_ids"]
+    second, _ = trainer._generate_single_turn([p + c + reply for p, c in zip(prompt_ids, first, strict=True)],
+                                              None, {}, 1)
+    return {"prompt_ids": prompt_ids,
+            "completion_ids": [c + reply + s for c, s in zip(first, second, strict=True)],
+            "logprobs": None,
+            "env_mask": [[1] * len(c) + [0] * len(reply) + [1] * len(s) for c, s in zip(first, second, strict=True)]}
