@@ -107,7 +107,8 @@ def load(arguments: AgenticArguments | None) -> Agentic:
 
 
 def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:
-    """Refuse a rollout function, whose shapes are its own, and what the trainer's plans do not take."""
+    """Refuse what the trainer's plans do not take, and settings that need objects the run lacks (a run without
+    any passes)."""
     given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory),
                                       ("rollout_func", agentic.rollout_func)) if value]
     if agentic.pad_tool_turns and not given:

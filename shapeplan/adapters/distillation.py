@@ -35,10 +35,9 @@ def _check_supported(args: TrainingArgs) -> None:
         raise UsageError("a teacher model is required for distillation, as `trl distillation` requires; pass "
                          "--teacher_model_name_or_path")
     refuse_unplannable(args)
-    if args.agentic or args.agentic.pad_tool_turns:
-        check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
-        if any(inspect.iscoroutinefunction(tool) for tool in args.agentic.tools):
-            raise UsageError("DistillationTrainer refuses async tools; pass synchronous functions as --tools")
+    check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
+    if any(inspect.iscoroutinefunction(tool) for tool in args.agentic.tools):
+        raise UsageError("DistillationTrainer refuses async tools; pass synchronous functions as --tools")
 
 
 def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None, use_cache: bool = True) -> Plan:

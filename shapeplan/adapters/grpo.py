@@ -59,8 +59,7 @@ def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArg
 def _check_supported(args: TrainingArgs) -> list[str]:
     """Refuse what planning cannot follow; warnings for what it plans without some of the run's shapes."""
     refuse_unplannable(args)
-    if args.agentic or args.agentic.pad_tool_turns:
-        check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
+    check_agentic(args.agentic, takes=args.spec.agentic, method=args.method)
     if args.agentic.rollout_func is not None and streamed(args):
         raise UsageError("--rollout_func is planned from map-style datasets (it is run on each batch of prompts); "
                          "drop --dataset_streaming")

@@ -56,4 +56,3 @@ def pad_tool_turns(trainer: Any) -> None:
     trainer._generate_single_turn = padded_turn
     trainer._tool_call_loop = padded_loop
     setattr(trainer, _PADDED, True)
-

@@ -91,11 +91,7 @@ class ToolLoop:
         """The padded prompt lengths a turn can meet for a round of these prompts."""
         low = min(prompt_lengths) + self.min_growth
         high = max(prompt_lengths) + self.max_completion_length
-        if low > high:
-            return ()
-        if multiple is None:
-            return tuple(range(low, high + 1))
-        return tuple(range(round_up(low, multiple), round_up(high, multiple) + 1, multiple))
+        return () if low > high else _spanned(low, high, multiple)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +133,7 @@ Rollouts = Callable[[str, Sequence[int]], Rollout]  # (side: "train" / "eval", p
 
 def completion_buckets(max_new_tokens: int, multiple: int | None) -> tuple[int, ...]:
     """Every padded completion length C a round can produce: R(L) for L in 1..max_new_tokens."""
-    if multiple is None:
-        return tuple(range(1, max_new_tokens + 1))
-    return tuple(range(multiple, round_up(max_new_tokens, multiple) + 1, multiple))
+    return _spanned(1, max_new_tokens, multiple)
 
 
 class CacheLength:
@@ -239,10 +233,7 @@ class _Counting:
             if index == 0 and len(buckets) == 1:
                 self.generate(phase, call.rows, buckets[0], cache, step)
                 continue
-            for bucket, lengths in cache.turns(buckets).items():
-                for cache_len in lengths:
-                    self.counter.add(phase, call.rows, bucket, step, cache_len=cache_len, certain=False,
-                                     max_new_tokens=self.layout.max_new_tokens)
+            self._possible(phase, (call.rows,), buckets, cache, step, count=1)
 
     def tool_turns(self, phase: Phase, rows: int, prompt_lengths: Sequence[int], cache: CacheLength,
                    step: int) -> None:
@@ -251,11 +242,17 @@ class _Counting:
         loop = self.layout.tool_loop
         if loop is None or loop.turns == 0:
             return
-        possible = cache.turns(loop.buckets(prompt_lengths, self.layout.pad_to_multiple_of))
-        for bucket, lengths in possible.items():
+        self._possible(phase, loop.batches(rows), loop.buckets(prompt_lengths, self.layout.pad_to_multiple_of), cache,
+                       step, count=loop.turns)
+
+    def _possible(self, phase: Phase, batches: Sequence[int], buckets: Sequence[int], cache: CacheLength, step: int,
+                  *, count: int) -> None:
+        """`generate` calls the model's writing decides (`certain` False), each met at most `count` times: any of
+        these batch sizes at any of these buckets, with every cache length each can grow."""
+        for bucket, lengths in cache.turns(buckets).items():
             for cache_len in lengths:
-                for k in loop.batches(rows):
-                    self.counter.add(phase, k, bucket, step, count=loop.turns, cache_len=cache_len, certain=False,
+                for rows in batches:
+                    self.counter.add(phase, rows, bucket, step, count=count, cache_len=cache_len, certain=False,
                                      max_new_tokens=self.layout.max_new_tokens)
 
 

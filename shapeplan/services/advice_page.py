@@ -241,7 +241,7 @@ def render_html(advice: Advice) -> str:
                   f"{_command_block(lines, len(trl_options(advice.recommended.candidate.flags)))}")
     else:
         run_it = ""
-    run_it += "".join(f'<p class="muted">{_unbroken_flags(note)}</p>' for note in advice.notes())
+    run_it += "".join(f'<p class="muted">{_unbroken_flags(note)}</p>' for note in (recommended or advice.command).notes)
     per_phase = ", ".join(f"{phase} {n}" for phase, n in cost.shapes_per_phase.items())
     skipped = "".join(f"<li>{escape(label)}: {escape(why)}</li>" for label, why in advice.skipped)
     warnings = "".join(f"<li>{_unbroken_flags(w)}</li>" for w in advice.warnings)

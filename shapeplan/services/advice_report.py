@@ -130,7 +130,7 @@ def render_advice(advice: Advice) -> str:
     command = advice.recommended_command()
     if command is not None:
         lines.append(f"run it: {command.line()}")
-    lines += [f"note: {note}" for note in advice.notes()]
+    lines += [f"note: {note}" for note in (command or advice.command).notes]
     lines += [f"warning: {w}" for w in advice.warnings]
     return "\n".join(lines)
 
@@ -166,7 +166,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "recommendation": advice.recommendation,
         "command": list(advice.command.words),
         "recommended_command": list(recommended.words) if recommended is not None else None,
-        "notes": list(advice.notes()),
+        "notes": list((recommended or advice.command).notes),
         "histogram": [{"low": low, "high": high, "rows": rows}
                       for low, high, rows in length_bins(advice.lengths, advice.baseline.plan.pad_to_multiple_of,
                                                          _cap(advice))],

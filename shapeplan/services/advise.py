@@ -61,11 +61,6 @@ class Advice:
                                                                          trl_options(candidate.flags))),
                           notes=notes)
 
-    def notes(self) -> tuple[str, ...]:
-        """What the user must know of the command to run: the recommended one's notes, or the baseline's."""
-        recommended = self.recommended_command()
-        return (recommended or self.command).notes
-
 
 def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, use_cache: bool = True,
            calibrate: Path | None = None, allow_truncation: bool = False) -> Advice | VisionAdvice:

@@ -123,21 +123,19 @@ def test_padded_tool_turns_generate_on_the_rounds_rows(tmp_path: Path) -> None:
     assert len(padded.shapes) <= 2 * len(seen) < len(plan.shapes)
 
 
-@pytest.mark.parametrize("evaluate", [False, True], ids=["train", "eval"])
-def test_a_two_turn_rollout_func_stays_inside_the_bound(evaluate: bool, tmp_path: Path) -> None:
-    """A `rollout_func` that generates, appends a reply and generates again through the trainer's own path: its
-    first call of each round is exact, the second (at a bucket the first completion decides) and the train buckets
-    its completions give are inside the bound, cache lengths included, with at most twice the shapes met; in the
-    eval loop too."""
-    argv = ["--max_completion_length", "100", *(["--eval_strategy", "steps", "--eval_steps", "2",
-                                                 "--per_device_eval_batch_size", "2", "--num_generations_eval", "2"]
-                                                if evaluate else [])]
-    plan, seen = _plan_and_run(tmp_path, argv, evaluate=evaluate, rollout_func=agentic_tools.two_turns)
+def test_a_two_turn_rollout_func_stays_inside_the_bound(tmp_path: Path) -> None:
+    """A `rollout_func` that generates, appends a reply and generates again through the trainer's own path, in
+    training and in the eval loop: the first call of the first round is exact, the second (at a bucket the first
+    completion decides) and the train buckets its completions give are inside the bound, cache lengths included,
+    with at most twice the shapes met."""
+    argv = ["--max_completion_length", "100", "--eval_strategy", "steps", "--eval_steps", "2",
+            "--per_device_eval_batch_size", "2", "--num_generations_eval", "2"]
+    plan, seen = _plan_and_run(tmp_path, argv, evaluate=True, rollout_func=agentic_tools.two_turns)
     _inside_bound(plan, seen)
-    phase = "eval_generate" if evaluate else "generate"
-    assert len({key[2] for key in seen if key[0] == phase}) == 2
-    # the first round's first call is exact (the eval loop's come after the training rounds grew the cache)
-    assert evaluate or any(s.certain for s in plan.shapes if s.phase == phase)
+    for phase in ("generate", "eval_generate"):
+        assert len({key[2] for key in seen if key[0] == phase}) == 2, phase
+    # the eval loop's first calls come after the training rounds grew the cache: only training's first is exact
+    assert any(s.certain for s in plan.shapes if s.phase == "generate")
     assert len(plan.shapes) <= 2 * len(seen)
     assert plan.config["rollout_func"] == f"{agentic_tools.__name__}:two_turns"
 
