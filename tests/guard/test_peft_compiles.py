@@ -15,15 +15,16 @@ import pytest
 
 from shapeplan.plan.io import load_plan
 from tests import console
-from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR
+from tests.conftest import ROOT, TINY_MODEL, TLDR
 from tests.guard.test_guard_cli import TRL_RUN
 
 pytestmark = pytest.mark.slow
 
 LORA = {"use_peft": "true", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear"}
-# method -> (data, `trl <method> --config` options); one train shape each keeps the compiles few
+# method -> (data, `trl <method> --config` options); one train shape each keeps the compiles few. No SFT: what a
+# LoRA run adds (the adapters, the frozen base, PEFT's wrapper) is in DPO's train step too, with the reference
+# forward besides, and SFT's own batches are warmed in tests/warm/test_inductor_cache.py
 RUNS = {
-    "sft": (CAPYBARA, {"max_length": 128, "per_device_train_batch_size": 2, "max_steps": 2}),
     # beta > 0: the reference forward runs the policy with its adapters disabled
     "grpo": (TLDR, {"reward_funcs": "[my_rewards.reward_len]", "per_device_train_batch_size": 2, "num_generations": 2,
                     "max_completion_length": 8, "max_steps": 2, "beta": 0.04, "cache_implementation": "static"}),
