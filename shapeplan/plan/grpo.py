@@ -409,6 +409,14 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
         out.append(f"the static cache length grows during the run ({', '.join(map(str, lengths))}: the running "
                    f"maximum of P + max_new_tokens - 1), so generate compiles {pin.graphs} graphs where "
                    f"{pin.pinned_graphs} would do; pin it with --generation_kwargs '{value}'")
+    if layout.tool_loop is not None and not layout.tool_loop.padded:
+        generate = [s for s in shapes if s.phase in GENERATE_PHASES]
+        padded = len({(s.phase, s.seq, s.cache_len) for s in generate})
+        if len(generate) > padded:
+            out.append(f"tool turns generate on the rows that called a tool, any number of a round's rows, each a "
+                       f"graph of its own: {len(generate)} generate entries where about {padded} would do; pass "
+                       "--pad_tool_turns true (the run pads each turn to the round's rows under `shapeplan guard` "
+                       "or after shapeplan.pad_tool_turns(trainer))")
     if layout.pad_to_multiple_of is None:
         out.append(f"pad_to_multiple_of is none: every completion length 1..{layout.max_new_tokens} is a shape of "
                    "its own; pass --pad_to_multiple_of 128")

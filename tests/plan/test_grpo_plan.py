@@ -3,6 +3,7 @@ report and plan file, multi-process generation batches, and one-line errors thro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -60,6 +61,14 @@ def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
         (1, 256, 319): (4, None, False), (2, 256, 319): (1, 5, True)}
     # pinned past every turn: one cache length
     assert {key[2] for key in plan(layout(loop, pinned=400))} == {400}
+    # unpadded, the plan says what padding the turns saves; padded, every turn is on the round's rows
+    warned = [w for w in plan_generation(method="grpo", prompt_lengths=lengths, layout=layout(loop), loop=trainer_loop,
+                                         epoch_batches=batches).warnings if w.startswith("tool turns")]
+    assert warned and "4 generate entries where about 2 would do; pass --pad_tool_turns true" in warned[0]
+    padded = plan_generation(method="grpo", prompt_lengths=lengths, loop=trainer_loop, epoch_batches=batches,
+                             layout=layout(dataclasses.replace(loop, padded=True)))
+    assert {s.batch for s in padded.by_phase("generate")} == {2}
+    assert not [w for w in padded.warnings if w.startswith("tool turns")]
 
 
 def test_no_training_option_plans_the_guide_example() -> None:
