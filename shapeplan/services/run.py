@@ -171,12 +171,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
 
 def check_warmable(spec: TrainerSpec, plan: Plan) -> None:
     """Refuse what warm cannot drive, a plan file's before its arguments are parsed (a GRPO plan without its reward
-    function is refused for what warm cannot do at all): vision batches but where the method's warmer feeds them,
-    and a rollout function's run."""
-    if plan.config.get("rollout_func"):
-        raise PlanFileError("the plan is of a run with a rollout_func, which warm does not drive yet (the function's "
-                            "generate calls are its own, and an env_mask it returns changes the train step's graph); "
-                            "guard the run with the plan and let its first rounds compile them")
+    function is refused for what warm cannot do at all): vision batches but where the method's warmer feeds them."""
     if not spec.warm_images and any(s.pixel_values is not None for s in plan.shapes):
         raise PlanFileError(f"the plan has vision batches (pixel_values), which warm feeds for SFT only, not yet "
                             f"for {plan.method}: warming only their text would leave every vision-tower graph cold; "

@@ -28,6 +28,8 @@ probed instance's methods), so its tool mask and tool metrics run as in the run,
 prompts. Each planned tool turn (a possible `generate` no round makes: k rows, bucket, cache length) is a task run
 inside the first round of its side as the tool loop runs it: `_generate_single_turn` on k synthetic sequences, the
 model's own `generate` at the planned cache length, then the post-processing of every length it can return.
+A `rollout_func` run is built with warm's own function (`_rollout`): the round's call through
+`_generate_single_turn`, an `env_mask` returned; the function's later calls are turn tasks.
 
 Under `accelerate launch` every rank warms its own share of the tasks; ranks step together (gradients are
 all-reduced and metrics gathered every round), so each rank runs the same number of rounds and `generate` calls,
@@ -90,6 +92,9 @@ class GenerationWarmer:
         # the run's tools (an environment's as one probed instance's methods): the trainer runs its tool loop, tool
         # mask and tool metrics with them; the tool turns' `generate` calls are driven as planned (`turn_calls`)
         self.tools, environment_rewards = probed_tools(args.agentic)
+        # a rollout function's run: the trainer takes one (`_rollout`) that makes each round's calls and returns an
+        # env_mask, so the train step masks its loss as the run's does
+        self.rollout = args.agentic.rollout_func is not None
         # checked here, before anything loads: a run without a reward function is a usage error, not a failed shape
         self.reward_funcs = self._reward_functions(environment_rewards)
         reward_model = getattr(args.script, "reward_model_name_or_path", None)
@@ -135,7 +140,7 @@ class GenerationWarmer:
                 rounds: list[Round] = []
                 for task in (t for t in share if t.phase == phase and not t.turn):
                     layouts = prompt_layouts(task.batch, self._generations_per_prompt(), self.multiple)
-                    rounds += task_rounds(task, self.multiple, layouts, len(shares))
+                    rounds += task_rounds(task, self.multiple, layouts, len(shares), self.rollout)
                 sides[side].append(rounds)
         train, evals = (lockstep(s) if len(s) > 1 and any(s) else s for s in sides)
         turns = [[t for t in share if t.turn] for share in shares]
@@ -183,6 +188,7 @@ class GenerationWarmer:
             peft_config=trl.get_peft_config(model_args),
             quantization_config=trl.get_quantization_config(model_args),
             **({"tools": self.tools} if self.tools else {}),
+            **({"rollout_func": _rollout} if self.rollout else {}),
         )
 
     def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:
@@ -256,6 +262,16 @@ def _stand_in_rewards(script: Any, extra: int = 0) -> list[Any]:
         return reward
 
     return [make(i) for i in range(len(names))]
+
+
+def _rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+    """The run's rollout function in the warm-up: the round's call through `_generate_single_turn`, as a planned
+    rollout makes each of its calls (the later ones are the plan's turn tasks), and an env_mask (its values are the
+    run's business; its presence adds the mask to the loss)."""
+    prompt_ids = trainer._tokenize_prompts(prompts)[0]
+    completion_ids, logprobs = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+            "env_mask": [[1] * len(ids) for ids in completion_ids]}
 
 
 def _repeat(call: Call) -> Call:

@@ -171,17 +171,19 @@ def turn_calls(task: GenerateTask, multiple: int | None) -> tuple[Call, ...]:
 
 
 def task_rounds(task: GenerateTask, multiple: int | None, layouts: tuple[bool, ...] = (False,),
-                ranks: int = 1) -> list[Round]:
+                ranks: int = 1, rollout: bool = False) -> list[Round]:
     """The rounds of `task`, for each prompt layout, on one of `ranks` ranks stepping together: full-length
     completions with every count of EOS rows on this rank (0..B) and, together with the other ranks' calls, in the
-    gathered batch (0..ranks * B)."""
+    gathered batch (0..ranks * B). `rollout`: the completions trained on are a rollout function's, which joins
+    several calls' and its own tokens, so a bucket past what one call generates is returned whole."""
     b, p, new = task.batch, task.seq, task.max_new_tokens
     before = [Call(b, p, length, b, unpadded=layouts[0]) for length in range(1, new)]
     before += [Call(b, p, new, k, unpadded=layouts[0], gathered=ranks > 1) for k in range(ranks * b + 1)]
     rounds = [Round(task, Call(b, p, unpadded=u, cache_len=task.cache_len), tuple(before) if i == 0 else ())
               for i, u in enumerate(layouts)]
     for bucket in task.completions:
-        length = completion_length(bucket, new, multiple)
+        longer = rollout and round_up(min(bucket, new), multiple) != bucket
+        length = bucket if longer else completion_length(bucket, new, multiple)
         eos_rows = b if length < new else 0
         for unpadded in layouts:
             rounds.append(Round(task, Call(b, p, length, eos_rows, unpadded=unpadded)))

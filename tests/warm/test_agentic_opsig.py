@@ -43,3 +43,23 @@ def test_warm_dispatches_every_device_op_of_a_run_that_calls_tools(method: str, 
     assert {r.task.key for r in report.results} >= {t.key for t in turns}
     missing = real - warmed
     assert missing == set(), sorted(map(str, missing))[:20]
+
+
+def test_warm_dispatches_every_device_op_of_a_two_turn_rollout(tmp_path: Path) -> None:
+    """A `rollout_func` that generates, replies and generates again through the trainer's `_generate_single_turn`,
+    returning an env_mask: its warm-up drives each planned call and trains on the planned completion buckets with
+    a mask of its own, so every device op of the real run is dispatched."""
+    data = tmp_path / "train.jsonl"
+    lines = CAPYBARA.read_text(encoding="utf-8").splitlines()[:4]
+    data.write_text("".join(json.dumps({"prompt": json.loads(line)["messages"][:1]}) + "\n" for line in lines),
+                    encoding="utf-8")
+    argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "48",
+            "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false"]
+    plan = plan_for("grpo", data, [*argv, "--rollout_func", "tests.oracle.agentic_tools:two_turns"], tmp_path / "out")
+    turns = [t for t in generation_tasks(plan) if t.turn]
+    assert turns and max(c for t in generation_tasks(plan) for c in t.completions) > 64  # past one turn's 48
+    real = device_ops(lambda: real_run("grpo", data, argv, tmp_path / "out", rollout_func=agentic_tools.two_turns))
+    report, warmed = warm_ops(plan, tmp_path / "cache")
+    assert not [r for r in report.results if r.status == "failed"], report.results
+    missing = real - warmed
+    assert missing == set(), sorted(map(str, missing))[:20]

@@ -82,3 +82,8 @@ def test_rounds_of_a_task() -> None:
     ]
     assert [bool(r.before) for r in rounds] == [True] + [False] * 7
     assert [r.last for r in rounds] == [False] * 7 + [True]
+    # a rollout function joins several calls' tokens: a bucket past one call's 12 tokens is returned whole
+    rollout = GenerateTask("generate", 2, 168, 363, 12, (16, 24))
+    assert [r.own for r in task_rounds(rollout, 8, rollout=True)[1:]] == [Call(2, 168, 12, 0), Call(2, 168, 24, 0)]
+    with pytest.raises(PlanFileError):
+        task_rounds(rollout, 8)
