@@ -3,9 +3,9 @@
 The public API: the plan types and file functions; `analyze(method, argv)`, a run's plan as `shapeplan analyze`
 makes it; `ShapeGuard`, the callback that checks a real run against its plan; `resize_images(dataset, sizes)`,
 the `datasets.map` step that gives a vision dataset the few image sizes `shapeplan advise` proposes;
-`pad_tool_turns(trainer)`, which makes an agentic run's tool turns generate on the round's rows (the runs
-`--pad_tool_turns` plans). The planning core (`shapeplan.plan`) is pure Python; TRL, transformers, datasets and
-torch are imported only inside the functions that need them.
+`pad_tool_turns(trainer)`, which makes an agentic run's tool turns generate on the round's rows (as a plan of a
+run with tools has them, unless made with `--pad_tool_turns false`). The planning core (`shapeplan.plan`) is pure
+Python; TRL, transformers, datasets and torch are imported only inside the functions that need them.
 """
 
 from __future__ import annotations

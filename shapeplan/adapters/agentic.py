@@ -35,10 +35,10 @@ class AgenticArguments:
     rollout_func: str | None = field(default=None, metadata={
         "help": "The run's `rollout_func=` (`module:attr`): run on each batch of prompts with the trainer's "
                 "_generate_single_turn answering the shortest and the longest completions, to bound its shapes."})
-    pad_tool_turns: bool = field(default=False, metadata={
-        "help": "The run pads each tool-loop generate to the round's rows (`shapeplan.pad_tool_turns(trainer)`, or "
-                "a ShapeGuard holding this plan): one batch size per turn shape instead of one for each number of "
-                "rows that can call a tool."})
+    pad_tool_turns: bool | None = field(default=None, metadata={
+        "help": "Plan each tool-loop generate padded to the round's rows, one batch size per turn shape (the default "
+                "with tools: a ShapeGuard holding the plan pads the run, as does shapeplan.pad_tool_turns(trainer)); "
+                "false plans the run unpadded, a batch size for each number of rows that can call a tool."})
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,21 @@ class Agentic:
     tools: tuple[Callable[..., Any], ...] = ()
     environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None
     rollout_func: Callable[..., Any] | None = None
-    pad_tool_turns: bool = False  # the run pads its tool turns (`pad_tool_turns`); a setting, not an object
+    pad_tool_turns: bool | None = None  # the run pads its tool turns (`pad_tool_turns`); None: as `pads` says
 
     def __bool__(self) -> bool:
         return bool(self.tools) or self.environment_factory is not None or self.rollout_func is not None
+
+    @property
+    def tool_loop(self) -> bool:
+        """Whether the trainer runs its tool loop: it has tools, its own or an environment's."""
+        return bool(self.tools) or self.environment_factory is not None
+
+    @property
+    def pads(self) -> bool:
+        """Whether the run pads its tool turns: as set, else wherever it has a tool loop (an unpadded turn can be
+        any number of the round's rows, a graph each: on Neuron, tens of 12-minute compiles per turn shape)."""
+        return self.tool_loop if self.pad_tool_turns is None else self.pad_tool_turns
 
     def recorded(self) -> dict[str, Any]:
         """What the plan records of them: the names the trainer knows them by."""
@@ -60,7 +71,7 @@ class Agentic:
                 "environment_factory": (sorted(factory) if isinstance(factory, dict) else _name(factory))
                 if factory is not None else None,
                 **({"rollout_func": _name(self.rollout_func)} if self.rollout_func is not None else {}),
-                **({"pad_tool_turns": True} if self.pad_tool_turns else {})}
+                **({"pad_tool_turns": self.pads} if self.tool_loop else {})}
 
 
 def _name(thing: Any) -> str:
@@ -111,7 +122,7 @@ def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> N
     any passes)."""
     given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory),
                                       ("rollout_func", agentic.rollout_func)) if value]
-    if agentic.pad_tool_turns and not given:
+    if agentic.pad_tool_turns and not agentic.tool_loop:
         raise UsageError("--pad_tool_turns pads the tool loop's generate calls, and the run has no tool loop; pass "
                          "its --tools or --environment_factory, or drop --pad_tool_turns")
     for name in given:

@@ -62,7 +62,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
         static_cache=static_cache(generation),
         max_cache_len=generation.max_cache_len,
         eval_batch_size=config.per_device_eval_batch_size,
-        tool_loop=tool_loop(trainer, config, padded=args.agentic.pad_tool_turns),
+        tool_loop=tool_loop(trainer, config, padded=args.agentic.pads),
     )
     evals = eval_loop(args, data, trainer, loop, generations=1)
     recorded = recorded_config(args, argv)

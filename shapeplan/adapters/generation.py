@@ -46,11 +46,16 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     iterations = getattr(args.training, "max_tool_calling_iterations", None)
     agentic = args.agentic
     if agentic and (agentic.tools or agentic.environment_factory is not None):
-        rows = "padded to the round's rows" if agentic.pad_tool_turns else \
-            "on the rows that called a tool, any batch from 1 to the round's rows; --pad_tool_turns makes it one"
-        return [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
-                "the cache lengths they reach are planned as a bound (certain: false); pin the cache with "
-                "--generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"]
+        rows = "padded to the round's rows" if agentic.pads else \
+            "on the rows that called a tool, any batch from 1 to the round's rows"
+        out = [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
+               "the cache lengths they reach are planned as a bound (certain: false); pin the cache with "
+               "--generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"]
+        if agentic.pads:
+            out.append("the plan's tool turns are padded to the round's rows, which the run must do too: run it "
+                       "under `shapeplan guard` (or a ShapeGuard holding the plan), or call "
+                       "shapeplan.pad_tool_turns(trainer); --pad_tool_turns false plans it unpadded")
+        return out
     if iterations is None:
         return []
     return [f"max_tool_calling_iterations={iterations} is planned without tool calls: the trainer runs its tool "

@@ -159,7 +159,7 @@ class GenerationRun:
             round_forwards=round_forwards,
             eval_batch_size=config.per_device_eval_batch_size,
             eval_forwards=eval_forwards,
-            tool_loop=tool_loop(trainer, config, padded=args.agentic.pad_tool_turns),
+            tool_loop=tool_loop(trainer, config, padded=args.agentic.pads),
         )
         evals = eval_loop(args, data, trainer, loop, config.num_generations_eval or config.num_generations,
                           lengths=images[1].lengths if images and images[1] else None)

@@ -20,9 +20,9 @@ _PADDED = "_shapeplan_pads_tool_turns"
 
 
 def pad_tool_turns(trainer: Any) -> None:
-    """Make `trainer`'s tool loop generate on the round's rows at every turn (the plan of `shapeplan analyze
-    --pad_tool_turns`). Call it once, before training; a `ShapeGuard` holding such a plan calls it. Turns with images
-    are left as they are (vision-language runs with tools are not planned)."""
+    """Make `trainer`'s tool loop generate on the round's rows at every turn (as `shapeplan analyze` plans a run
+    with tools, unless told `--pad_tool_turns false`). Call it once, before training; a `ShapeGuard` holding such a
+    plan calls it. Turns with images are left as they are (vision-language runs with tools are not planned)."""
     if getattr(trainer, _PADDED, False):
         return
     loop = getattr(trainer, "_tool_call_loop", None)

@@ -414,9 +414,9 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
         padded = len({(s.phase, s.seq, s.cache_len) for s in generate})
         if len(generate) > padded:
             out.append(f"tool turns generate on the rows that called a tool, any number of a round's rows, each a "
-                       f"graph of its own: {len(generate)} generate entries where about {padded} would do; pass "
-                       "--pad_tool_turns true (the run pads each turn to the round's rows under `shapeplan guard` "
-                       "or after shapeplan.pad_tool_turns(trainer))")
+                       f"graph of its own: {len(generate)} generate entries where about {padded} would do padded to "
+                       "the round's rows (--pad_tool_turns true, the default with tools, and the run under "
+                       "`shapeplan guard` or after shapeplan.pad_tool_turns(trainer))")
     if layout.pad_to_multiple_of is None:
         out.append(f"pad_to_multiple_of is none: every completion length 1..{layout.max_new_tokens} is a shape of "
                    "its own; pass --pad_to_multiple_of 128")

@@ -64,7 +64,7 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v and k != "pad_tool_turns")
         notes.append(f"`trl {method}` cannot pass {names}: train with your own script, which hands them to the "
                      "trainer" + (", and call shapeplan.pad_tool_turns(trainer) before training (a ShapeGuard "
-                                  "holding the plan does it)" if args.agentic.pad_tool_turns else "")
+                                  "holding the plan does it)" if args.agentic.pads else "")
                      + "; the options above are the run's TRL options" + (
                          " (drop `tools:`, `environment_factory:` and `pad_tool_turns:` from the --config file for "
                          "`trl`)" if "--config" in out else ""))

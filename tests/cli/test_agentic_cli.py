@@ -32,7 +32,9 @@ def test_tools_named_on_the_command_line_or_in_the_config_are_planned(tmp_path: 
     plan = json.loads(named.stdout)
     assert plan["config"]["tools"] == ["get_weather"]
     assert max(s["seq"] for s in plan["shapes"]) > max(s["seq"] for s in plain["shapes"])  # the schemas
-    assert any(s.get("certain") is False for s in plan["shapes"] if s["phase"] == "generate")
+    # the tool turns' bound: entries of their own, or more calls than certain on the rounds' own sizes (padded)
+    assert any(s.get("certain") is False or s.get("max_count") for s in plan["shapes"] if s["phase"] == "generate")
+    assert plan["config"]["pad_tool_turns"] is True
     config = tmp_path / "run.yaml"
     config.write_text(f"tools:\n  - {TOOLS}.get_weather\nenvironment_factory: {TOOLS}:Calculator\n",
                       encoding="utf-8")
@@ -109,7 +111,7 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
 
     argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
             "--tools", f"{TOOLS}:get_weather", f"{TOOLS}:now", "--max_steps", "2",
-            f"--environment_factory={TOOLS}:Calculator", "--pad_tool_turns", "--reward_funcs", "accuracy_reward"]
+            f"--environment_factory={TOOLS}:Calculator", "--reward_funcs", "accuracy_reward"]  # padded: the default
     command = trl_command("grpo", argv)
     assert [w for w in command.words if "agentic_tools" in w or w.startswith(("--tools", "--environment"))] == []
     assert command.words[-6:] == ("--max_steps", "2", "--reward_funcs", "accuracy_reward", "--pad_to_multiple_of",
@@ -121,9 +123,9 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
 
 
 def test_advise_offers_padded_tool_turns_and_says_how_to_run_them(tmp_path: Path) -> None:
-    """A run with tools: advise offers --pad_tool_turns (one generate batch a turn shape, not each of 1..R), and the
-    command it prints for it is the run's `trl grpo` command, which cannot take it, with a note to pad in the
-    user's script."""
+    """A run with tools planned unpadded: advise offers --pad_tool_turns (one generate batch a turn shape, not each
+    of 1..R), and the command it prints for it is the run's `trl grpo` command, which cannot take it, with a note to
+    pad in the user's script."""
     from shapeplan.services.advice_report import render_advice
     from shapeplan.services.advise import advise
     from tests.cli.test_advise import _trl_parse
@@ -131,7 +133,7 @@ def test_advise_offers_padded_tool_turns_and_says_how_to_run_them(tmp_path: Path
     argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
             "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "64",
             "--max_steps", "2", "--cache_implementation", "static", "--tools", f"{TOOLS}:get_weather",
-            "--max_tool_calling_iterations", "2"]
+            "--max_tool_calling_iterations", "2", "--pad_tool_turns", "false"]
     advice = advise("grpo", argv, use_cache=False)
     padded = next(o for o in advice.options if o.candidate and o.candidate.flags == (("pad_tool_turns", "true"),))
     assert {s.batch for s in advice.baseline.plan.shapes if s.phase == "generate"} == {1, 2, 3, 4}

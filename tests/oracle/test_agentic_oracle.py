@@ -74,7 +74,7 @@ def test_tool_schemas_make_every_certain_entry_exact(tmp_path: Path) -> None:
     assert certain == seen
     assert max(s.seq for s in plan.shapes if s.phase == "train") > max(s.seq for s in plain.shapes
                                                                        if s.phase == "train")
-    assert any(not s.certain for s in plan.shapes if s.phase == "generate")
+    assert any(not s.certain or s.max_count for s in plan.shapes if s.phase == "generate")
     assert plan.config["tools"] == ["get_weather"]
 
 
@@ -82,7 +82,8 @@ def test_tool_schemas_make_every_certain_entry_exact(tmp_path: Path) -> None:
 def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> None:
     """Every turn calls a tool (two iterations): the later generate calls, their growing cache lengths and the
     longer completions' train buckets are all inside the plan's bound; in the eval loop too (`eval`), and with the
-    environments' prompts read from a stream."""
+    environments' prompts read from a stream. Planned padded (the default with tools; the guard pads the run), the
+    plan holds at most twice the shapes the run met."""
     tokenizer = _tokenizer()
     if name.startswith("environment"):
         objects: dict[str, Any] = {"environment_factory": agentic_tools.Calculator}
@@ -97,6 +98,7 @@ def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> N
                                           "--generation_kwargs", call, *evaluate, *streaming],
                                evaluate=bool(evaluate), streaming=bool(streaming), **objects)
     _inside_bound(plan, seen)
+    assert plan.config["pad_tool_turns"] is True and len(plan.shapes) <= 2 * len(seen), (len(plan.shapes), seen)
     phase = "eval_generate" if evaluate else "generate"
     turns = [key for key in seen if key[0] == phase]
     assert len(turns) > 1  # the tool loop generated again, at more than one (bucket, cache length)
@@ -105,18 +107,18 @@ def test_forced_tool_calls_stay_inside_the_bound(name: str, tmp_path: Path) -> N
 
 def test_padded_tool_turns_generate_on_the_rounds_rows(tmp_path: Path) -> None:
     """Every other tool response is too long to go on with, so a turn generates on some of the round's 4 rows:
-    unpadded, the run meets turns of fewer rows, inside the bound of 1..4; planned with --pad_tool_turns (the guard
-    pads the run as the plan says), every turn is on 4 rows, the plan lists no other batch, and it holds at most
-    twice the shapes the run met."""
+    planned with --pad_tool_turns false, the run meets turns of fewer rows, inside the bound of 1..4; planned padded
+    (the default; the guard pads the run as the plan says), every turn is on 4 rows, the plan lists no other batch,
+    and it holds at most twice the shapes the run met."""
     argv = ["--max_completion_length", "200", "--max_tool_calling_iterations", "2",
             "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "ticket", {})]
     objects = {"tools": [agentic_tools.ticket]}
     (tmp_path / "plain").mkdir()
-    plan, seen = _plan_and_run(tmp_path / "plain", argv, **objects)
+    plan, seen = _plan_and_run(tmp_path / "plain", [*argv, "--pad_tool_turns", "false"], **objects)
     _inside_bound(plan, seen)
     assert {key[1] for key in seen if key[0] == "generate"} > {4}
     (tmp_path / "padded").mkdir()
-    padded, seen = _plan_and_run(tmp_path / "padded", [*argv, "--pad_tool_turns", "true"], **objects)
+    padded, seen = _plan_and_run(tmp_path / "padded", argv, **objects)
     _inside_bound(padded, seen)
     assert {s.batch for s in padded.shapes if s.phase == "generate"} == {key[1] for key in seen
                                                                          if key[0] == "generate"} == {4}

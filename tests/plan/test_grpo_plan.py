@@ -64,7 +64,7 @@ def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
     # unpadded, the plan says what padding the turns saves; padded, every turn is on the round's rows
     warned = [w for w in plan_generation(method="grpo", prompt_lengths=lengths, layout=layout(loop), loop=trainer_loop,
                                          epoch_batches=batches).warnings if w.startswith("tool turns")]
-    assert warned and "4 generate entries where about 2 would do; pass --pad_tool_turns true" in warned[0]
+    assert warned and "4 generate entries where about 2 would do padded" in warned[0]
     padded = plan_generation(method="grpo", prompt_lengths=lengths, loop=trainer_loop, epoch_batches=batches,
                              layout=layout(dataclasses.replace(loop, padded=True)))
     assert {s.batch for s in padded.by_phase("generate")} == {2}
