@@ -45,7 +45,7 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     `environment_factory` (Python objects no `trl` command passes); and a tool loop the plan bounds."""
     iterations = getattr(args.training, "max_tool_calling_iterations", None)
     agentic = args.agentic
-    if agentic and (agentic.tools or agentic.environment_factory is not None):
+    if agentic.tool_loop:
         rows = "padded to the round's rows" if agentic.pads else \
             "on the rows that called a tool, any batch from 1 to the round's rows"
         out = [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
