@@ -13,7 +13,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,8 @@ class AgenticArguments:
     rollout_func: str | None = field(default=None, metadata={
         "help": "The run's `rollout_func=` (`module:attr`): run on each batch of prompts with the trainer's "
                 "_generate_single_turn answering the shortest and the longest completions, to bound its shapes."})
-    pad_tool_turns: bool | None = field(default=None, metadata={
+    # True by default so that a bare `--pad_tool_turns` parses; `load` tells the default from a value given
+    pad_tool_turns: bool = field(default=True, metadata={
         "help": "Plan each tool-loop generate padded to the round's rows, one batch size per turn shape (the default "
                 "with tools: a ShapeGuard holding the plan pads the run, as does shapeplan.pad_tool_turns(trainer)); "
                 "false plans the run unpadded, a batch size for each number of rows that can call a tool."})
@@ -98,10 +99,14 @@ def resolve(path: str, option: str) -> Any:
     return obj
 
 
-def load(arguments: AgenticArguments | None) -> Agentic:
-    """The objects the options name."""
+def load(arguments: AgenticArguments | None, given: Collection[str] = ()) -> Agentic:
+    """The objects the options name; `given`: the options set on the command line or in the config file (a
+    `pad_tool_turns` not among them is left to `Agentic.pads`)."""
     if arguments is None:
         return Agentic()
+    pad = arguments.pad_tool_turns if {"pad_tool_turns", "no_pad_tool_turns"} & set(given) else None
+    if pad is not None and not isinstance(pad, bool):  # a config file's value is not parsed
+        raise UsageError(f"pad_tool_turns is {pad!r} in the config file; set it to true or false")
     tools: list[Callable[..., Any]] = []
     for path in arguments.tools or ():
         obj = resolve(path, "tools")
@@ -113,8 +118,7 @@ def load(arguments: AgenticArguments | None) -> Agentic:
     factory = resolve(arguments.environment_factory, "environment_factory") \
         if arguments.environment_factory else None
     rollout = resolve(arguments.rollout_func, "rollout_func") if arguments.rollout_func else None
-    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout,
-                   pad_tool_turns=arguments.pad_tool_turns)
+    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout, pad_tool_turns=pad)
 
 
 def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:

@@ -135,7 +135,7 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         dataset_mixture=rest[0] if rest else None,
         num_processes=num_processes,
         given=frozenset(given),
-        agentic=load(named[0] if named else None),
+        agentic=load(named[0] if named else None, given),
     )
 
 

@@ -75,7 +75,7 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
     return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
 
 
-_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns")
+_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns", "no_pad_tool_turns")
 
 
 def trl_options(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -97,6 +97,10 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
     undocumented = console.run([*RUN, data, "--tools", "bare_tools:lookup"], cwd=tmp_path)
     assert undocumented.returncode == 2 and undocumented.stderr.startswith(
         "Error: tool 'lookup': its schema cannot be built (") and undocumented.stderr.count("\n") == 1
+    (tmp_path / "run.yaml").write_text("pad_tool_turns: 3\n", encoding="utf-8")  # a config file's value: unparsed
+    unpadded = console.run([*RUN, data, "--tools", f"{TOOLS}:now", "--config", str(tmp_path / "run.yaml")])
+    assert (unpadded.returncode, unpadded.stderr) == (2, "Error: pad_tool_turns is 3 in the config file; set it to "
+                                                         "true or false\n")
     planned = console.run([*RUN, data, "--rollout_func", f"{TOOLS}:two_turns", "-o", str(tmp_path / "plan.json")])
     assert planned.returncode == 0, planned.stderr
     rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
