@@ -44,8 +44,10 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     Every other option is TRL's, under TRL's name (see `trl sft --help`), and `--config FILE` reads the same
     YAML file as `trl sft --config`. pad_to_multiple_of defaults to 128, the value TRL resolves on Neuron;
     `--pad_to_multiple_of none` plans the unpadded run. accelerate options such as `--num_processes 2` plan
-    a data-parallel run. GRPO's `tools=` and `environment_factory=`, which no `trl` command passes, are named
-    as `--tools module:attr` and `--environment_factory module:attr`.
+    a data-parallel run. GRPO's `tools=`, `environment_factory=` and `rollout_func=`, which no `trl` command
+    passes, are named as `--tools module:attr`, `--environment_factory module:attr` and `--rollout_func
+    module:attr`; tool turns are planned padded to the round's rows, as `shapeplan guard` makes the run pad them
+    (`--pad_tool_turns false` plans them unpadded).
 
     \b
     Examples:
