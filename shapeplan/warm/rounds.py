@@ -78,6 +78,10 @@ def _side_tasks(plan: Plan, generate_phase: Phase, round_phases: tuple[str, ...]
             completions.setdefault(shape.seq - shape.logits_to_keep, set()).add(shape.logits_to_keep)
     generates = plan.by_phase(generate_phase)
     rounds = {s.batch for s in generates if s.certain}  # generation batches: a round's own generate is certain
+    if not rounds and generates:
+        # every generate of the side uncertain (the eval loop's, after tool turns or a rollout function may have
+        # grown the cache in training): its rounds are the generation batch's, the side's largest
+        rounds = {max(s.batch for s in generates)}
     tasks, trained = [], set()
     for shape in generates:
         assert shape.max_new_tokens is not None

@@ -49,14 +49,18 @@ def test_warm_dispatches_every_device_op_of_a_run_that_calls_tools(method: str, 
 def test_warm_dispatches_every_device_op_of_a_two_turn_rollout(tmp_path: Path) -> None:
     """A `rollout_func` that generates, replies and generates again through the trainer's `_generate_single_turn`,
     returning an env_mask: its warm-up drives each planned call and trains on the planned completion buckets with
-    a mask of its own, so every device op of the real run is dispatched."""
+    a mask of its own, so every device op of the real run is dispatched, in the eval loop too (whose every generate
+    is uncertain: the training rollouts may have grown the cache)."""
     data = tmp_path / "train.jsonl"
     lines = CAPYBARA.read_text(encoding="utf-8").splitlines()[:4]
     data.write_text("".join(json.dumps({"prompt": json.loads(line)["messages"][:1]}) + "\n" for line in lines),
                     encoding="utf-8")
     argv = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "48",
-            "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false"]
+            "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false", "--eval_strategy", "steps",
+            "--eval_steps", "2", "--per_device_eval_batch_size", "2", "--num_generations_eval", "2",
+            "--dataset_test_split", "train"]
     plan = plan_for("grpo", data, [*argv, "--rollout_func", "tests.oracle.agentic_tools:two_turns"], tmp_path / "out")
+    assert not any(s.certain for s in plan.by_phase("eval_generate")) and plan.by_phase("eval")
     turns = [t for t in generation_tasks(plan) if t.turn]
     assert turns and max(c for t in generation_tasks(plan) for c in t.completions) > 64  # past one turn's 48
     real = device_ops(lambda: real_run("grpo", data, argv, tmp_path / "out", rollout_func=agentic_tools.two_turns))

@@ -47,6 +47,13 @@ def test_eval_side_generation_is_a_task_and_a_foreign_phase_is_refused() -> None
                  eval_forward)
     assert generation_tasks(plan) == (GenerateTask("generate", 2, 168, 363, 12, ()),
                                       GenerateTask("eval_generate", 2, 168, 363, 12, (8,)))
+    # every eval generate uncertain (training's tool turns may have grown the cache): the batch's own calls are
+    # rounds, which run the eval forwards; a call of fewer rows, or at a prompt no forward starts at, is a turn
+    uncertain = [Shape("eval_generate", rows, seq, 1, 0, cache_len=400, max_new_tokens=12, certain=False)
+                 for rows, seq in ((2, 168), (1, 168), (2, 256))]
+    assert [(t.batch, t.seq, t.completions, t.turn) for t in generation_tasks(
+        _plan(_generate(168, 363), *uncertain, eval_forward))][1:] == [(2, 168, (8,), False), (1, 168, (), True),
+                                                                       (2, 256, (), True)]
     foreign = _plan(_generate(168, 363), Shape("kl", 2, 168, 1, 0))
     with pytest.raises(PlanFileError, match="the plan has kl shapes, which a grpo run does not meet"):
         generation_tasks(foreign)
