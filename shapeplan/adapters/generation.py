@@ -48,14 +48,9 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     if agentic.tool_loop:
         rows = "padded to the round's rows" if agentic.pads else \
             "on the rows that called a tool, any batch from 1 to the round's rows"
-        out = [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
-               "the cache lengths they reach are planned as a bound (certain: false); pin the cache with "
-               "--generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"]
-        if agentic.pads:
-            out.append("the plan's tool turns are padded to the round's rows, which the run must do too: run it "
-                       "under `shapeplan guard` (or a ShapeGuard holding the plan), or call "
-                       "shapeplan.pad_tool_turns(trainer); --pad_tool_turns false plans it unpadded")
-        return out
+        return [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
+                "the cache lengths they reach are planned as a bound (certain: false); pin the cache with "
+                "--generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"]
     if iterations is None:
         return []
     return [f"max_tool_calling_iterations={iterations} is planned without tool calls: the trainer runs its tool "

@@ -409,7 +409,11 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
         out.append(f"the static cache length grows during the run ({', '.join(map(str, lengths))}: the running "
                    f"maximum of P + max_new_tokens - 1), so generate compiles {pin.graphs} graphs where "
                    f"{pin.pinned_graphs} would do; pin it with --generation_kwargs '{value}'")
-    if layout.tool_loop is not None and not layout.tool_loop.padded:
+    if layout.tool_loop is not None and layout.tool_loop.padded:
+        out.append("the plan's tool turns are padded to the round's rows, which the run must do too: run it under "
+                   "`shapeplan guard` (or a ShapeGuard holding the plan), or call shapeplan.pad_tool_turns(trainer); "
+                   "--pad_tool_turns false plans it unpadded")
+    elif layout.tool_loop is not None:
         generate = [s for s in shapes if s.phase in GENERATE_PHASES]
         padded = len({(s.phase, s.seq, s.cache_len) for s in generate})
         if len(generate) > padded:

@@ -69,6 +69,7 @@ def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
                              layout=layout(dataclasses.replace(loop, padded=True)))
     assert {s.batch for s in padded.by_phase("generate")} == {2}
     assert not [w for w in padded.warnings if w.startswith("tool turns")]
+    assert [w for w in padded.warnings if w.startswith("the plan's tool turns are padded")]
 
 
 def test_no_training_option_plans_the_guide_example() -> None:
