@@ -1,7 +1,8 @@
 """shapeplan: plan and pre-compile every input shape a TRL run feeds the model on AWS Trainium.
 
 The public API: the plan types and file functions; `analyze(method, argv)`, a run's plan as `shapeplan analyze`
-makes it; `ShapeGuard`, the callback that checks a real run against its plan; `resize_images(dataset, sizes)`,
+makes it; `analyze_script(["python", "train.py", ...])`, the plan of the run a training script builds;
+`ShapeGuard`, the callback that checks a real run against its plan; `resize_images(dataset, sizes)`,
 the `datasets.map` step that gives a vision dataset the few image sizes `shapeplan advise` proposes;
 `pad_tool_turns(trainer)`, which makes an agentic run's tool turns generate on the round's rows (as a plan of a
 run with tools has them, unless made with `--pad_tool_turns false`). The planning core (`shapeplan.plan`) is pure
@@ -27,6 +28,10 @@ def __getattr__(name: str) -> object:
         from .services.analyze import analyze
 
         return analyze
+    if name == "analyze_script":
+        from .services.analyze import analyze_script
+
+        return analyze_script
     if name == "pad_tool_turns":
         from .adapters.tool_turns import pad_tool_turns
 
@@ -46,6 +51,7 @@ __all__ = [
     "ShapeplanError",
     "__version__",
     "analyze",
+    "analyze_script",
     "load_plan",
     "pad_tool_turns",
     "plan_from_dict",

@@ -5,6 +5,7 @@
     ├── DatasetError          the dataset is missing, unreadable, empty or unusable (exit 1)
     ├── ModelError            the model or tokenizer cannot be loaded or used (exit 1)
     ├── PlanFileError         a plan file is missing, malformed or does not match (exit 1)
+    ├── ScriptError           a training script failed or ended before building its trainer (exit 1)
     ├── CacheError            a compile cache dir cannot be used (exit 1)
     │   └── CacheMismatchError    a cache archive was compiled for another environment (exit 3)
     └── UnplannedShapeError   a guarded run (`on_unplanned="error"`) met a shape its plan lacks (exit 4)
@@ -62,6 +63,11 @@ class PlanFileError(ShapeplanError):
     pass
 
 
+class ScriptError(ShapeplanError):
+    """A user's training script (script mode: `analyze -- python train.py`) raised, exited or finished before it
+    built the trainer shapeplan plans."""
+
+
 class CacheError(ShapeplanError):
     pass
 
@@ -82,6 +88,7 @@ EXIT_CODES: dict[type[ShapeplanError], int] = {
     DatasetError: 1,
     ModelError: 1,
     PlanFileError: 1,
+    ScriptError: 1,
     CacheError: 1,
     CacheMismatchError: 3,
     UnplannedShapeError: 4,

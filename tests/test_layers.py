@@ -42,13 +42,14 @@ def test_no_module_imports_one_that_imports_it() -> None:
 
 
 def test_the_public_api_is_the_root_and_importing_it_stays_light() -> None:
-    """`import shapeplan` names the plan types, `analyze`, `ShapeGuard`, `pad_tool_turns` and `resize_images` without
-    importing TRL, torch or the services; `shapeplan.analyze` is the service the CLI's `analyze` runs."""
+    """`import shapeplan` names the plan types, `analyze`, `analyze_script`, `ShapeGuard`, `pad_tool_turns` and
+    `resize_images` without importing TRL, torch or the services; `shapeplan.analyze` is the service the CLI's
+    `analyze` runs."""
     code = ("import sys, shapeplan\n"
             "light = sorted(n for n in ('torch', 'trl', 'transformers', 'datasets', 'shapeplan.services') "
             "if n in sys.modules)\n"
             "from shapeplan.services.analyze import analyze\n"
             "print(light, shapeplan.analyze is analyze, sorted(set(shapeplan.__all__) - set(dir(shapeplan))))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    lazy = "['ShapeGuard', 'analyze', 'pad_tool_turns', 'resize_images']"
+    lazy = "['ShapeGuard', 'analyze', 'analyze_script', 'pad_tool_turns', 'resize_images']"
     assert (result.returncode, result.stdout) == (0, f"[] True {lazy}\n"), result.stderr

@@ -46,6 +46,8 @@ def versions() -> dict[str, str]:
 def recorded_config(args: TrainingArgs, argv: list[str]) -> dict[str, Any]:
     return {
         "argv": list(argv),
+        # a script's run: the command that builds it (`warm --plan` re-runs it for the script's objects)
+        **({"command": list(args.objects.command), "trainer": args.objects.trainer} if args.objects else {}),
         "model_name_or_path": args.model.model_name_or_path,
         "num_processes": args.num_processes,
         # the dtype the model loads in (`trl <method>` passes ModelConfig.dtype unless model_init_kwargs sets it)
@@ -65,9 +67,12 @@ def attention_facts(args: TrainingArgs) -> dict[str, Any]:
 
     kwargs = getattr(args.training, "model_init_kwargs", None) or {}
     implementation = kwargs.get("attn_implementation", getattr(args.model, "attn_implementation", None))
+    model = args.objects.model if args.objects is not None else None
     try:
-        config = AutoConfig.from_pretrained(args.model.model_name_or_path or "", revision=args.model.model_revision,
-                                            trust_remote_code=bool(getattr(args.model, "trust_remote_code", False)))
+        # the script's model object: its own config, as loaded
+        config: Any = model.config if model is not None else AutoConfig.from_pretrained(
+            args.model.model_name_or_path or "", revision=args.model.model_revision,
+            trust_remote_code=bool(getattr(args.model, "trust_remote_code", False)))
     except (OSError, ValueError):  # planning needs only the tokenizer; the caveat then says it assumed
         return {"implementation": implementation, "head_dim": None, "dropout": None, "layers": None,
                 "kv_heads": None, "dtype": None}
@@ -133,6 +138,8 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None, vision: bool =
     """The train (and eval) split and the tokenizer, chosen as `trl <method>`'s `main()` chooses them. With
     --dataset_streaming, IterableDatasets read lazily (every planner streams them). `vision`: the method's planner
     plans image rows (the others refuse them)."""
+    if args.objects is not None:
+        return _script_data(args, vision=vision)
     script = args.script
     mixture = args.dataset_mixture
     streaming = streamed(args)
@@ -183,6 +190,26 @@ def load_run_data(args: TrainingArgs, *, eval_source: str | None, vision: bool =
         trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)),
     )
     return RunData(train=train, eval=eval_data, tokenizer=tokenizer, source=source)
+
+
+def _script_data(args: TrainingArgs, *, vision: bool) -> RunData:
+    """The datasets and processing class a script hands its trainer (script mode), as the trainer takes them."""
+    objects = args.objects
+    assert objects is not None
+    source = f"the train_dataset of {objects.trainer}"
+    check_rows(objects.train_dataset, source)
+    if not vision:
+        check_text_only(objects.train_dataset, source, args.method)
+    evaluation = objects.eval_dataset if getattr(args.training, "eval_strategy", "no") != "no" else None
+    if evaluation is not None:
+        check_rows(evaluation, f"the eval_dataset of {objects.trainer}")
+        if not vision:
+            check_text_only(evaluation, f"the eval_dataset of {objects.trainer}", args.method)
+    tokenizer = objects.processing_class
+    if tokenizer is None:  # the trainer loads it from the model's id
+        tokenizer = load_tokenizer(args.model.model_name_or_path, revision=args.model.model_revision,
+                                   trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)))
+    return RunData(train=objects.train_dataset, eval=evaluation, tokenizer=tokenizer, source=source)
 
 
 def _only_split(data: Any, preferred: str, source: str) -> Any:

@@ -38,6 +38,10 @@ def refuse_unplannable(args: TrainingArgs) -> None:
     if args.training.use_vllm:
         raise UsageError("use_vllm=True is not planned: vLLM does not run on Neuron; drop --use_vllm to generate "
                          "with transformers")
+    iterations = getattr(args.training, "max_tool_calling_iterations", None)
+    if iterations is not None and iterations < 0:  # the trainer would run no tool turn at all, as with 0
+        raise UsageError(f"--max_tool_calling_iterations must be 0 or more (or unset: no limit), got {iterations}; "
+                         "pass the run's limit of tool-calling turns")
 
 
 def tool_loop_warnings(args: TrainingArgs) -> list[str]:
@@ -88,6 +92,46 @@ def static_cache(generation: GenerationConfig) -> bool:
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
+class UnloadedModel:
+    """The planning trainer's `model` and `model_wrapped`: there, so that a rollout function can pass them on (to
+    `unwrap_model_for_generation`, say); a call into them is refused, since planning loads no weights."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("the rollout function calls the trainer's model itself, which shapeplan's dry run does not "
+                         "load: generate through trainer._generate_single_turn(prompt_ids, ...), the trainer's own "
+                         "generation path, which shapeplan plans")
+
+    generate = forward = __call__ = _refuse
+    is_gradient_checkpointing = False  # read by TRL's unwrap_model_for_generation
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._refuse()
+
+
+class PlanningAccelerator:
+    """The planning trainer's `accelerator`, as rank 0 of the run sees it, for what a rollout function reads: where it
+    runs, which rank it is, and the model unwrapped (itself)."""
+
+    process_index = local_process_index = 0
+    num_processes = 1
+    is_main_process = is_local_main_process = True
+    state = type("State", (), {"deepspeed_plugin": None, "fsdp_plugin": None})()
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+    def unwrap_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        return model
+
+    def wait_for_everyone(self) -> None:
+        return None
+
+
 def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingConfig, agentic: Agentic) -> Any:
     """A trainer of `spec`'s class with only the attributes `_tokenize_prompts` reads, set as `__init__` sets them
     for a text model with `agentic`'s tools and environments."""
@@ -96,6 +140,9 @@ def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingCo
     trainer_class = spec.trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
+    # what a rollout function reads of a real trainer besides its config: planning loads no weights
+    trainer.model = trainer.model_wrapped = UnloadedModel()
+    trainer.accelerator = PlanningAccelerator()
     trainer._is_vlm = False
     trainer.chat_template_kwargs = config.chat_template_kwargs or {}
     setup_trainer(trainer, agentic, tokenizer)
@@ -212,8 +259,15 @@ def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...
     `images` / `eval_images`: the prompts' grids of a vision-language run; `rollouts`: what the run's rollout
     function does with each batch of prompts."""
     if args.agentic:
+        from .agentic import check_tool_turns
+
         config = {**config, **args.agentic.recorded(),
                   "tool_turns": layout.tool_loop.turns if layout.tool_loop else 0}
+        # every rank generates on its batch each round, and on each eval batch at each evaluation
+        rounds = (-(-loop.total_steps * loop.gradient_accumulation_steps // layout.generate_every)
+                  * args.num_processes + len(evals.steps) * sum(map(len, evals.order)))
+        check_tool_turns(layout, [*train_lengths, *evals.lengths], rounds=rounds, max_steps=loop.max_steps,
+                         rows=max(layout.batch_size * layout.steps_per_generation, layout.eval_batch_size))
     return plan_generation(
         method=args.method,
         prompt_lengths=train_lengths,

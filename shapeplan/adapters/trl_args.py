@@ -36,6 +36,21 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 NEURON_PAD_TO_MULTIPLE_OF = 128
 
 
+@dataclass(frozen=True)
+class ScriptObjects:
+    """What a user's training script hands its trainer besides the config (script mode, `shapeplan analyze --
+    python train.py`): the objects themselves, planned as the trainer would take them."""
+
+    command: tuple[str, ...]  # the command that built them, as given: a plan records it, `warm --plan` re-runs it
+    trainer: str  # the trainer the script trains, and where it built it: `SFTTrainer (train.py:42)`
+    train_dataset: Any
+    eval_dataset: Any | None
+    processing_class: Any | None  # None: loaded from the model's id, as the trainer does
+    model: Any | None  # the model object, where the script passes one (None: a model id)
+    peft_config: Any | None
+    reward_funcs: tuple[Any, ...] = ()
+
+
 @dataclass
 class TrainingArgs:
     """What `trl <method>` would have parsed, plus the launch settings that change batching."""
@@ -49,6 +64,8 @@ class TrainingArgs:
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
     # tools, environments, a rollout function: objects, not TRL options (empty, and false, where the run has none)
     agentic: Agentic = field(default_factory=Agentic)
+    # a script's own objects (script mode), planned instead of the data and tokenizer the options name
+    objects: ScriptObjects | None = None
 
     @property
     def method(self) -> Method:
@@ -109,7 +126,7 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
     num_processes = _launch_num_processes(spec, _launch_options(spec, argv))
     parser = make_parser(spec)
     try:
-        with _world_size(num_processes), warnings.catch_warnings():
+        with world_size(num_processes), warnings.catch_warnings():
             # TRL's own defaults trip transformers' deprecation notices (gradient_checkpointing); none is the user's.
             warnings.simplefilter("ignore", FutureWarning)
             with materialized(argv) as words:  # TRL opens the config itself: a pipe is read once, here
@@ -178,7 +195,7 @@ def _launch_options(spec: TrainerSpec, argv: list[str]) -> list[str]:
 
 
 @contextmanager
-def _world_size(num_processes: int) -> Iterator[None]:
+def world_size(num_processes: int) -> Iterator[None]:
     """Configs built while parsing see the run's process count: GRPO and RLOO size the generation batch with it."""
     from transformers import TrainingArguments
 

@@ -46,6 +46,7 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
       shapeplan advise --method grpo trl-lib/tldr --html advice.html
       shapeplan advise data.jsonl --calibrate /var/cache/shapeplan --json
     """
+    from ..adapters.script.command import is_script_command
     from ..adapters.trl_args import split_run_arguments
     from ..plan.io import write_atomic
     from ..services.advice_page import render_html
@@ -55,6 +56,10 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     from ..services.trainers import trainer_spec
     from ..services.vision_advice import VisionAdvice, render_vision_advice, vision_advice_to_dict
 
+    if is_script_command(trl_args):
+        raise UsageError("advise weighs a run given as TRL options, not yet a script's run: plan the script with "
+                         "`shapeplan analyze -- python train.py`, and advise on its options as "
+                         "`shapeplan advise DATASET --model MODEL [TRL options]`")
     dataset_progress_bars(sys.stderr.isatty())
     argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
     advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,

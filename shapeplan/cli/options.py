@@ -43,6 +43,12 @@ def run_options(command: Command) -> Command:
         context = click.get_current_context()
         given = context.get_parameter_source("method") is not ParameterSource.DEFAULT
         method, words = unwrap_command(kwargs["method"] if given else None, kwargs["trl_args"])
+        from ..services.run import script_command
+
+        # the user's own script (script mode): it names its own data and model, its words are its own
+        if script_command(words, method=kwargs["method"] if given else None, model=kwargs["model"],
+                          eval_dataset=kwargs["eval_dataset"], split=kwargs["split"]) is not None:
+            return body(**{**kwargs, "trl_args": words})
         check_own_options(context.command, words)
         from ..adapters.prechecks import refuse_before_imports
 

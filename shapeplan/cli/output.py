@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -33,6 +34,11 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
         click.echo(render_plan(plan, generate_minutes=generate_minutes))
         if output is not None:
             click.echo(f"plan written to {output}", err=True)
+    script = plan.config.get("command")
+    if output is not None and isinstance(script, list):  # a script's run: the next two steps, one command line each
+        quoted = shlex.quote(output)
+        click.echo(f"next: shapeplan warm --plan {quoted}, then train with `shapeplan guard --plan {quoted} -- "
+                   f"{shlex.join(script)}`", err=True)
 
 
 def emit_caveats(plan: Plan, *, with_plan_warnings: bool) -> None:

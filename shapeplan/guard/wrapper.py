@@ -11,8 +11,6 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
-import runpy
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..adapters.script.command import ScriptCommand, after_import, parse_command
 from ..errors import UsageError, first_line
 
 USAGE = "give the training command after `--`: `trl sft ARGS`, `python train.py ARGS`, `train.py ARGS` or " \
@@ -27,29 +26,6 @@ USAGE = "give the training command after `--`: `trl sft ARGS`, `python train.py 
 
 
 TRAINER_MODULE = "transformers.trainer"
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once `name` has been imported (by whoever imports it first), then leaves sys.meta_path."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            load(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader instance
-        return spec
 
 
 @contextmanager
@@ -75,16 +51,11 @@ def guarding(make_guard: Callable[[], Any]) -> Iterator[None]:
         trainer.__init__ = guarded_init  # restored below
         patched.append((trainer, init))
 
-    hook = _AfterImport(TRAINER_MODULE, patch)
-    if TRAINER_MODULE in sys.modules:  # `trl <method>` has loaded it to read its options
-        patch(sys.modules[TRAINER_MODULE])
-    else:
-        sys.meta_path.insert(0, hook)
+    hook = after_import(TRAINER_MODULE, patch)  # now, where `trl <method>` has loaded it to read its options
     try:
         yield
     finally:
-        if hook in sys.meta_path:
-            sys.meta_path.remove(hook)
+        hook.remove()
         for trainer, init in patched:
             trainer.__init__ = init  # the original, saved above
 
@@ -133,38 +104,17 @@ def _check_loadable(method: str, dataset_name: str | None) -> None:
 
 
 def command_runner(command: list[str]) -> Callable[[], None]:
-    """What runs `command` in this process as its own `__main__`, with its own `sys.argv` (checked now, so a
-    mistyped command is refused before any library loads)."""
+    """What runs `command` in this process as its own `__main__`, with its own `sys.argv` and, as `python` has it,
+    its folder (`-m`: the working directory) first on `sys.path` (checked now, so a mistyped command is refused
+    before any library loads)."""
     words = list(command)
     if words and Path(words[0]).name.startswith("python"):
         words = words[1:]
     if not words:
         raise UsageError(f"no training command; {USAGE}")
     if words[0] == "trl" and len(words) > 1:
-        script = str(_trl_script(words[1], words[2:]))
-        return _as_main([script, *words[2:]], lambda: runpy.run_path(script, run_name="__main__"))
-    if words[0] == "-m" and len(words) > 1:
-        module = words[1]
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError):  # a missing parent package, an empty or relative name
-            found = None
-        if found is None:
-            raise UsageError(f"no module named {module!r} to run with -m; install it or fix the name; {USAGE}")
-        return _as_main(words[1:], lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
-    if words[0].endswith(".py"):
-        if not Path(words[0]).is_file():
-            raise UsageError(f"training script {words[0]} not found; {USAGE}")
-        return _as_main(words, lambda: runpy.run_path(words[0], run_name="__main__"))
+        script = _trl_script(words[1], words[2:])
+        return ScriptCommand(tuple(command), str(script), tuple(words[2:])).run
+    if words[0] in ("-m", "--module") or words[0].endswith(".py"):
+        return parse_command(words, usage=USAGE).run
     raise UsageError(f"cannot run {' '.join(command[:2])!r} in-process; {USAGE}")
-
-
-def _as_main(argv: list[str], run: Callable[[], object]) -> Callable[[], None]:
-    def runner() -> None:
-        saved = sys.argv
-        sys.argv = list(argv)
-        try:
-            run()
-        finally:
-            sys.argv = saved
-    return runner

@@ -15,6 +15,7 @@ from ..plan.model import Plan
 from .trainers import MEASURED, trainer_spec
 
 if TYPE_CHECKING:
+    from ..adapters.script.command import ScriptCommand
     from ..adapters.trainer import TrainerSpec
     from ..adapters.trl_args import TrainingArgs
 
@@ -57,8 +58,11 @@ def analyze_command_line(method: str, words: Sequence[str], *, model: str | None
     """`analyze` for the run as `shapeplan analyze` names it: `words` are TRL's options and at most one bare DATASET,
     `model` and `split` stand for --model_name_or_path and --dataset_train_split."""
     from ..adapters.config_file import checked_config
+    from ..adapters.script.command import is_script_command
     from ..adapters.trl_args import split_run_arguments
 
+    if is_script_command(words):  # the user's own script: the run it builds
+        return analyze_script(words, progress_bars=progress_bars)
     checked_config(words)  # a bad --config file is refused before TRL is imported
     spec = trainer_spec(method)
     key_words = [*words, *(["--model", model] if model else []), *(["--split", split] if split else []),
@@ -95,6 +99,25 @@ def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list
         if key is not None and not args.agentic and not any(s.pixel_values for s in plan.shapes):
             plan_cache.store(key, plan)
     return plan
+
+
+def plan_parsed(args: TrainingArgs, *, progress_bars: bool = True) -> Plan:
+    """The plan of a run already read into `args` (a script's, `services/script.py`), never cached: its objects are
+    code and data no key names."""
+    return _cached(args.spec, [], lambda: [], parsed=args, eval_source=None, use_cache=False,
+                   progress_bars=progress_bars)
+
+
+def analyze_script(command: Sequence[str] | ScriptCommand, *, progress_bars: bool = True) -> Plan:
+    """The plan of the run a training script builds: `command` as after `--` (`["python", "train.py", ...]`,
+    `["accelerate", "launch", "--num_processes", "2", "train.py"]`, `["torchrun", ...]`). The script runs in this
+    process up to its trainer, which never trains; see docs/analyze.md ("Your own script")."""
+    from ..adapters.script.command import ScriptCommand, parse_command
+    from .script import script_args
+
+    dataset_progress_bars(progress_bars)  # before the script maps its data
+    parsed = command if isinstance(command, ScriptCommand) else parse_command(list(command))
+    return plan_parsed(script_args(parsed), progress_bars=progress_bars)
 
 
 def histogram_lengths(method: str, words: Sequence[str], *, model: str | None = None, split: str | None = None,

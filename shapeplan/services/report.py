@@ -115,6 +115,8 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
     lines = [
         f"{plan.method.upper()} plan for {model} (pad_to_multiple_of={pad}, "
         f"{plan.config.get('num_processes', 1)} process(es)){'' if plan.exact else ' — a bound, not exact'}",
+        *([f"planned from `{shlex.join(plan.config['command'])}`: the {plan.config['trainer']} it trains"]
+          if isinstance(plan.config.get("command"), list) and "trainer" in plan.config else []),
         "",
         table(headers, rows, text_columns=(0, 5)),
         "",

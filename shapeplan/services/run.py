@@ -5,6 +5,7 @@ arguments), the arguments checked against the plan, and its warmer (`load_run`);
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PlanFileError, UsageError
 
 if TYPE_CHECKING:
+    from ..adapters.script.command import ScriptCommand
     from ..adapters.trainer import TrainerSpec
     from ..plan.model import Plan
     from ..warm.backends.base import Backend
@@ -41,6 +43,9 @@ def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None
             raise UsageError(f"`trl {words[1]}` is not a training command shapeplan plans; wrap one of "
                              f"{', '.join(f'`trl {m}`' for m in METHODS)}")
         wrapped, argv = words[1], words[2:]
+    elif head == "accelerate" and words[1:2] != ["launch"]:
+        raise UsageError(f"`{' '.join(words[:2])}` starts no training run; wrap `accelerate launch [OPTIONS] "
+                         "train.py ...` or `trl sft ...`")
     elif (head == "accelerate" and words[1:2] == ["launch"]) or head.startswith("python"):
         start = 2 if head == "accelerate" else 1
         for i in range(start, len(words)):
@@ -50,14 +55,30 @@ def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None
                 launch = [w for w in words[start:i] if w not in _SCRIPT_FLAGS]
                 argv = [*words[i + used:], *launch]
                 break
-        else:
-            raise UsageError(f"`{' '.join(words[:4])} ...` runs no TRL training script; shapeplan plans `trl METHOD` "
-                             "runs: wrap `trl sft ...` or `accelerate launch ... -m trl.scripts.sft ...`")
+        else:  # the user's own script: script mode (`script_command`)
+            return method, tuple(words)
     else:
         return method, tuple(words)
     if method is not None and method != wrapped:
         raise UsageError(f"--method {method} disagrees with the wrapped `trl {wrapped}`; drop --method")
     return wrapped, tuple(argv)
+
+
+def script_command(words: Sequence[str], *, method: str | None = None, dataset: bool = False,
+                   model: str | None = None, eval_dataset: str | None = None, split: str | None = None
+                   ) -> ScriptCommand | None:
+    """The user's training script `words` run (after `unwrap_command`: no TRL command), or None. The script names
+    its data, model and trainer: options that would name them too are refused."""
+    from ..adapters.script.command import is_script_command, parse_command
+
+    if not is_script_command(words):
+        return None
+    named = [label for label, value in (("--method", method), ("--model", model), ("--eval-dataset", eval_dataset),
+                                        ("--split", split)) if value is not None]
+    if named:
+        raise UsageError(f"{named[0]} is given with a training script, which builds its own trainer, model and data; "
+                         f"drop {named[0]} (shapeplan plans what the script builds)")
+    return parse_command(words)
 
 
 def _trl_script(words: list[str], methods: Sequence[str]) -> tuple[str, int] | None:
@@ -125,6 +146,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     planning, and before any model loads."""
     from ..adapters.data import check_weight_files
     from ..adapters.grpo import with_guide_example
+    from ..adapters.script.command import is_script_command
     from ..adapters.trl_args import given_options, parse_training_args, split_run_arguments
     from ..plan.io import load_plan
     from ..warm.identity import check_plan_fits_model
@@ -135,6 +157,9 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     named: set[str] = set()
     if plan_path is not None:
         plan = load_plan(plan_path)
+    if is_script_command(trl_args) or (plan is not None and "command" in plan.config and not trl_args):
+        return _script_run(plan, plan_path, trl_args, device)
+    if plan is not None and plan_path is not None:
         if method is not None and method != plan.method:
             raise PlanFileError(f"the plan is for {plan.method}, but --method {method} is given; drop --method (the "
                                 f"plan names it) or re-create the plan with `shapeplan analyze --method {method}`")
@@ -165,6 +190,43 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         check_warmable(spec, plan)  # a plan file's is checked as it is read
     elif named:
         check_config(plan, args, planned, named)
+    check_plan_fits_model(plan, args)
+    return plan, warmer
+
+
+def _script_run(plan: Plan | None, plan_path: str | None, words: Sequence[str], device: str
+                ) -> tuple[Plan, Warmer[Any]]:
+    """`load_run` for a training script (script mode): the run its trainer holds, built for `device`; with a plan
+    made from a script and no command given, the plan's recorded command is re-run for the script's objects."""
+    from ..adapters.data import check_weight_files
+    from ..adapters.script.command import parse_command
+    from ..warm.identity import check_plan_fits_model
+    from .analyze import plan_parsed
+    from .script import script_args
+
+    recorded = plan.config.get("command") if plan is not None else None
+    if plan is not None and recorded is None:
+        raise PlanFileError(f"plan {plan_path} was made from TRL options, not a script; warm it with `shapeplan warm "
+                            "--plan PLAN` alone, or re-create it with `shapeplan analyze -o PLAN -- python train.py`")
+    if recorded is not None and not (isinstance(recorded, list) and recorded and
+                                     all(isinstance(word, str) for word in recorded)):
+        raise PlanFileError(f"plan {plan_path}: config.command must be the script's command as a list of strings, "
+                            f"got {recorded!r}; re-create it with `shapeplan analyze -o PLAN -- python train.py`")
+    words = list(words) or list(recorded or [])
+    if recorded is not None and words != recorded:
+        raise PlanFileError(f"plan {plan_path} was made from `{shlex.join(recorded)}`, not `{shlex.join(words)}`; "
+                            "give the same command, or re-create the plan from this one")
+    # planning resolves the configs for the CPU; a warm-up on an accelerator needs the run's own device setting
+    args = script_args(parse_command(words), use_cpu=device == "cpu")
+    check_weight_files(args.model.model_name_or_path)  # warm loads the weights; a cut file fails every shape
+    warmer = args.spec.warmer(args)
+    if plan is None:
+        plan = plan_parsed(args)
+    elif plan.method != args.method:
+        trainer = args.objects.trainer if args.objects is not None else args.method
+        raise PlanFileError(f"plan {plan_path} is for {plan.method}, but the script trains {trainer}; re-create the "
+                            "plan from the script")
+    check_warmable(args.spec, plan)
     check_plan_fits_model(plan, args)
     return plan, warmer
 

@@ -75,6 +75,17 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
     return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
 
 
+def guarded_script(plan_path: str | None, command: Sequence[str]) -> TrlCommand:
+    """The command that trains a script's run (script mode) under the guard: `shapeplan guard --plan PLAN --
+    COMMAND`. The guard applies the compiler settings the warm-up used (Python-only ones among them, which no
+    `export` carries) and checks every shape against the plan."""
+    plan = ("--plan", plan_path) if plan_path is not None else ()
+    notes = () if plan_path is not None else (
+        "add --plan PLAN (written by `shapeplan analyze -o PLAN -- " + shlex.join(command) + "`) to check every shape "
+        "the run meets against the plan",)
+    return TrlCommand(words=("shapeplan", "guard", *plan, "--", *command), notes=notes)
+
+
 _AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns", "no_pad_tool_turns")
 
 

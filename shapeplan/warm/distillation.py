@@ -14,6 +14,7 @@ from typing import Any
 
 from ..plan.model import Phase
 from .generation import GenerationWarmer
+from .identity import script_objects
 
 # The forwards of a round: on the train side, and in the eval loop.
 ROUND_PHASES: tuple[Phase, ...] = ("train", "teacher")
@@ -57,4 +58,5 @@ class DistillationWarmer(GenerationWarmer):
             quantization_config=trl.get_quantization_config(model_args),
             peft_config=trl.get_peft_config(model_args),
             **({"tools": self.tools} if self.tools else {}),
+            **script_objects(self.args),
         )

@@ -49,7 +49,7 @@ from ..adapters.agentic import probed_tools
 from ..adapters.lora import inner_model
 from ..errors import UsageError, first_line
 from ..plan.model import Plan
-from .identity import check_plan_identity, environment, load_run_tokenizer
+from .identity import check_plan_identity, environment, load_run_tokenizer, script_objects
 from .rounds import (
     EVAL_ROUND_PHASES,
     ROUND_PHASES,
@@ -189,6 +189,7 @@ class GenerationWarmer:
             quantization_config=trl.get_quantization_config(model_args),
             **({"tools": self.tools} if self.tools else {}),
             **({"rollout_func": _rollout} if self.rollout else {}),
+            **script_objects(self.args),
         )
 
     def run(self, tasks: Sequence[GenerateTask], context: Sequence[GenerateTask], tracker: Tracker) -> None:

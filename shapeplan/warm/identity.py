@@ -17,11 +17,22 @@ if TYPE_CHECKING:
 
 
 def load_run_tokenizer(args: TrainingArgs) -> Any:
-    """The tokenizer of the run's model, loaded as the planning adapters load it."""
+    """The tokenizer of the run's model, loaded as the planning adapters load it (a script's own processing class,
+    where it hands the trainer one)."""
     from ..adapters.data import load_tokenizer
+
+    if args.objects is not None and args.objects.processing_class is not None:
+        return args.objects.processing_class
 
     return load_tokenizer(args.model.model_name_or_path, revision=args.model.model_revision,
                           trust_remote_code=bool(args.training.trust_remote_code))
+
+
+def script_objects(args: TrainingArgs) -> dict[str, Any]:
+    """What a script hands its trainer that a warm-up's trainer takes too: its processing class (a tokenizer the
+    script configured: the plan was made with it)."""
+    processing = args.objects.processing_class if args.objects is not None else None
+    return {"processing_class": processing} if processing is not None else {}
 
 
 def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> None:

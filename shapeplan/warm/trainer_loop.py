@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import PlanFileError, first_line
 from ..plan.model import Plan
-from .identity import check_plan_identity, environment, load_run_tokenizer
+from .identity import check_plan_identity, environment, load_run_tokenizer, script_objects
 from .model import WarmTask
 from .runner import WARMED_PHASES, tasks_from_plan
 from .tracker import Tracker
@@ -243,7 +243,7 @@ class TrainerLoopWarmer(ABC, Generic[BatchT]):
             eval_dataset=eval_dataset,
             peft_config=get_peft_config(model_args),
             quantization_config=get_quantization_config(model_args),
-            **self._trainer_kwargs(),
+            **{**script_objects(self.args), **self._trainer_kwargs()},
         )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; the warm-up reports for itself
         return trainer

@@ -1,75 +1,90 @@
-"""An agentic GRPO run under torch.compile (Inductor), as users run one: their own script hands `GRPOTrainer` a
-tool, `shapeplan analyze --tools` plans it (tool turns padded to the round's rows, the default), `shapeplan warm`
-compiles the plan, and `shapeplan guard -- python train.py` runs the script, padding its tool turns as the plan
-says. The tool sends every other row out of the loop, so unpadded the run would generate a turn on one row of two,
-a graph the warm-up never made; padded, the guarded run compiles nothing."""
+"""A user's agentic GRPO script under torch.compile (Inductor), taken as it is: it builds its data with
+`Dataset.from_list(...).map(...)`, defines its tool and its config in the script and imports its reward from a
+module beside it. `shapeplan analyze -o PLAN -- python train.py` plans the trainer the script builds (tool turns
+padded to the round's rows, the default), `shapeplan warm --plan PLAN` re-runs the script for its objects and
+compiles the plan, and the command warm prints (`shapeplan guard --plan PLAN -- python train.py`), run as printed,
+compiles nothing. The tool sends every other row out of the loop, so unpadded the run would generate a turn on one
+row of two, a graph the warm-up never made; the guard pads it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from shapeplan.plan.io import load_plan
 from tests import console
 from tests.conftest import ROOT, TINY_MODEL
-from tests.guard.test_guard_cli import TRL_RUN
-from tests.oracle import agentic_tools
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = """import importlib
+SCRIPT = """import itertools
+import json
 
-import trl
-from datasets import load_dataset
-from trl.scripts.grpo import make_parser
+from datasets import Dataset
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
 
-from tests.oracle.agentic_tools import ticket
+from my_rewards import reward_len  # a module beside the script, as `python train.py` imports it
+from tests.oracle.agentic_tools import forced_call
 
-script, config, model_args, _ = make_parser().parse_args_and_config()
-config.model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": config.trust_remote_code,
-                            "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
-module, name = script.reward_funcs[0].rsplit(".", 1)
-trl.GRPOTrainer(model=model_args.model_name_or_path, reward_funcs=[getattr(importlib.import_module(module), name)],
-                args=config, train_dataset=load_dataset(script.dataset_name, split="train"), tools=[ticket]).train()
+MODEL = {model!r}
+_tickets = itertools.count()
+
+
+def ticket() -> str:
+    '''Open a support ticket.'''
+    # every other call answers at length: those rows leave the tool loop, so a turn generates on some rows
+    return "opened" if next(_tickets) % 2 == 0 else "queued " * 100
+
+
+def main():
+    rows = Dataset.from_list([{{"id": i}} for i in range(4)])
+    rows = rows.map(lambda row: {{"prompt": [{{"role": "user", "content": f"Ticket {{row['id']}}."}}]}},
+                    remove_columns=["id"])
+    generation = {{**json.loads(forced_call(AutoTokenizer.from_pretrained(MODEL), "ticket", {{}})),
+                   "max_cache_len": 1024}}  # pinned: one cache length, the turns included
+    config = GRPOConfig(output_dir="out", per_device_train_batch_size=2, num_generations=2, max_completion_length=200,
+                        max_tool_calling_iterations=2, max_steps=2, cache_implementation="static", bf16=False,
+                        use_cpu=True, pad_to_multiple_of=256, torch_compile=True, generation_kwargs=generation,
+                        report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=config, train_dataset=rows, tools=[ticket])
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
-def test_a_guarded_agentic_run_compiles_nothing_after_the_warm_up(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Ticket {i}."}]})
-                                              + "\n" for i in range(4)), encoding="utf-8")
+def test_a_guarded_agentic_script_compiles_nothing_after_the_warm_up(tmp_path: Path) -> None:
     (tmp_path / "my_rewards.py").write_text("def reward_len(completions, **kwargs):\n"
                                             "    return [float(len(c)) for c in completions]\n", encoding="utf-8")
-    (tmp_path / "train.py").write_text(SCRIPT, encoding="utf-8")
-    generation = {**json.loads(agentic_tools.forced_call(AutoTokenizer.from_pretrained(TINY_MODEL), "ticket", {})),
-                  "max_cache_len": 1024}  # pinned: one cache length, the turns included
-    settings = {"dataset_name": data, "model_name_or_path": TINY_MODEL, "reward_funcs": "[my_rewards.reward_len]",
-                "per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 200,
-                "max_tool_calling_iterations": 2, "max_steps": 2, "cache_implementation": "static", "bf16": "false",
-                "pad_to_multiple_of": 256, "torch_compile": "true", "generation_kwargs": json.dumps(generation)}
-    config = tmp_path / "grpo.yaml"
-    config.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()), encoding="utf-8")
-    plan_path, cache, record = tmp_path / "plan.json", tmp_path / "cache", tmp_path / "run.json"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    (tmp_path / "train.py").write_text(SCRIPT.format(model=str(TINY_MODEL)), encoding="utf-8")
+    cache, record = tmp_path / "cache", tmp_path / "run.json"
+    # the repository on the path for tests.oracle only: the script's own folder is the script's business
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
 
-    def run(*args: str | Path) -> str:
+    def run(*args: str | Path) -> tuple[str, str]:
         result = console.run(args, env=env, cwd=tmp_path, timeout=1800)
         assert result.returncode == 0, result.stderr[-3000:]
-        return result.stderr
+        return result.stdout, result.stderr
 
-    run("analyze", "--method", "grpo", "--config", config, "--tools", "tests.oracle.agentic_tools:ticket",
-        "-o", plan_path)
-    plan = load_plan(plan_path)
-    assert plan.config["pad_tool_turns"] is True
+    run("analyze", "-o", "plan.json", "--", "python", "train.py")
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.method == "grpo" and plan.config["command"] == ["python", "train.py"]
+    assert plan.config["trainer"].startswith("GRPOTrainer (train.py:")
+    assert plan.config["pad_tool_turns"] is True and plan.config["tools"] == ["ticket"]
     assert {s.batch for s in plan.shapes if s.phase == "generate"} == {2}
-    run("warm", "--plan", plan_path, "--device", "cpu", "--cache-dir", cache)
-    guarded = run("guard", "--plan", plan_path, "--record", record, "--", "python", tmp_path / "train.py", "--config",
-                  config, "--output_dir", tmp_path / "out", *TRL_RUN)
+    assert not (tmp_path / "out").exists()  # analyze never trains: nothing the run writes is left behind
+    warmed, _ = run("warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", cache)
+    printed = warmed.splitlines()[warmed.splitlines().index("Then train with:") + 1].strip()
+    assert printed == "shapeplan guard --plan plan.json -- python train.py"
+    words = shlex.split(printed)
+    _, guarded = run(*words[1:4], "--record", record, *words[4:])  # as printed, plus a record to read
     summary = next(line for line in guarded.splitlines() if line.startswith("shapeplan: "))
     assert ", 0 unplanned, 0 compiles" in summary, summary
     met = load_plan(record)
