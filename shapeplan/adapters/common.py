@@ -205,7 +205,8 @@ def _script_data(args: TrainingArgs, *, vision: bool) -> RunData:
         check_rows(evaluation, f"the eval_dataset of {objects.trainer}")
         if not vision:
             check_text_only(evaluation, f"the eval_dataset of {objects.trainer}", args.method)
-    tokenizer = objects.processing_class
+    # a processor's text side: the vision planners read the image side from the model's id (docs/analyze.md)
+    tokenizer = getattr(objects.processing_class, "tokenizer", objects.processing_class)
     if tokenizer is None:  # the trainer loads it from the model's id
         tokenizer = load_tokenizer(args.model.model_name_or_path, revision=args.model.model_revision,
                                    trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)))

@@ -181,3 +181,58 @@ first.train()
     assert plan.config["trainer"] == "MyTrainer(SFTTrainer) (train.py:17)"
     assert plan.config["max_length"] == 512 and max(s.seq for s in plan.shapes) == 512
     assert SFTTrainer.__init__ is init and "__getattr__" not in vars(SFTTrainer.__mro__[-2])
+
+
+def test_a_vision_script_and_a_rollout_script_plan_as_restated(tmp_path: Path) -> None:
+    """A vision-language SFT script plans as the same run restated as options (its images read from their headers,
+    the processor's settings from the model); a GRPO script whose rollout function reads what a real trainer has
+    (`trainer.model_wrapped`, `trainer.accelerator`, through TRL's `unwrap_model_for_generation`) and generates
+    through `trainer._generate_single_turn` is planned (before, its dry run failed on `model_wrapped`)."""
+    from tests.conftest import TINY_VL_MODEL
+    from tests.oracle.vision_data import write_images, write_rows
+
+    data = write_rows(tmp_path / "train.jsonl", write_images(tmp_path / "images"), 6, seed=3)
+    options = ["--per_device_train_batch_size", "2", "--max_steps", "3", "--max_length", "512"]
+    restated = _run("analyze", "--json", data, "--model", TINY_VL_MODEL, *options, cwd=tmp_path)
+    assert restated.returncode == 0, restated.stderr[-2000:]
+    vision = f"""import sys
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+rows = load_dataset("json", data_files={str(data)!r}, split="train")
+config = SFTConfig("out", per_device_train_batch_size=2, max_steps=3, max_length=512)
+SFTTrainer(model={str(TINY_VL_MODEL)!r}, args=config, train_dataset=rows).train()
+"""
+    (tmp_path / "vision.py").write_text(vision, encoding="utf-8")
+    result = _run("analyze", "--json", "--", "python", "vision.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    planned = plan_from_dict(json.loads(result.stdout))
+    assert planned.shapes == plan_from_dict(json.loads(restated.stdout)).shapes
+    assert any(s.pixel_values for s in planned.shapes)
+
+    rollout = f"""from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import unwrap_model_for_generation
+
+
+def rollout(prompts, trainer):
+    tokenizer = trainer.processing_class
+    ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+           for p in prompts]
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator):
+        completions, _ = trainer._generate_single_turn(ids, None, {{}}, 1)
+    return {{"prompt_ids": ids, "completion_ids": completions, "logprobs": None}}
+
+
+rows = Dataset.from_list([{{"prompt": [{{"role": "user", "content": "Say " + "yes " * i}}]}} for i in range(8)])
+config = GRPOConfig("out", per_device_train_batch_size=4, num_generations=4, max_completion_length=64,
+                    max_steps=2, cache_implementation="static")
+GRPOTrainer(model={str(TINY_MODEL)!r}, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,
+            train_dataset=rows, rollout_func=rollout).train()
+"""
+    (tmp_path / "rollout.py").write_text(rollout, encoding="utf-8")
+    result = _run("analyze", "--json", "--", "python", "rollout.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    planned = plan_from_dict(json.loads(result.stdout))
+    assert planned.config["rollout_func"] == "__main__:rollout"
+    assert {s.phase for s in planned.shapes} >= {"generate", "train"}
