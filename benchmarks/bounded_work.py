@@ -1,7 +1,8 @@
 """Runs a typed number cannot make unbounded (issue 22): each answered in about the time of an ordinary plan of the
 same data, side by side with that plan, through the installed console script. Before, `--max_steps 1e9` and
 `--num_processes 100000` ran for minutes without an answer, SHAPEPLAN_WORKERS=100000 forked thousands of processes,
-and a 100,000-deep JSONL row killed the process with SIGSEGV.
+and a 100,000-deep JSONL row killed the process with SIGSEGV; a run with tools and `--max_completion_length 100000`
+(issue 53) exhausted memory after half a minute.
 
     python benchmarks/bounded_work.py [--rounds 1]
 
@@ -33,6 +34,9 @@ BASE = ["analyze", str(CAPYBARA), "--model", str(TINY_MODEL), "--no-cache"]
 def cases(folder: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     deep = folder / "deep.jsonl"
     deep.write_text(json.dumps({"text": "hello"}) + '\n{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": json.loads(line)["messages"][:1]}) + "\n"
+                               for line in CAPYBARA.read_text(encoding="utf-8").splitlines()[:4]))
     return {
         "ordinary plan (baseline)": (BASE, {}),
         "--max_steps 1000000000": ([*BASE, "--max_steps", "1000000000"], {}),
@@ -41,6 +45,10 @@ def cases(folder: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "--num_processes 1000 --max_steps 1000": ([*BASE, "--num_processes", "1000", "--max_steps", "1000"], {}),
         "SHAPEPLAN_WORKERS=100000": (BASE, {"SHAPEPLAN_WORKERS": "100000"}),
         "100,000-deep JSONL row": (["analyze", str(deep), "--model", str(TINY_MODEL), "--no-cache"], {}),
+        "--tools --max_completion_length 100000": (
+            ["analyze", "--method", "grpo", str(prompts), "--model", str(TINY_MODEL), "--no-cache", "--tools",
+             "tests.oracle.agentic_tools:get_weather", "--max_completion_length", "100000",
+             "--cache_implementation", "static"], {}),
     }
 
 

@@ -46,7 +46,7 @@ PRELOAD = ("torch", "transformers", "datasets", "accelerate", "accelerate.comman
 # Read by shapeplan, torch, transformers, datasets, accelerate or TRL when used, never when they are imported; each
 # test sets its own (tests/conftest.py). The server puts PYTHONPATH on sys.path itself (below).
 FORK_SAFE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "SHAPEPLAN_CACHE_DIR", "PYTEST_CURRENT_TEST", "PYTHONPATH",
-                 "SHAPEPLAN_TESTS_ZYGOTE", "_"}
+                 "SHAPEPLAN_TESTS_ZYGOTE", "SHAPEPLAN_IMAGE_TIMEOUT", "SHAPEPLAN_IMAGE_MAX_MIB", "_"}
 # What `accelerate launch` (torch's elastic agent) adds to each rank's environment, all read when the process group
 # and the Accelerator are set up (no module of the libraries above reads one at import).
 RANK_ENV = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

@@ -17,8 +17,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, first_line
-from ..plan.grpo import ToolLoop
+from ..errors import DatasetError, UsageError, first_line
+from ..plan.buckets import round_up
+from ..plan.grpo import GenerationLayout, ToolLoop
+from .user_code import name_of, user_code
 
 
 @dataclass
@@ -69,14 +71,10 @@ class Agentic:
         """What the plan records of them: the names the trainer knows them by."""
         factory = self.environment_factory
         return {"tools": [tool.__name__ for tool in self.tools] or None,
-                "environment_factory": (sorted(factory) if isinstance(factory, dict) else _name(factory))
+                "environment_factory": (sorted(factory) if isinstance(factory, dict) else name_of(factory))
                 if factory is not None else None,
-                **({"rollout_func": _name(self.rollout_func)} if self.rollout_func is not None else {}),
+                **({"rollout_func": name_of(self.rollout_func)} if self.rollout_func is not None else {}),
                 **({"pad_tool_turns": self.pads} if self.tool_loop else {})}
-
-
-def _name(thing: Any) -> str:
-    return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', repr(thing))}"
 
 
 def resolve(path: str, option: str) -> Any:
@@ -87,16 +85,35 @@ def resolve(path: str, option: str) -> Any:
                          "working directory, and a name in it)")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `trl grpo` does for --reward_funcs
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module can raise anything while it imports
-        raise UsageError(f"--{option} {path!r}: cannot import module {module_name!r}: {first_line(exc)}") from exc
+    # importing the module runs it: whatever it raises or exits with is its own failure, not a missing module
+    with user_code(f"--{option} {path!r}: importing module {module_name!r}",
+                   "fix the module so that it imports (the run imports it too)"):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+                raise  # a module it imports is missing
+            raise UsageError(f"--{option} {path!r}: cannot import module {module_name!r}: {first_line(exc)}") \
+                from exc
     obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"--{option} {path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    # a module's `__getattr__` (or a property on the way) is the user's code too
+    with user_code(f"--{option} {path!r}: reading {attr!r} from module {module_name!r}",
+                   "fix the module's __getattr__, or name another object"):
+        for part in attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise UsageError(f"--{option} {path!r}: module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _names(value: Any, option: str, *, many: bool) -> list[str]:
+    """The `module:attr` names an option holds: a command line gives strings, a `--config` YAML file any value."""
+    values = value if many and isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, str) for v in values):
+        wanted = "a list of module:attr names (strings)" if many else "one module:attr name (a string)"
+        raise UsageError(f"{option} is {value!r} in the config file; give it {wanted}")
+    return list(values)
 
 
 def load(arguments: AgenticArguments | None, given: Collection[str] = ()) -> Agentic:
@@ -108,16 +125,17 @@ def load(arguments: AgenticArguments | None, given: Collection[str] = ()) -> Age
     if pad is not None and not isinstance(pad, bool):  # a config file's value is not parsed
         raise UsageError(f"pad_tool_turns is {pad!r} in the config file; set it to true or false")
     tools: list[Callable[..., Any]] = []
-    for path in arguments.tools or ():
+    for path in _names(arguments.tools or [], "tools", many=True):
         obj = resolve(path, "tools")
         for tool in (obj if isinstance(obj, (list, tuple)) else [obj]):
             if not callable(tool):
                 raise UsageError(f"--tools {path!r} holds {type(tool).__name__} {tool!r}, not a function; name a "
                                  "function or a list of them")
             tools.append(tool)
-    factory = resolve(arguments.environment_factory, "environment_factory") \
-        if arguments.environment_factory else None
-    rollout = resolve(arguments.rollout_func, "rollout_func") if arguments.rollout_func else None
+    factory, rollout = (
+        None if value is None or value == "" else resolve(_names(value, option, many=False)[0], option)
+        for option, value in (("environment_factory", arguments.environment_factory),
+                              ("rollout_func", arguments.rollout_func)))
     return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout, pad_tool_turns=pad)
 
 
@@ -215,10 +233,9 @@ def _probed(factory: Any) -> dict[str | None, Any]:
     """One instance of each environment, as the trainer probes them at init."""
     out = {}
     for name, make in _factories(factory).items():
-        try:
+        with user_code(f"the environment factory {_env_label(name)} ({name_of(make)})",
+                       "fix it: GRPOTrainer calls it with no arguments for each environment it needs"):
             out[name] = make()
-        except Exception as exc:  # the user's factory can raise anything
-            raise UsageError(f"the environment factory {_env_label(name)} failed: {first_line(exc)}") from exc
     return out
 
 
@@ -231,10 +248,17 @@ def _check_schemas(tools: Sequence[Callable[..., Any]]) -> None:
     from transformers.utils import get_json_schema
 
     for tool in tools:
+        name = getattr(tool, "__name__", None) or name_of(tool)
+        # the chat template renders only functions' and methods' schemas (a class, say, fails every prompt)
+        if not (inspect.isfunction(tool) or inspect.ismethod(tool)):
+            kind = "class" if inspect.isclass(tool) else f"{type(tool).__name__} object"
+            raise UsageError(f"tool {name!r}: its schema cannot be built (a {kind}, not a function or method, "
+                             "which the chat template renders); pass a function with type hints and a "
+                             "Google-style docstring with an Args section, as GRPOTrainer needs")
         try:
             get_json_schema(tool)
         except Exception as exc:  # transformers raises its own error types for undocumented tools
-            raise UsageError(f"tool {getattr(tool, '__name__', tool)!r}: its schema cannot be built "
+            raise UsageError(f"tool {name!r}: its schema cannot be built "
                              f"({first_line(exc)}); give it type hints and a Google-style docstring with an Args "
                              "section, as GRPOTrainer needs") from exc
 
@@ -251,11 +275,16 @@ def environment_prompts(trainer: Any, rows: Sequence[dict[str, Any]]) -> tuple[l
                              f"({', '.join(map(repr, trainer.environment_factories))})")
         prompt = row.get("prompt", [{"role": "user", "content": ""}])
         kwargs = {k: v for k, v in row.items() if k != "environment"} if trainer._multi_environment else row
-        try:
-            observation = trainer._environment_pool[name][0].reset(**kwargs)
-        except Exception as exc:  # the user's environment can raise anything
-            raise UsageError(f"the environment {_env_label(name)}'s reset failed on a row: {first_line(exc)}") from exc
+        environment = trainer._environment_pool[name][0]
+        label = f"the environment {_env_label(name)}'s reset ({name_of(type(environment))}.reset)"
+        with user_code(f"{label} on a row", _RESET):
+            observation = environment.reset(**kwargs)
+        _check_observation(observation, label)
         if observation is not None:
+            if not (isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict)):
+                raise DatasetError(f"a row's prompt is a {type(prompt).__name__}, not a list of messages, and "
+                                   "GRPOTrainer appends its environment's reset observation to the last message; "
+                                   "give the prompts as messages")
             content = prompt[-1]["content"]
             if isinstance(observation, list) and isinstance(content, str):
                 content = [{"type": "text", "text": content}]
@@ -264,6 +293,23 @@ def environment_prompts(trainer: Any, rows: Sequence[dict[str, Any]]) -> tuple[l
             prompt = [*prompt[:-1], {**prompt[-1], "content": content + observation}]
         prompts.append(prompt)
     return prompts, names
+
+
+# What GRPOTrainer does with `reset` (grpo_trainer.py:2386-2398): calls it with the row's columns, and appends what it
+# returns to the prompt's last message.
+_RETURN = "return a str, a list of content parts (dicts) or None"
+_RESET = ("give reset a **kwargs parameter (GRPOTrainer calls reset(**row) with every column of the row before each "
+          f"rollout) and {_RETURN}")
+
+
+def _check_observation(observation: Any, label: str) -> None:
+    """What `reset` returned, as the trainer appends it to a message's content: None, text, or content parts."""
+    if observation is None or isinstance(observation, str) or (
+            isinstance(observation, list) and all(isinstance(part, dict) for part in observation)):
+        return
+    shown = repr(observation)
+    raise UsageError(f"{label} returned {type(observation).__name__} {shown[:60]}{'...' * (len(shown) > 60)}, "
+                     f"which GRPOTrainer cannot append to the prompt's last message; {_RETURN}")
 
 
 def batch_prompts(trainer: Any, columns: dict[str, list[Any]]) -> list[Any]:
@@ -292,3 +338,47 @@ def tool_loop(trainer: Any, config: Any, *, padded: bool) -> ToolLoop | None:
     most = config.max_completion_length // growth
     return ToolLoop(turns=most if iterations is None else min(iterations, most), min_growth=growth,
                     max_completion_length=config.max_completion_length, padded=padded)
+
+
+# A tool turn is planned at every (batch, prompt bucket, cache length) it can meet, each round (plan/grpo.py,
+# `_Counting.tool_turns`): with a long max_completion_length and fine buckets that is hundreds of thousands of shapes,
+# each a compile of its own, and a replay that exhausts memory. Beyond these the plan is refused before the replay
+# (docs/bounds.md), as `loop.MAX_WALK` refuses too long a replay.
+MAX_TURN_SHAPES = 100_000  # the shapes a round's tool turns can meet
+MAX_TURN_WORK = 50_000_000  # those shapes over every round of the run: about a minute of replay
+
+
+def check_tool_turns(layout: GenerationLayout, lengths: Sequence[int], *, rows: int, rounds: int,
+                     max_steps: int) -> None:
+    """Refuse a tool loop whose turns can meet more shapes a round than MAX_TURN_SHAPES, or cost more than
+    MAX_TURN_WORK to replay over the run's `rounds` (each of at most `rows` rows; `lengths`: every prompt's), naming
+    the settings that bound them."""
+    loop = layout.tool_loop
+    if loop is None or loop.turns == 0 or not lengths:
+        return
+    multiple = layout.pad_to_multiple_of or 1
+    low = round_up(min(lengths) + loop.min_growth, multiple)
+    buckets = range(low, round_up(max(lengths) + loop.max_completion_length, multiple) + 1, multiple)
+    # a static cache grows to one more length per bucket that outgrows the pin (CacheLength: a running maximum)
+    pin = -1 if layout.max_cache_len is None else layout.max_cache_len
+    outgrowing = buckets[max(0, -(-(pin - layout.max_new_tokens + 2 - low) // multiple)):]
+    caches = 1 + len(outgrowing) if layout.static_cache else 1
+    batches = 1 if loop.padded else rows
+    shapes = len(buckets) * caches * batches
+    if shapes <= MAX_TURN_SHAPES and shapes * rounds <= MAX_TURN_WORK:
+        return
+    fixes = [f"lower --max_completion_length ({loop.max_completion_length})"]
+    fixes.append("raise --pad_to_multiple_of" if layout.pad_to_multiple_of else "pad with --pad_to_multiple_of 128")
+    if caches > 1:
+        fixes.append("pin the cache with --generation_kwargs '{\"max_cache_len\": N}'")
+    if batches > 1:
+        fixes.append("pad the turns (--pad_tool_turns true)")
+    counts = " x ".join(f"{n:,} {word}{'s' * (n != 1)}" for n, word in (
+        (len(buckets), "prompt length"), (caches, "cache length"), (batches, "batch size")))
+    what = f"the tool turns of a round can meet {shapes:,} generate shapes ({counts})"
+    if shapes > MAX_TURN_SHAPES:
+        raise UsageError(f"{what}, more than shapeplan plans ({MAX_TURN_SHAPES:,}), each a compile of its own: "
+                         f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+    fixes.append(f"plan fewer steps (--max_steps{f' {max_steps}' if max_steps > 0 else ''})")
+    raise UsageError(f"{what} over {rounds:,} rounds: {shapes * rounds:,} replay steps, more than shapeplan replays "
+                     f"({MAX_TURN_WORK:,}); {', '.join(fixes[:-1])} or {fixes[-1]}")

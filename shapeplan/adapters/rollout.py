@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError, first_line
+from ..errors import UsageError
 from ..plan.grpo import Rollout, RolloutCall
+from .user_code import name_of, user_code
 
 _HOW = ("shapeplan plans a rollout_func that generates through trainer._generate_single_turn (the trainer's own "
         "path), runs its calls whatever the model writes, and returns prompt_ids, completion_ids and logprobs")
@@ -77,22 +78,38 @@ class RolloutProbe:
 
         self._trainer._generate_single_turn = generate
         try:
-            output = self._func(copy.deepcopy(prompts), self._trainer)
-        except UsageError:
-            raise
-        except Exception as exc:  # the user's function can raise anything
-            raise UsageError(f"--rollout_func failed on shapeplan's dry run ({type(exc).__name__}: "
-                             f"{first_line(exc)}): {_HOW}") from exc
+            with user_code(f"--rollout_func {name_of(self._func)}, run on a batch of prompts by shapeplan's dry "
+                           "run,", _HOW):
+                output = self._func(copy.deepcopy(prompts), self._trainer)
         finally:
             del self._trainer._generate_single_turn
         missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - set(output if isinstance(output, dict) else ()))
         if missing:
             raise UsageError(f"--rollout_func must return keys {missing} in its output dict, as GRPOTrainer requires")
-        rows = (len(output["prompt_ids"]), len(output["completion_ids"]))
-        if rows != (len(prompts), len(prompts)):
-            raise UsageError(f"--rollout_func returned {rows[0]} prompt_ids and {rows[1]} completion_ids for "
-                             f"{len(prompts)} prompts; GRPOTrainer takes one of each per prompt")
+        prompt_ids = _rows(output["prompt_ids"], "prompt_ids", len(prompts))
+        completion_ids = _rows(output["completion_ids"], "completion_ids", len(prompts))
         if not calls:
             raise UsageError("--rollout_func made no generate call through trainer._generate_single_turn: " + _HOW)
-        return _Run(calls=tuple(calls), prompt=max(map(len, output["prompt_ids"])),
-                    completion=max(map(len, output["completion_ids"])))
+        return _Run(calls=tuple(calls), prompt=max(map(len, prompt_ids)), completion=max(map(len, completion_ids)))
+
+
+def _rows(column: Any, key: str, prompts: int) -> list[list[int]]:
+    """A returned column of token ids as GRPOTrainer takes it: one list of ids per prompt, which it turns into a
+    tensor each and pads (`torch.tensor(ids)`); a tensor or array row is taken as its list."""
+    if not isinstance(column, (list, tuple)):
+        raise UsageError(f"--rollout_func returned {key} as a {type(column).__name__}, not a list; return one list "
+                         "of token ids per prompt, as GRPOTrainer requires")
+    if len(column) != prompts:
+        raise UsageError(f"--rollout_func returned {len(column)} {key} for {prompts} prompts; GRPOTrainer takes one "
+                         "list of token ids per prompt")
+    rows = []
+    for index, row in enumerate(column):
+        ids = row.tolist() if hasattr(row, "tolist") else row
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                          for i in ids):
+            shown = repr(row)
+            raise UsageError(f"--rollout_func returned {key}[{index}] = {shown[:40]}{'...' * (len(shown) > 40)}, "
+                             "not a list of token ids (whole numbers); return one list of ids per prompt, as "
+                             "GRPOTrainer pads them")
+        rows.append(list(ids))
+    return rows

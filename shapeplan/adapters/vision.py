@@ -2,17 +2,25 @@
 with its image tokens, and each image's grid, from the model's own processor settings and chat template.
 
 TRL does not prepare (tokenize) a vision dataset: the collator runs the processor on every batch. This reads the
-same inputs without processing pixels: an image's size comes from its header (turned by its EXIF orientation, as
-`load_image` and `datasets` turn it), the grid from `plan.vision` (transformers' `smart_resize`), and a row's length
-from the rendered template tokenized once, each `<|image_pad|>` counted as the tokens its grid expands to.
+same inputs without processing them: each image is decoded once, as the run decodes it (a file that cannot be fails
+here), its size turned by its EXIF orientation (as `load_image` and `datasets` turn it), the grid from `plan.vision`
+(transformers' `smart_resize`), and a row's length from the rendered template tokenized once, each `<|image_pad|>`
+counted as the tokens its grid expands to. An image URL is fetched within a time and a size bound
+(`SHAPEPLAN_IMAGE_TIMEOUT`, `SHAPEPLAN_IMAGE_MAX_MIB`), which `load_image` does not have.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import io
+import math
 import os
+import socket
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +35,10 @@ from ..plan.vision_rows import CutImageTokens, ImageRow, image_rows
 PLANNED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _EXIF_ORIENTATION = 0x0112
 _SWAPPED = {5, 6, 7, 8}  # orientations exif_transpose turns by 90 degrees: height and width swap
+# transformers' `load_image` fetches a URL with no timeout and reads the whole body: a server that never answers
+# hangs the run, an endless body exhausts its memory. shapeplan fetches within these (docs/bounds.md).
+IMAGE_TIMEOUT_S = 30.0
+IMAGE_MAX_MIB = 64.0
 
 
 def image_columns(dataset: Any) -> list[str]:
@@ -150,15 +162,73 @@ def _open(source: bytes | str) -> Any:
     return Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
 
 
-def _header_size(data: bytes | str) -> tuple[int, int]:
-    """(height, width) of an image file after `ImageOps.exif_transpose`, from its header; `verify` reads the file
-    through (without decoding) so that a truncated or corrupt one fails here, not in the run's collator."""
+def _decoded_size(data: bytes | str) -> tuple[int, int]:
+    """(height, width) of an image file after `ImageOps.exif_transpose`. Its pixels are decoded (`load`), as the run's
+    image loading decodes them: a truncated or corrupt file fails here, not in the run's collator (`verify` reads
+    a JPEG's markers only, and passes a file cut in its data)."""
     with _open(data) as image:
-        image.verify()
-    with _open(data) as image:
+        image.load()
         width, height = image.size
         turned = image.getexif().get(_EXIF_ORIENTATION) in _SWAPPED
     return (width, height) if turned else (height, width)
+
+
+def _setting(name: str, default: float, high: float) -> float:
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= high:  # NaN too
+        raise UsageError(f"{name}={text!r} is not a number above 0 and at most {high:g}; set e.g. {default:g} or "
+                         "unset it")
+    return value
+
+
+def fetch(url: str) -> bytes:
+    """The file at an image URL, as `load_image` fetches it (redirects followed), waiting SHAPEPLAN_IMAGE_TIMEOUT
+    seconds at most for the server's answer and as long for the whole file, of SHAPEPLAN_IMAGE_MAX_MIB at most;
+    raises ValueError with what went wrong, naming the setting that bounds it."""
+    timeout = _setting("SHAPEPLAN_IMAGE_TIMEOUT", IMAGE_TIMEOUT_S, 3600)
+    limit = int(_setting("SHAPEPLAN_IMAGE_MAX_MIB", IMAGE_MAX_MIB, 1 << 20) * (1 << 20))
+    slow = ValueError(f"no whole answer within {timeout:g} s (SHAPEPLAN_IMAGE_TIMEOUT; raise it for a slow server)")
+    large = ValueError(f"over {limit / (1 << 20):g} MiB (SHAPEPLAN_IMAGE_MAX_MIB; raise it for larger images)")
+    deadline = time.monotonic() + timeout
+    data = bytearray()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise large
+            # each wait for the server within what is left of the whole fetch: a server sending a byte at a time
+            # would otherwise hold every read below the timeout
+            sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+            while chunk := _read(response, sock, deadline, slow):
+                data += chunk
+                if len(data) > limit:
+                    raise large
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"the server answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise slow from None
+        raise ValueError(f"cannot fetch it ({exc.reason})") from None
+    except TimeoutError:  # socket.timeout too
+        raise slow from None
+    except (http.client.HTTPException, OSError) as exc:  # a broken answer, a reset connection, TLS
+        raise ValueError(f"cannot fetch it ({first_line(exc, named=True)})") from None
+    return bytes(data)
+
+
+def _read(response: Any, sock: socket.socket | None, deadline: float, slow: ValueError) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise slow
+    if sock is not None:
+        sock.settimeout(left)
+    return bytes(response.read1(1 << 16))
 
 
 def image_size(value: Any) -> tuple[int, int]:
@@ -175,22 +245,19 @@ def image_size(value: Any) -> tuple[int, int]:
             source = value.get("bytes") or value.get("path")
             if not source:
                 raise ValueError("an Image value with neither bytes nor path")
-            return _header_size(source)
+            return _decoded_size(source)
         if isinstance(value, str):
             if value.startswith(("http://", "https://")):
-                from transformers.image_utils import load_image
-
-                image = load_image(value)  # downloads, then turns it as the run will
-                return image.height, image.width
+                return _decoded_size(fetch(value))
             if os.path.isfile(value):
-                return _header_size(value)
+                return _decoded_size(value)
             if value.startswith("data:image/"):
                 value = value.split(",", 1)[-1]
             try:
                 data = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise ValueError("no such file") from None
-            return _header_size(data)
+            return _decoded_size(data)
     except FileNotFoundError:
         raise ValueError("no such file") from None
     except UnidentifiedImageError:
@@ -204,7 +271,7 @@ def image_size(value: Any) -> tuple[int, int]:
 
 
 def undecoded(dataset: Any) -> Any:
-    """The dataset with its `datasets` Image columns left undecoded: headers are all the sizes need."""
+    """The dataset with its `datasets` Image columns left undecoded: `image_size` decodes each as the run does."""
     import datasets
 
     features = getattr(dataset, "features", None) or {}
@@ -272,6 +339,8 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
         image = value  # as `datasets` decodes it: already turned
     elif isinstance(value, dict) and (value.get("bytes") or value.get("path")):
         image = ImageOps.exif_transpose(_open(value.get("bytes") or value["path"]))
+    elif isinstance(value, str) and value.startswith(("http://", "https://")):
+        image = load_image(_open(fetch(value)))  # bounded, then turned as load_image turns it
     else:
         image = load_image(value)
     height, width = fixed.target(image.height, image.width)
@@ -281,7 +350,7 @@ def _resized(value: Any, fixed: FixedSizes) -> Any:
 # -- rows ------------------------------------------------------------------------------------------------------------
 
 def read_rows(dataset: Any, vision: VisionProcessor, config: Any, *, name: str) -> tuple[ImageRow, ...]:
-    """Each row's rendered tokens and image sizes (every image opened once, by its header)."""
+    """Each row's rendered tokens and image sizes (every image decoded once, as the run decodes it)."""
     return tuple(iter_rows(undecoded(dataset), vision, config, name=name))
 
 

@@ -61,16 +61,18 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
                                    "from the working directory, and a name in it)",
         ("--tools", "missing_module:f"): "--tools 'missing_module:f': cannot import module 'missing_module': No "
                                          "module named 'missing_module'",
-        ("--tools", "broken_tools:f"): "--tools 'broken_tools:f': cannot import module 'broken_tools': no network "
-                                       "here",
+        ("--tools", "broken_tools:f"): "--tools 'broken_tools:f': importing module 'broken_tools' raised "
+                                       "RuntimeError: no network here; fix the module so that it imports (the run "
+                                       "imports it too)",
         ("--tools", "bare_tools:nothing"): "--tools 'bare_tools:nothing': module 'bare_tools' has no attribute "
                                            "'nothing'",
         ("--tools", "bare_tools:NUMBER"): "--tools 'bare_tools:NUMBER' holds int 3, not a function; name a function "
                                           "or a list of them",
         ("--environment_factory", "bare_tools:NoReset"): "the environment given has no reset method: GRPOTrainer "
                                                          "requires one (it is called before each rollout)",
-        ("--rollout_func", "bare_tools:lookup"): "--rollout_func failed on shapeplan's dry run (TypeError: lookup() "
-                                                 "takes 1 positional argument but 2 were given): shapeplan plans a "
+        ("--rollout_func", "bare_tools:lookup"): "--rollout_func bare_tools:lookup, run on a batch of prompts by "
+                                                 "shapeplan's dry run, raised TypeError: lookup() takes 1 positional "
+                                                 "argument but 2 were given; shapeplan plans a "
                                                  "rollout_func that generates through trainer._generate_single_turn "
                                                  "(the trainer's own path), runs its calls whatever the model writes, "
                                                  "and returns prompt_ids, completion_ids and logprobs",

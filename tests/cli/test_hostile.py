@@ -1,4 +1,4 @@
-"""Hostile input through the installed console script: every bad input of issues 12 and 22 gives one line on stderr,
+"""Hostile input through the installed console script: every bad input of issues 12, 22 and 53 gives one line on stderr,
 its documented exit code (README), and writes nothing (no plan, cache dir, archive or temporary file); runs that
 would take unbounded work are refused in seconds (benchmarks/bounded_work.py times them)."""
 
@@ -779,3 +779,295 @@ def test_input_that_is_no_regular_file_is_read_bounded_without_blocking(args: li
     line = _one_line([*args, "--device", "cpu", "--cache-dir", "cache"] if args[0] == "warm" else args, tmp_path,
                      1 if args[0] == "warm" else 2)
     assert args[-1] in line
+
+
+# -- the user's own code: tools modules, environments, rollout functions (issue 53) ------------------------------------
+
+AGENTS = """
+import sys
+
+
+class Stop(BaseException):
+    pass
+
+
+def exit_factory():
+    sys.exit("no environment")
+
+
+def broken_factory():
+    raise RuntimeError("no database")
+
+
+class _Environment:
+    def reset(self, **row):
+        return None
+
+
+class ResetExits(_Environment):
+    def reset(self, **row):
+        sys.exit(0)
+
+
+class ResetInterrupted(_Environment):
+    def reset(self, **row):
+        raise KeyboardInterrupt
+
+
+class ResetInt(_Environment):
+    def reset(self, **row):
+        return 3
+
+
+class ResetDict(_Environment):
+    def reset(self, **row):
+        return {"observation": "x"}
+
+
+class ResetWithoutKwargs(_Environment):
+    def reset(self):
+        return None
+
+
+def _generated(prompts, trainer):
+    ids = [[1, 2]] * len(prompts)
+    trainer._generate_single_turn(ids, None, {}, 1)
+    return ids
+
+
+def rollout_exits(prompts, trainer):
+    sys.exit(3)
+
+
+def rollout_stops(prompts, trainer):
+    raise Stop("halt")
+
+
+def rollout_none(prompts, trainer):
+    return {"prompt_ids": None, "completion_ids": _generated(prompts, trainer), "logprobs": None}
+
+
+def rollout_ints(prompts, trainer):
+    return {"prompt_ids": [1] * len(prompts), "completion_ids": _generated(prompts, trainer), "logprobs": None}
+
+
+class Weather:
+    \"\"\"Get the weather.
+
+    Args:
+        city: The city.
+    \"\"\"
+
+    def __init__(self, city: str) -> None:
+        self.city = city
+"""
+USER_MODULES = {"agents.py": AGENTS, "exits_at_import.py": "import sys\nsys.exit(0)\n",
+                "exits_3_at_import.py": "import sys\nsys.exit(3)\n",
+                "lazy.py": "def __getattr__(name):\n    raise RuntimeError('no ' + name)\n"}
+GRPO = ["analyze", "--method", "grpo", "--model", str(TINY_MODEL), "--per_device_train_batch_size", "2",
+        "--num_generations", "2", "--max_completion_length", "64", "--max_steps", "2", "--cache_implementation",
+        "static", "prompts.jsonl", "-o", "plan.json"]
+
+
+def _agentic(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A folder to run in (with 4 prompts) and the environment that puts the user's modules on the path (a folder of
+    their own: importing them writes __pycache__)."""
+    from tests.cli.test_agentic_cli import _prompts
+
+    code, run = tmp_path / "code", tmp_path / "run"
+    code.mkdir()
+    run.mkdir()
+    for name, text in USER_MODULES.items():
+        (code / name).write_text(text, encoding="utf-8")
+    _prompts(tmp_path).rename(run / "prompts.jsonl")
+    return run, {"PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
+
+
+# (options, what the one line says): the user's code does not decide shapeplan's exit code (exit 2, every one)
+USER_CODE_EXITS = {
+    "module exits 0 at import": (["--tools", "exits_at_import:f"],
+                                 "--tools 'exits_at_import:f': importing module 'exits_at_import' called sys.exit(0); "
+                                 "fix the module so that it imports"),
+    "module exits 3 at import": (["--tools", "exits_3_at_import:f"], "called sys.exit(3); fix the module"),
+    "module __getattr__ raises": (["--tools", "lazy:f"], "--tools 'lazy:f': reading 'f' from module 'lazy' raised "
+                                                         "RuntimeError: no f; fix the module's __getattr__"),
+    "factory exits with a message": (["--environment_factory", "agents:exit_factory"],
+                                     "the environment factory given (agents:exit_factory) called "
+                                     "sys.exit('no environment'); fix it"),
+    "reset exits": (["--environment_factory", "agents:ResetExits"],
+                    "the environment given's reset (agents:ResetExits.reset) on a row called sys.exit(0); give reset "
+                    "a **kwargs parameter"),
+    "rollout exits": (["--rollout_func", "agents:rollout_exits"],
+                      "--rollout_func agents:rollout_exits, run on a batch of prompts by shapeplan's dry run, called "
+                      "sys.exit(3); shapeplan plans a rollout_func"),
+    "rollout raises a BaseException": (["--rollout_func", "agents:rollout_stops"], "raised Stop: halt; shapeplan "
+                                                                                   "plans a rollout_func"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_CODE_EXITS))
+def test_what_the_users_code_raises_or_exits_with_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
+    run, env = _agentic(tmp_path)
+    options, said = USER_CODE_EXITS[case]
+    assert said in _one_line([*GRPO, *options], run, 2, **env)
+
+
+def test_ctrl_c_in_the_users_code_is_an_interrupt_and_its_prints_stay_off_stdout(tmp_path: Path) -> None:
+    run, env = _agentic(tmp_path)
+    interrupted = _console([*GRPO, "--environment_factory", "agents:ResetInterrupted"], run, **env)
+    assert (interrupted.returncode, interrupted.stderr.strip()) == (130, "Interrupted."), interrupted.stderr
+    (tmp_path / "code" / "noisy.py").write_text("print('hello from the tools module')\n"
+                                                "from tests.oracle.agentic_tools import get_weather\n")
+    planned = _console([*GRPO[:-2], "--json", "--tools", "noisy:get_weather"], run, **env)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert json.loads(planned.stdout)["config"]["tools"] == ["get_weather"]  # stdout is the plan alone
+    assert "hello from the tools module" in planned.stderr
+
+
+# (options, a --config file, what the one line says): values GRPOTrainer cannot take, refused with the fix (exit 2)
+USER_VALUES = {
+    "reset returns an int": (["--environment_factory", "agents:ResetInt"], None,
+                             "the environment given's reset (agents:ResetInt.reset) returned int 3, which "
+                             "GRPOTrainer cannot append to the prompt's last message; return a str"),
+    "reset returns a dict": (["--environment_factory", "agents:ResetDict"], None, "returned dict {'observation': 'x'}"),
+    "reset takes no **kwargs": (["--environment_factory", "agents:ResetWithoutKwargs"], None,
+                                "raised TypeError: ResetWithoutKwargs.reset() got an unexpected keyword argument "
+                                "'prompt'; give reset a **kwargs parameter"),
+    "factory raises": (["--environment_factory", "agents:broken_factory"], None,
+                       "the environment factory given (agents:broken_factory) raised RuntimeError: no database; "
+                       "fix it: GRPOTrainer calls it with no arguments"),
+    "rollout returns no prompt_ids": (["--rollout_func", "agents:rollout_none"], None,
+                                      "--rollout_func returned prompt_ids as a NoneType, not a list"),
+    "rollout returns ints for rows": (["--rollout_func", "agents:rollout_ints"], None,
+                                      "--rollout_func returned prompt_ids[0] = 1, not a list of token ids"),
+    "a class as a tool": (["--tools", "agents:Weather"], None,
+                          "tool 'Weather': its schema cannot be built (a class, not a function or method"),
+    "tools of numbers in the config": ([], "tools: [123]\n", "tools is [123] in the config file; give it a list of "
+                                                              "module:attr names"),
+    "a list of factories in the config": ([], "environment_factory: [agents:ResetInt, agents:ResetDict]\n",
+                                          "environment_factory is ['agents:ResetInt', 'agents:ResetDict'] in the "
+                                          "config file; give it one module:attr name"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_VALUES))
+def test_what_grpo_trainer_cannot_take_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
+    run, env = _agentic(tmp_path)
+    options, config, said = USER_VALUES[case]
+    if config is not None:
+        (tmp_path / "run.yaml").write_text(config, encoding="utf-8")
+        options = ["--config", str(tmp_path / "run.yaml")]
+    assert said in _one_line([*GRPO, *options], run, 2, **env)
+
+
+TOOL_LOOPS = {
+    "negative iterations": (["--max_tool_calling_iterations", "-1"],
+                            "--max_tool_calling_iterations must be 0 or more"),
+    # 783 prompt buckets x 784 cache lengths: it exhausted memory after half a minute
+    "100000-token completions": (["--max_completion_length", "100000"], "more than shapeplan plans (100,000)"),
+    "unpadded over 20000 rounds": (["--max_completion_length", "4000", "--pad_tool_turns", "false", "--max_steps",
+                                    "20000"], "more than shapeplan replays (50,000,000)"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOOL_LOOPS))
+def test_unbounded_tool_loop_is_refused_in_seconds(case: str, tmp_path: Path) -> None:
+    import time
+
+    run, env = _agentic(tmp_path)
+    options, said = TOOL_LOOPS[case]
+    started = time.monotonic()
+    line = _one_line([*GRPO, "--tools", "tests.oracle.agentic_tools:get_weather", *options], run, 2, **env)
+    assert said in line, line
+    assert time.monotonic() - started < 60
+
+
+# -- images: read as the run reads them, fetched within bounds ----------------------------------------------------
+
+def _answer(kind: str, client: Any) -> None:
+    """What a loopback server answers an image request with."""
+    import time
+
+    client.recv(65536)
+    if kind == "silent":
+        time.sleep(30)
+    elif kind == "endless body":
+        client.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n\r\n")
+        while True:
+            client.sendall(b"\0" * (1 << 16))
+    elif kind == "a byte at a time":
+        client.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(300):
+            client.sendall(b"\0")
+            time.sleep(0.1)
+    elif kind == "404":
+        client.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    elif kind == "not HTTP":
+        client.sendall(b"SSH-2.0-OpenSSH\r\n")
+
+
+IMAGES = {  # (the image, environment, exit code, what the one line says)
+    "truncated JPEG": ("file", {}, 1, "cannot be used: a corrupt image (image file is truncated"),
+    "silent": ("url", {}, 1, "no whole answer within 1 s (SHAPEPLAN_IMAGE_TIMEOUT"),
+    "a byte at a time": ("url", {}, 1, "no whole answer within 1 s (SHAPEPLAN_IMAGE_TIMEOUT"),
+    "endless body": ("url", {}, 1, "over 1 MiB (SHAPEPLAN_IMAGE_MAX_MIB"),
+    "404": ("url", {}, 1, "the server answered HTTP 404 Not Found"),
+    "not HTTP": ("url", {}, 1, "cannot fetch it (BadStatusLine"),
+    "closed port": ("closed", {}, 1, "cannot fetch it ([Errno 111] Connection refused)"),
+    "timeout not a number": ("url", {"SHAPEPLAN_IMAGE_TIMEOUT": "soon"}, 2, "SHAPEPLAN_IMAGE_TIMEOUT='soon' is not "
+                                                                            "a number above 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(IMAGES))
+def test_image_that_the_run_cannot_read_is_one_line_in_seconds(case: str, tmp_path: Path) -> None:
+    """Only loopback servers started here; each answers as `case` says (a thread per request, abandoned when the
+    test ends)."""
+    import socket
+    import threading
+    import time
+
+    from PIL import Image
+
+    from tests.conftest import TINY_VL_MODEL
+
+    source, env, code, said = IMAGES[case]
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/cat.png"
+
+        def serve() -> None:
+            while True:
+                try:
+                    client, _ = server.accept()
+                except OSError:  # closed: the test is over
+                    return
+                threading.Thread(target=_guarded, args=(case, client), daemon=True).start()
+
+        if source == "url":
+            threading.Thread(target=serve, daemon=True).start()
+        image = url
+        if source == "file":
+            data = io.BytesIO()
+            Image.effect_noise((256, 192), 64).convert("RGB").save(data, "JPEG")
+            # cut inside the scan data: Pillow's `verify` passes it (it reads a JPEG's markers only)
+            (tmp_path / "cut.jpg").write_bytes(data.getvalue()[:len(data.getvalue()) * 3 // 4])
+            image = str(tmp_path / "cut.jpg")
+        elif source == "closed":
+            server.close()
+        messages = [{"role": "user", "content": "what is it"}, {"role": "assistant", "content": "a cat"}]
+        (tmp_path / "rows.jsonl").write_text(json.dumps({"messages": messages, "images": [image]}) + "\n")
+        started = time.monotonic()
+        line = _one_line(["analyze", "--method", "sft", "rows.jsonl", "--model", str(TINY_VL_MODEL), "--max_steps",
+                          "1", "--no-cache"], tmp_path, code,
+                         **{"SHAPEPLAN_IMAGE_TIMEOUT": "1", "SHAPEPLAN_IMAGE_MAX_MIB": "1", **env})
+    assert said in line and (image in line or code == 2), line
+    assert time.monotonic() - started < 60
+
+
+def _guarded(kind: str, client: Any) -> None:
+    import contextlib
+
+    with client, contextlib.suppress(OSError):  # shapeplan hung up, as it should
+        _answer(kind, client)
