@@ -96,7 +96,7 @@ _PYTHON_VALUED = ("-W", "-X")
 
 def _without_interpreter_options(rest: list[str]) -> list[str]:
     while rest and (rest[0] in _PYTHON_FLAGS or rest[0] in _PYTHON_VALUED
-                    or rest[0][:2] in _PYTHON_VALUED and len(rest[0]) > 2):
+                    or (rest[0][:2] in _PYTHON_VALUED and len(rest[0]) > 2)):
         rest = rest[2:] if rest[0] in _PYTHON_VALUED else rest[1:]
     return rest
 
