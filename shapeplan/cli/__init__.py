@@ -107,6 +107,13 @@ def _run(argv: list[str] | None) -> int:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         click.echo(f"Error: {exc}", err=True)
         return exc.exit_code
+    except click.exceptions.Abort:  # Ctrl-C at a prompt or in a command (a RuntimeError: before the handler below)
+        click.echo("Interrupted.", err=True)
+        return 130
+    except click.exceptions.NoArgsIsHelpError as exc:  # `shapeplan` alone: its help, as `shapeplan --help` shows it
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_help())
+        return 0
     except RuntimeError as exc:
         from ..warm.backends.neuron import autoload_failed, unimportable
 
@@ -114,9 +121,6 @@ def _run(argv: list[str] | None) -> int:
             raise
         click.echo(f"Error: {unimportable(exc)}", err=True)  # `import torch` itself failed: one line, no traceback
         return 2
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:  # click's usage errors, as one line like every other error

@@ -64,7 +64,8 @@ def run_options(command: Command) -> Command:
     command = click.option("--model", default=None, metavar="MODEL",
                            help="Hub id or local folder (TRL: --model_name_or_path). Default: Qwen/Qwen3-0.6B.")(
         command)
-    command = click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True,
+    command = click.option("--method", type=click.Choice(METHODS, case_sensitive=False), default=DEFAULT_METHOD,
+                           show_default=True,
                            help="The TRL trainer the run uses.")(command)
     return command
 

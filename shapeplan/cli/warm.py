@@ -139,14 +139,11 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
     if env_file is not None:
         _write_env_file(report, env_file, inputs, cache)
-    from ..services.trl_command import TrlCommand, guarded_script, trl_command
+    from ..services.trl_command import training_command
+    from ..warm.backends.inductor import python_only
 
-    argv, script = plan.config.get("argv"), plan.config.get("command")
-    command: TrlCommand | None
-    if isinstance(script, list):  # a script's run: the same script, under the guard
-        command = guarded_script(plan_path, script)
-    else:  # a plan written by hand may lack argv: then no command is printed
-        command = trl_command(plan.method, argv, eval_source=eval_dataset) if isinstance(argv, list) else None
+    command = training_command(plan, plan_path, eval_source=eval_dataset, device=backend.device,
+                               python_lines=python_only(report.script_lines))
     emit_warm(report, as_json=as_json, verify=False, command=command, env_file=env_file,
               rows_shown=progress.rows > 0)
 

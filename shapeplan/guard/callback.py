@@ -161,7 +161,7 @@ class ShapeGuard(TrainerCallback):
             from ..warm.runner import graph_bound
 
             # the compiler settings `shapeplan warm` used (and prints for training scripts), so the run hits its cache
-            graphs = graph_bound(self.plan.shapes)  # type: ignore[arg-type]  # it reads only varlen_pairs, as Shape has
+            graphs = graph_bound(self.plan.shapes)
             self.backend.configure(torch_compile=bool(self.trainer.args.torch_compile), graphs=graphs)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -92,6 +92,8 @@ def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list
         args = parsed or parse_training_args(spec, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
             plan = spec.plan(args, argv, eval_source=eval_source, use_cache=use_cache)
+        if eval_source is not None:  # what the printed `trl` command must load as the eval split (`warm --plan`)
+            plan = replace(plan, config={**plan.config, "eval_dataset": eval_source})
         beyond = beyond_position_embeddings(plan, args)
         if beyond is not None:  # the run fails (or extrapolates) there; `warm` refuses such a plan
             plan = replace(plan, warnings=(*plan.warnings, f"{beyond}: lower --max_length to fit the model"))

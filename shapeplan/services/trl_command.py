@@ -15,11 +15,15 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..adapters.host import cache_root
 from ..errors import CacheError
 from ..plan.io import write_atomic
 from .trainers import trainer_spec
+
+if TYPE_CHECKING:
+    from ..plan.model import Plan
 
 # A reward TRL's GRPO/RLOO scripts have registered, so that their command runs as printed; the note says to replace it.
 PLACEHOLDER_REWARD = "think_format_reward"
@@ -34,8 +38,11 @@ class TrlCommand:
         return shlex.join(self.words)
 
 
-def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = None) -> TrlCommand:
-    """The `trl METHOD` command of the run shapeplan planned from `argv` (TRL's options) and `eval_source`."""
+def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = None,
+                device: str | None = None) -> TrlCommand:
+    """The `trl METHOD` command of the run shapeplan planned from `argv` (TRL's options) and `eval_source`, for
+    training on `device` (None: the one TRL finds; "cpu": with `--use_cpu true`, without which TRL's bf16 default
+    refuses a host with no accelerator)."""
     from ..adapters.trl_args import parse_training_args
 
     args = parse_training_args(trainer_spec(method), argv)
@@ -45,13 +52,19 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         pairs.append(("model_name_or_path", str(args.model.model_name_or_path)))
     if "pad_to_multiple_of" not in args.given:  # planned at TRL's Neuron value; spelt out, it holds on any device
         pairs.append(("pad_to_multiple_of", str(args.training.pad_to_multiple_of)))
+    if device == "cpu" and "use_cpu" not in args.given:
+        pairs.append(("use_cpu", "true"))
     mixture = bool(args.dataset_mixture is not None and getattr(args.dataset_mixture, "datasets", None))
     splits = {}
     if not mixture and Path(script.dataset_name).is_file():
         splits[script.dataset_train_split] = script.dataset_name
     if eval_source is not None and str(getattr(args.training, "eval_strategy", "no")) != "no":
         if splits and Path(eval_source).is_file():
-            splits[script.dataset_test_split] = eval_source
+            test = script.dataset_test_split
+            if test == script.dataset_train_split:  # one split name for both files: the eval file gets its own
+                test = "eval" if test != "eval" else "test"
+                pairs.append(("dataset_test_split", test))
+            splits[test] = eval_source
         else:
             notes.append(f"`trl {method}` reads the eval rows from the {script.dataset_test_split!r} split of "
                          f"--dataset_name's dataset, not from {eval_source}: add them to it as that split")
@@ -73,6 +86,31 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         notes.append(f"--reward_funcs {PLACEHOLDER_REWARD} is a placeholder so that the command runs: give your "
                      "reward functions (TRL registry names or dotted import paths) or --reward_model_name_or_path")
     return TrlCommand(words=("trl", method, *with_options(out, pairs, in_place=True)), notes=tuple(notes))
+
+
+def training_command(plan: Plan, plan_path: str | None, *, eval_source: str | None, device: str,
+                     python_lines: Sequence[str]) -> TrlCommand | None:
+    """What `warm` prints to train with after warming `plan` (read from `plan_path`, None: made from options) on
+    `device`: a script's run, its command under the guard; a `trl` run, its `trl <method>` command, under the guard
+    where the warm-up needs `python_lines` (settings no environment variable carries, which the guard sets). None
+    for a plan that names neither (written by hand)."""
+    argv, script = plan.config.get("argv"), plan.config.get("command")
+    if isinstance(script, list):
+        return guarded_script(plan_path, script)
+    if not isinstance(argv, list):
+        return None
+    recorded = plan.config.get("eval_dataset")  # a plan made with --eval-dataset
+    eval_source = eval_source or (recorded if isinstance(recorded, str) else None)
+    command = trl_command(plan.method, argv, eval_source=eval_source, device=device)
+    if not python_lines:
+        return command
+    why = f"the guard sets what no environment variable can ({'; '.join(python_lines)}), so the run hits the " \
+          "warmed graphs"
+    if plan_path is None:
+        return TrlCommand(words=command.words, notes=(f"train under `shapeplan guard --plan PLAN` (write PLAN with "
+                                                      f"`shapeplan analyze -o PLAN ...`): {why}", *command.notes))
+    return TrlCommand(words=("shapeplan", "guard", "--plan", plan_path, "--", *command.words),
+                      notes=(why, *command.notes))
 
 
 def guarded_script(plan_path: str | None, command: Sequence[str]) -> TrlCommand:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ..errors import PlanFileError, UsageError
 from ..plan.io import dumps
-from ..plan.model import Plan
+from ..plan.model import Plan, Shape
 from .backends.base import Backend
 from .manifest import Manifest, check_same_peft, environment_key, manifest_name, read_merged
 from .model import Task, WarmReport, WarmResult, WarmTask
@@ -85,9 +85,10 @@ def plan_id(plan: Plan) -> str:
     return hashlib.sha256(dumps(plan).encode()).hexdigest()[:12]
 
 
-def graph_bound(tasks: Sequence[Task]) -> int:
+def graph_bound(tasks: Sequence[Task] | Sequence[Shape]) -> int:
     """An upper bound on the graphs one compiled frame meets: every synthetic batch layout of every task (a vision
-    batch's every row: Qwen-VL's position ids loop over rows, each with its own ints, around graph breaks)."""
+    batch's every row: Qwen-VL's position ids loop over rows, each with its own ints, around graph breaks); of a
+    plan's shapes, for a guarded run."""
     return sum(max(2, len(getattr(t, "varlen_pairs", ())), len(getattr(t, "text_runs", ())) * t.batch)
                for t in tasks)
 

@@ -357,7 +357,42 @@ def test_printed_commands_parse_with_trl_and_name_every_split_and_a_reward() -> 
     assert {split: len(rows) for split, rows in data.items()} == {"train": 96, "held_out": 24}
     assert command.notes == ()
 
+    # one split name for both: the eval file keeps a split of its own, not the train file's (it replaced it before)
+    same = trl_command("sft", [*SFT_ARGV, "--eval_strategy", "steps", "--eval_steps", "2",
+                               "--dataset_test_split", "train"], eval_source=str(eval_file), device="cpu")
+    assert same.words[-2:] == ("--use_cpu", "true")  # as printed on a CPU host, it runs there
+    script, *_ = _trl_parse("sft", list(same.words))
+    data = load_dataset(script.dataset_name)
+    assert script.dataset_test_split == "eval" and {s: len(r) for s, r in data.items()} == {"train": 96, "eval": 24}
+
     grpo = trl_command("grpo", GRPO_ARGV)
     script, *_ = _trl_parse("grpo", list(grpo.words))
     assert script.reward_funcs == [PLACEHOLDER_REWARD] and "placeholder" in grpo.notes[0]
     assert len(load_dataset(script.dataset_name)["train"]) == 64
+
+
+def test_what_warm_prints_to_train_with() -> None:
+    """After a warm-up: a script's plan, its command under the guard; a `trl` run's plan, its `trl` command with the
+    eval file the plan was made with (recorded in the plan), under the guard where the warm-up needed a setting no
+    environment variable carries (dynamo's recompile limit above its default)."""
+    from datasets import load_dataset
+
+    from shapeplan.plan.model import Plan
+    from shapeplan.services.trl_command import training_command
+
+    eval_file = str(ROOT / "tests" / "fixtures" / "assistant-chat.jsonl")
+    argv = [*SFT_ARGV, "--eval_strategy", "steps", "--eval_steps", "2"]
+    plan = Plan(method="sft", exact=True, pad_to_multiple_of=128, stats=None, shapes=(),
+                config={"argv": argv, "eval_dataset": eval_file})
+    plain = training_command(plan, "plan.json", eval_source=None, device="cpu", python_lines=[])
+    assert plain is not None and plain.words[:2] == ("trl", "sft")
+    script, *_ = _trl_parse("sft", list(plain.words))
+    assert len(load_dataset(script.dataset_name)["test"]) == 24  # the recorded eval file, not the train file
+    limit = ["torch._dynamo.config.recompile_limit = 12"]
+    guarded = training_command(plan, "plan.json", eval_source=None, device="cpu", python_lines=limit)
+    assert guarded is not None and guarded.words == ("shapeplan", "guard", "--plan", "plan.json", "--", *plain.words)
+    assert "recompile_limit = 12" in guarded.notes[0]
+    scripted = Plan(method="sft", exact=True, pad_to_multiple_of=128, stats=None, shapes=(),
+                    config={"argv": [], "command": ["python", "train.py"]})
+    command = training_command(scripted, "p.json", eval_source=None, device="cpu", python_lines=limit)
+    assert command is not None and command.line() == "shapeplan guard --plan p.json -- python train.py"

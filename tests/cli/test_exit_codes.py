@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import stat
@@ -323,7 +324,8 @@ def test_verify_never_writes_the_cache_it_checks(warmed_sft: WarmedSFT, tmp_path
     # what a Packer/systemd step sources is what --json reports
     assert warmed["environment_variables"] == {
         "TORCHINDUCTOR_CACHE_DIR": str(warmed_sft.cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
+        "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
     sourced = subprocess.run(["bash", "-c", 'set -e; . "$0"; echo "$TORCHINDUCTOR_CACHE_DIR"', warmed_sft.env_file],
                              capture_output=True, text=True, check=True)
     assert sourced.stdout == f"{warmed_sft.cache}\n"

@@ -47,9 +47,14 @@ def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed_s
                                                                         tmp_path: Path) -> None:
     """`. ENV_FILE && trl sft ...` exactly as `warm` prints it (the data file as a dataset folder, the planned
     pad_to_multiple_of spelt out), with TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES from the file: 0 Inductor and
-    AOTAutograd misses. Only what this machine lacks is added: --use_cpu, and where the run writes."""
+    AOTAutograd misses. Only what this machine lacks is added: --use_cpu, and where the run writes. The shell has
+    another thread count than the warm-up had (Inductor's CPU kernels are keyed by it, and `accelerate launch` keeps
+    a set OMP_NUM_THREADS): the file's OMP_NUM_THREADS is what makes the run hit."""
     report, env, env_file = warmed_sft.report, warmed_sft.env, warmed_sft.env_file
     assert "export TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0\n" in env_file.read_text()
+    threads = f"export OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '1')}\n"
+    assert threads in env_file.read_text()
+    other = "2" if threads.endswith("=1\n") else "1"
     command = report["command"]
     assert command[:2] == ["trl", "sft"] and str(CAPYBARA) not in command
     site = tmp_path / "site"
@@ -59,7 +64,7 @@ def test_the_printed_trl_command_with_the_env_file_alone_hits_the_cache(warmed_s
     clean = {k: v for k, v in env.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_DYNAMO_"))}
     run = subprocess.run(["bash", "-c", '. "$0" && exec "$@"', str(env_file), *command, "--use_cpu", "true",
                           "--output_dir", str(tmp_path / "trl-run"), "--report_to", "none", "--save_strategy", "no"],
-                         cwd=ROOT, env={**clean, "PYTHONPATH": f"{site}:{ROOT}",
+                         cwd=ROOT, env={**clean, "PYTHONPATH": f"{site}:{ROOT}", "OMP_NUM_THREADS": other,
                                         "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
                                         "SHAPEPLAN_TEST_COUNTERS": str(counters_file)},
                          capture_output=True, text=True, timeout=1200)

@@ -116,4 +116,11 @@ class InductorBackend:
             return ()
         lines = [f"export TORCHINDUCTOR_CACHE_DIR={cache_dir}"]
         lines += [f"export {name}={value}" for name, value in CACHE_ENVIRONMENT.items()]
+        if self.device == "cpu":
+            import torch
+
+            # Inductor generates CPU kernels for the process's thread count, which is in their cache key, and
+            # `accelerate launch` (which `trl <method>` runs through) sets OMP_NUM_THREADS=1 where it is unset:
+            # measured, a `trl sft` run after a warm-up recompiled every graph until given the warm-up's count
+            lines.append(f"export OMP_NUM_THREADS={torch.get_num_threads()}")
         return (*lines, *dynamo_lines(graphs))
