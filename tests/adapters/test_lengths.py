@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,17 @@ def test_refused_datasets_take_trls_path(case: str, reason: str, data: dict[str,
     assert lengths.fast_path_refusal(dataset, tokenizer, config) == reason
     expected = trl_rows(dataset, tokenizer, config, packing=False)
     assert prepare_rows(dataset, tokenizer, config, packing=False, name="train", use_cache=False) == expected
+
+
+@pytest.mark.parametrize("kind", ["messages", "conversational-prompt-completion"])
+def test_two_threads_in_one_process_give_the_same_lengths(kind: str, data: dict[str, Path], models: dict[str, Path],
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process renders a chunk while its other thread tokenizes the one before (the default on 2 cores): the
+    lengths are TRL's, in order, and the tokenizer's own parallelism setting is left as it was."""
+    monkeypatch.setattr(lengths, "CHUNK_ROWS", 7)  # several chunks, the last one short
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    dataset, tokenizer = _load(data, models, kind, "template-bos")
+    config = _config(tmp_path, max_length=100)
+    expected = trl_rows(dataset, tokenizer, config, packing=False)
+    assert fast_rows(dataset, tokenizer, config, packing=False, workers=1) == expected
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
