@@ -82,17 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             data = folder / f"rows-{rows}.jsonl"
             make_rows("conversational", rows, data)
             best: dict[str, dict[str, Any]] = {}
-            for i in range(args.repeat):
-                for part, run in (("floor", lambda: timed([sys.executable, "-c", FLOOR, str(data), str(MODEL)], env)),
-                                  ("analyze", lambda: analyze(data, folder / f"cold-{rows}-{i}", env))):
-                    result = run()
+            for i in range(args.repeat):  # the two side by side, in turn
+                for part in ("floor", "analyze"):
+                    result = timed([sys.executable, "-c", FLOOR, str(data), str(MODEL)], env) if part == "floor" \
+                        else analyze(data, folder / f"cold-{rows}-{i}", env)
                     if part not in best or result["seconds"] < best[part]["seconds"]:
                         best[part] = result
             ratio = best["analyze"]["seconds"] / best["floor"]["seconds"]
             results[str(rows)] = {**best, "ratio": round(ratio, 2)}
-            print(f"{rows:>9,} rows  floor {best['floor']['seconds']:7.2f} s  analyze {best['analyze']['seconds']:7.2f} s"
-                  f"  analyze/floor {ratio:.2f}  (RSS MiB: floor {best['floor']['rss_mib']}, analyze "
-                  f"{best['analyze']['rss_mib']})", flush=True)
+            floor, planned = best["floor"], best["analyze"]
+            print(f"{rows:>9,} rows  floor {floor['seconds']:7.2f} s  analyze {planned['seconds']:7.2f} s"
+                  f"  analyze/floor {ratio:.2f}  (RSS MiB: floor {floor['rss_mib']}, analyze {planned['rss_mib']})",
+                  flush=True)
         data = folder / "small.jsonl"
         make_rows("conversational", args.small, data)
         tokenizer = min((timed([sys.executable, "-c", TOKENIZER, str(MODEL)], env) for _ in range(args.repeat)),
