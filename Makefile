@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser test test-fast lint docs demo bench clean
+.PHONY: install browser test test-fast lint docs demo demo-vision bench clean
 
 install: $(STAMP)
 
@@ -54,6 +54,13 @@ demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan advise examples/capybara-sample.jsonl \
 		--model examples/tiny-qwen3 --per_device_train_batch_size 4 --max_length 1024 --num_train_epochs 1 \
 		--eval-dataset examples/capybara-sample.jsonl --eval_strategy steps --eval_steps 10
+
+# The vision demo: four small images (examples/vision-demo/) in 24 `messages` rows, with the bundled tiny Qwen2.5-VL.
+demo-vision: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan analyze examples/vision-sample.jsonl \
+		--model examples/tiny-qwen2.5-vl --per_device_train_batch_size 2 --max_length 1024 --num_train_epochs 1
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/shapeplan advise examples/vision-sample.jsonl \
+		--model examples/tiny-qwen2.5-vl --per_device_train_batch_size 2 --max_length 1024 --num_train_epochs 1
 
 bench: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/run_all.py

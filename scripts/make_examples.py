@@ -1,8 +1,9 @@
 """Regenerate the bundled offline examples: a tiny Qwen3-style model and tokenizer, a tiny Qwen2.5-VL built on the
-same tokenizer, and small Capybara-style (`messages`) and tldr-style (`prompt`) datasets.
+same tokenizer, small Capybara-style (`messages`) and tldr-style (`prompt`) datasets, and the vision demo's four
+small images and the `messages` rows that reference them (`make demo-vision`).
 
 Run from the repository root: `python scripts/make_examples.py`. The output is committed, so
-`make demo` and the tests need neither this script nor the Hub.
+`make demo`, `make demo-vision` and the tests need neither this script nor the Hub.
 """
 
 from __future__ import annotations
@@ -112,6 +113,37 @@ def make_datasets() -> None:
                                 "completion": " " + sentence(rng, rng.randint(5, 20))}) + "\n")
 
 
+# The vision demo's images: (name, width, height), four aspect ratios, each a few hundred bytes of PNG.
+VISION_IMAGES = [("square", 224, 224), ("wide", 448, 252), ("tall", 196, 336), ("small", 112, 84)]
+VISION_COLOURS = [(200, 40, 40), (40, 120, 200), (60, 160, 80), (230, 180, 40)]
+
+
+def make_vision_demo() -> None:
+    """examples/vision-demo/*.png and examples/vision-sample.jsonl: 24 `messages` rows of one or two of the images
+    each, referenced by paths relative to the repository root (where `make demo-vision` runs). Deterministic: the
+    images are drawn, not sampled, and Pillow writes no timestamp into a PNG."""
+    from PIL import Image, ImageDraw
+
+    folder = ROOT / "vision-demo"
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for (name, width, height), colour in zip(VISION_IMAGES, VISION_COLOURS, strict=True):
+        image = Image.new("RGB", (width, height), (235, 235, 235))
+        draw = ImageDraw.Draw(image)
+        draw.rectangle((width // 6, height // 6, width * 5 // 6, height * 5 // 6), fill=colour)
+        draw.ellipse((width // 3, height // 3, width * 2 // 3, height * 2 // 3), fill=(250, 250, 250))
+        image.save(folder / f"{name}.png", optimize=True)
+        paths.append(f"examples/vision-demo/{name}.png")
+    rng = random.Random(2)
+    with open(ROOT / "vision-sample.jsonl", "w") as f:
+        for _ in range(24):
+            images = rng.sample(paths, rng.choice([1, 1, 1, 2]))
+            messages = [{"role": "user", "content": "What is in " + ("these images?" if len(images) > 1 else
+                                                                     "this image?")},
+                        {"role": "assistant", "content": text(rng, 1, 3)}]
+            f.write(json.dumps({"messages": messages, "images": images}) + "\n")
+
+
 if __name__ == "__main__":
     model_dir = ROOT / "tiny-qwen3"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -119,3 +151,4 @@ if __name__ == "__main__":
     make_model(model_dir)
     make_vision_model(model_dir, ROOT / "tiny-qwen2.5-vl")
     make_datasets()
+    make_vision_demo()

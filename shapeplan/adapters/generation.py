@@ -52,9 +52,11 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     if agentic.tool_loop:
         rows = "padded to the round's rows" if agentic.pads else \
             "on the rows that called a tool, any batch from 1 to the round's rows"
+        pinned = getattr(generation_settings(args.training), "max_cache_len", None) is not None
+        pin = "" if pinned else \
+            "; pin the cache with --generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"
         return [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
-                "the cache lengths they reach are planned as a bound (certain: false); pin the cache with "
-                "--generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"]
+                f"the cache lengths they reach are planned as a bound (certain: false){pin}"]
     if iterations is None:
         return []
     return [f"max_tool_calling_iterations={iterations} is planned without tool calls: the trainer runs its tool "

@@ -4,7 +4,7 @@ holds what Distillation shares)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import UsageError
@@ -14,8 +14,8 @@ from ..plan.rows import Rows
 from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
 from ..plan.vision_rows import ImageRow, image_rows
 from . import generation_stream, vision
+from .agentic import AgenticArguments, tool_loop
 from .agentic import check_supported as check_agentic
-from .agentic import tool_loop
 from .common import RunData, load_run_data, recorded_config, streamed
 from .generation import (
     bare_trainer,
@@ -33,27 +33,53 @@ from .trl_args import TrainingArgs, make_parser, parse_training_args
 # Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
 # `shapeplan warm` sets for the device it warms on.
 _RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split", "use_cpu"}
+# The Python objects the run hands the trainer (--tools, --environment_factory, --rollout_func, --pad_tool_turns):
+# what the run calls, not how it trains; given alone they keep the guide's example settings.
+_OBJECT_OPTIONS = frozenset(f.name for f in fields(AgenticArguments))
 # what sets the train dataloader's batch size
 _GENERATION_BATCH = "per_device_train_batch_size x steps_per_generation"
 
 
 def with_guide_example(args: TrainingArgs, argv: list[str]) -> tuple[TrainingArgs, list[str]]:
     """`args`, or the guide's example (`TrainerSpec.guide_options`) when no TRL training option (and no --config)
-    is given; plus a note."""
+    is given; plus a note. The run's objects (tools, an environment factory, a rollout function) are no training
+    option: with them alone the guide's settings stay, the objects added."""
     spec = args.spec
     example = spec.guide_options
     if not example or "--config" in argv:
         return args, []
     trl_options = {action.dest for action in make_parser(spec)._actions}
-    if (args.given & trl_options) - _RUN_OPTIONS:
+    if (args.given & trl_options) - _RUN_OPTIONS - _OBJECT_OPTIONS:
         return args, []
     example_args = parse_training_args(spec, [*example, *argv])
     example_args.script.reward_funcs = list(spec.guide_reward_funcs)
     functions = len(spec.guide_reward_funcs)
+    objects = sorted(args.given & _OBJECT_OPTIONS)
+    with_objects = f", with the run's {' and '.join('--' + name for name in objects)}" if objects else ""
     note = (f"no training option given: planned TRL's Trainium guide {args.method.upper()} example "
             f"({' '.join(example)}, {'one' if functions == 1 else functions} reward function"
-            f"{'' if functions == 1 else 's'}); pass TRL options to plan your own run")
+            f"{'' if functions == 1 else 's'}{with_objects}), not TRL's defaults; pass TRL options to plan your own "
+            "run")
     return example_args, [note]
+
+
+def refuse_tools_on_plain_prompts(args: TrainingArgs, data: RunData) -> None:
+    """Refuse a tool loop (tools, or an environment's) over plain-string prompts: TRL decodes completions as chat
+    messages only for conversational prompts, and its tool loop reads each completion as messages
+    (`completion[0].get("tool_calls")`), so the run fails at its first step ('str' object has no attribute 'get')."""
+    if not args.agentic.tool_loop:
+        return
+    from trl.data_utils import is_conversational
+
+    given = "--tools" if args.agentic.tools else "--environment_factory"
+    for name, dataset in (("train", data.train), ("eval", data.eval)):
+        row = None if dataset is None else next(iter(dataset), None)
+        if row is None or "prompt" not in row or is_conversational({"prompt": row["prompt"]}):
+            continue
+        raise UsageError(f"{given} needs conversational prompts, and the {name} dataset's are plain strings: TRL's "
+                         "tool loop reads each completion as chat messages, so the run would fail at its first step "
+                         "('str' object has no attribute 'get'); give each prompt as a list of messages, "
+                         '[{"role": "user", "content": "..."}]')
 
 
 def _check_supported(args: TrainingArgs) -> list[str]:
@@ -202,6 +228,7 @@ def read(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
     warnings = notes + _check_supported(args)
     _check_split(args)
     data = load_run_data(args, eval_source=eval_source, vision=args.spec.images)
+    refuse_tools_on_plain_prompts(args, data)
     trainer = bare_trainer(args.spec, data.tokenizer, args.training, args.agentic)
     return GenerationRun(args=args, argv=argv, data=data, trainer=trainer, warnings=tuple(warnings),
                          prompts=_vision_prompts(args, data, trainer))

@@ -13,6 +13,7 @@ import types
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,12 @@ def _launch_options(spec: TrainerSpec, argv: list[str]) -> list[str]:
         config.pop("env", None)
         config_remaining = parser.set_defaults_with_config(**config)
         del args[i:i + 2]
+        if config_remaining:  # keys no TRL option takes: accelerate's, or a misspelt key named with its file
+            from accelerate.commands.launch import launch_command_parser
+
+            actions = {**launch_command_parser()._option_string_actions, **parser._option_string_actions}
+            for key in config_remaining[0::2]:  # ["--key", "value", ...]
+                _known_action(spec.name, key, actions, config=path)
     _, unknown = parser.parse_known_args(args)
     return [*config_remaining, *unknown]
 
@@ -405,16 +412,45 @@ def split_dataset_argument(spec: TrainerSpec, tokens: Sequence[str]) -> tuple[st
     return None, rest
 
 
-def _known_action(method: str, option: str, actions: dict[str, Any]) -> Any:
+# The shapeplan command being run and its own options (`--model`, `--split`, `-o`, ...), set by the CLI around the
+# command (`own_options`): an unknown option's hint looks among them first, so `--modle` is shapeplan's `--model`,
+# not accelerate's `--module`.
+_OWN_OPTIONS: ContextVar[tuple[str, tuple[str, ...]]] = ContextVar("shapeplan_own_options", default=("", ()))
+
+
+@contextmanager
+def own_options(command: str, names: Sequence[str]) -> Iterator[None]:
+    """While the `shapeplan <command>` runs: its own option names, for the unknown-option hint."""
+    token = _OWN_OPTIONS.set((command, tuple(names)))
+    try:
+        yield
+    finally:
+        _OWN_OPTIONS.reset(token)
+
+
+def _known_action(method: str, option: str, actions: dict[str, Any], *, config: str | None = None) -> Any:
     """The action of `option` among TRL's and `accelerate launch`'s (`actions`: both), an unambiguous prefix too (as
-    TRL's parser allows it); an unknown option is refused, naming the nearest known one when there is one."""
+    TRL's parser allows it); an unknown option is refused, naming the nearest known one when there is one:
+    shapeplan's own first, then TRL's and accelerate's. `config`: the option is a key of that `--config` file."""
     import difflib
 
     if option in actions:
         return actions[option]
     prefixed = [name for name in actions if name.startswith(option)] if option.startswith("--") else []
-    if len(prefixed) == 1:
+    if len(prefixed) == 1 and config is None:  # a YAML key is matched whole, as TRL matches it
         return actions[prefixed[0]]
+    if config is not None:
+        key = option[2:]
+        nearest = difflib.get_close_matches(key, [name[2:] for name in actions if name.startswith("--")], n=1,
+                                            cutoff=0.75)
+        hint = f"did you mean {nearest[0]}? " if nearest else ""
+        raise UsageError(f"unknown key {key!r} in {config}: {hint}it is neither a TRL `{method}` option nor an "
+                         f"`accelerate launch` option; fix the key in {config} (see `trl {method} --help`)")
+    command, own = _OWN_OPTIONS.get()
+    mine = difflib.get_close_matches(option, [name for name in own if name.startswith("--")], n=1, cutoff=0.75)
+    if mine:
+        raise UsageError(f"unknown option {option!r}: did you mean {mine[0]}, `shapeplan {command}`'s own option? "
+                         f"see `shapeplan {command} --help`")
     nearest = difflib.get_close_matches(option, [name for name in actions if name.startswith("--")], n=1, cutoff=0.75)
     hint = f"did you mean {nearest[0]}? " if nearest else ""
     raise UsageError(f"unknown option {option!r}: {hint}it is neither a TRL `{method}` option nor an `accelerate "

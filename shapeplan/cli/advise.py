@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from ..errors import ShapeplanError, UsageError
-from .options import run_options
+from .options import quiet_option, run_options
+from .output import note, quiet
 
 
 @click.command(
@@ -17,6 +18,7 @@ from .options import run_options
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
 )
 @run_options
+@quiet_option
 @click.option("--calibrate", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="CACHE_DIR",
               help="Cost compiles and steps with what `shapeplan warm` measured in CACHE_DIR instead of the guide's "
                    "figures.")
@@ -37,8 +39,9 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     accumulation pairs with the same effective batch, and for GRPO/RLOO/Distillation a pinned static cache length
     and max_completion_length at each bucket edge. Each is an exact plan; they are ranked by compile + training
     minutes, with the TRL flags, the change and the data lost. Takes the same DATASET and TRL options as
-    `shapeplan analyze`. On a vision-language SFT dataset it weighs fixed image sizes instead: vision graphs,
-    compile minutes and pixels kept, and the `shapeplan.resize_images` call that applies them.
+    `shapeplan analyze`. On a vision-language dataset (SFT, GRPO, RLOO) it weighs fixed image sizes instead, each
+    height x width: vision graphs, compile minutes and pixels kept, and the `shapeplan.resize_images` call, of
+    (height, width) pairs, that applies them.
 
     \b
     Examples:
@@ -50,24 +53,24 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     from ..adapters.trl_args import split_run_arguments
     from ..plan.io import write_atomic
     from ..services.advice_page import render_html
-    from ..services.advice_report import advice_to_dict, render_advice
+    from ..services.advice_report import advice_to_dict, render_advice, render_vision_advice, vision_advice_dict
     from ..services.advise import advise
     from ..services.analyze import dataset_progress_bars
     from ..services.trainers import trainer_spec
-    from ..services.vision_advice import VisionAdvice, render_vision_advice, vision_advice_to_dict
+    from ..services.vision_advice import VisionAdvice
 
     if is_script_command(trl_args):
         raise UsageError("advise weighs a run given as TRL options, not yet a script's run: plan the script with "
                          "`shapeplan analyze -- python train.py`, and advise on its options as "
                          "`shapeplan advise DATASET --model MODEL [TRL options]`")
-    dataset_progress_bars(sys.stderr.isatty())
+    dataset_progress_bars(sys.stderr.isatty() and not quiet())
     argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
     advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
                     allow_truncation=allow_truncation)
     if isinstance(advice, VisionAdvice):
         if html_file is not None:
             raise UsageError("--html draws the text advice; vision advice is printed (or --json): drop --html")
-        click.echo(json.dumps(vision_advice_to_dict(advice), indent=2) if as_json else render_vision_advice(advice))
+        click.echo(json.dumps(vision_advice_dict(advice), indent=2) if as_json else render_vision_advice(advice))
         return
     if html_file is not None:
         try:
@@ -80,4 +83,4 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     else:
         click.echo(render_advice(advice))
         if html_file is not None:
-            click.echo(f"page written to {html_file}", err=True)
+            note(f"page written to {html_file}")

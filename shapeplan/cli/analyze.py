@@ -10,8 +10,8 @@ from ..errors import PlanFileError, UsageError
 from ..plan.cost import GENERATE_SHAPE_MINUTES
 from ..plan.model import Plan
 from ..plan.targets import check_output, named_files, write_plan_output
-from .options import FiniteFloat, run_options
-from .output import emit_caveats, emit_plan
+from .options import FiniteFloat, quiet_option, run_options
+from .output import emit_caveats, emit_plan, quiet
 
 
 @click.command(
@@ -19,6 +19,7 @@ from .output import emit_caveats, emit_plan
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
 )
 @run_options
+@quiet_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (for scripts).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Write the plan as JSON to PLAN (atomically), for `shapeplan warm --plan`.")
@@ -65,7 +66,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         check_output(output, "-o", inputs=inputs, what="plan")
     observed = load_observed(compare) if compare is not None else None
     plan = analyze_command_line(method, trl_args, model=model, split=split, eval_source=eval_dataset,
-                                use_cache=not no_cache, progress_bars=sys.stderr.isatty())
+                                use_cache=not no_cache, progress_bars=sys.stderr.isatty() and not quiet())
     if observed is not None:
         from ..services.report import render_comparison
 
@@ -85,8 +86,9 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         from ..services.advice_report import length_cap
         from ..services.trainers import trainer_spec
 
-        click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
-                                    what=str(trainer_spec(method).lengths)), err=as_json)
+        if not (as_json and quiet()):  # under --json it goes to stderr, which -q keeps for errors and warnings
+            click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
+                                        what=str(trainer_spec(method).lengths)), err=as_json)
     emit_caveats(plan, with_plan_warnings=False)
 
 

@@ -31,14 +31,18 @@ def render(diagnosis: Any) -> str:
         "",
     ]
     for check in diagnosis.checks:
-        # KNOWN: the release's known limitation, with its fix; it does not fail the host
-        line = f"{'PASS' if check.passed else 'KNOWN' if check.known else 'FAIL'}  {check.name}: {check.detail}"
-        lines.append(line if check.passed else f"{line}\n      fix: {check.fix}")
+        # KNOWN: the release's known limitation, with its fix; WARN: passed, at a cost the fix avoids; neither fails
+        status = "WARN" if check.passed and check.warn else "PASS" if check.passed else \
+            "KNOWN" if check.known else "FAIL"
+        line = f"{status}  {check.name}: {check.detail}"
+        lines.append(line if status == "PASS" else f"{line}\n      fix: {check.fix}")
     lines.append("")
     known = sum(not c.passed and c.known for c in diagnosis.checks)
+    warned = sum(c.passed and c.warn for c in diagnosis.checks)
+    notes = [f"{known} known limitation(s) of this release"] * bool(known) + [f"{warned} warning(s)"] * bool(warned)
     lines.append(("doctor: all checks passed" if diagnosis.passed else
                   f"doctor: {sum(not (c.passed or c.known) for c in diagnosis.checks)} check(s) failed")
-                 + (f" ({known} known limitation(s) of this release, above)" if known else ""))
+                 + (f" ({', '.join(notes)}, above)" if notes else ""))
     return "\n".join(lines)
 
 
@@ -50,8 +54,10 @@ def render(diagnosis: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="With --device neuron: instead of the checks, probe what TorchNeuron's source does not settle "
-                   "(execution mode, counters with metrics off, cache layouts, the NKI attention key) in fresh "
-                   "processes and write it all to FILE as JSON, for a bug report. Under 15 minutes on a Trn2.")
+                   "(execution mode, counters with metrics off, cache layouts, the NKI attention key, the debug and "
+                   "HLO cache dirs, eager keys from another install path, the four-part versions, the cache-entry "
+                   "bindings) in fresh processes and write it all to FILE as JSON, for a bug report. Under 15 "
+                   "minutes on a Trn2.")
 def doctor_command(device: str | None, cache_dir: str | None, as_json: bool, report_path: str | None) -> None:
     """Check this host before warming: versions, device, cores, cache dir, compile-key settings, then a self-test.
 

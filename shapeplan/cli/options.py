@@ -51,9 +51,12 @@ def run_options(command: Command) -> Command:
             return body(**{**kwargs, "trl_args": words})
         check_own_options(context.command, words)
         from ..adapters.prechecks import refuse_before_imports
+        from ..adapters.trl_args import own_options
 
         refuse_before_imports(words, model=kwargs["model"], eval_source=kwargs["eval_dataset"])
-        return body(**{**kwargs, "method": method or kwargs["method"], "trl_args": words})
+        names = [name for param in context.command.params for name in param.opts if name.startswith("-")]
+        with own_options(str(context.command.name), names):  # an unknown option's hint looks at these first
+            return body(**{**kwargs, "method": method or kwargs["method"], "trl_args": words})
 
     command = unwrapped  # type: ignore[assignment]  # functools.wraps keeps the signature click reads
     command = click.argument("trl_args", nargs=-1, type=click.UNPROCESSED)(command)
@@ -70,6 +73,11 @@ def run_options(command: Command) -> Command:
     return command
 
 
+# shapeplan's own options that `accelerate launch` has too: after `--` (`-- accelerate launch -q trl sft ...`) they
+# are the launcher's
+_ALSO_ACCELERATES = ("-q", "--quiet")
+
+
 def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
     """Refuse one of the command's own options misspelt in TRL's style (`--cache_dir` for `--cache-dir`) or given
     after `--`, where it would reach TRL: TRL has none of them, so the run would fail later with a vaguer line."""
@@ -78,7 +86,8 @@ def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
         name = word.split("=", 1)[0]
         if not name.startswith("-"):
             continue
-        if name in own:  # `-o` too: the `neuron_parallel_compile CMD` habit puts it at the end
+        # `-o` too: the `neuron_parallel_compile CMD` habit puts it at the end
+        if name in own and name not in _ALSO_ACCELERATES:
             raise UsageError(f"{name} is `shapeplan {command.name}`'s own option: give it before `--`")
         if not name.startswith("--"):
             continue
@@ -86,6 +95,16 @@ def check_own_options(command: click.Command, words: tuple[str, ...]) -> None:
         if dashed in own:
             raise UsageError(f"unknown option {name!r}: did you mean {dashed}? (shapeplan's own options are spelt "
                              "with dashes, TRL's with underscores)")
+
+
+def quiet_option(command: Command) -> Command:
+    """-q/--quiet (`analyze`, `advise`, `warm`, `verify`): stderr carries only errors and warnings, no progress and
+    no notes; stdout (the result) is unchanged."""
+    from .output import remember_quiet
+
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, is_eager=True, callback=remember_quiet,
+                        help="Print only errors and warnings on stderr: no progress bars, per-shape rows or notes.")(
+        command)
 
 
 def device_option(command: Command) -> Command:

@@ -24,6 +24,28 @@ if TYPE_CHECKING:
     from ..services.trl_command import TrlCommand
 
 
+_QUIET = "shapeplan.quiet"  # the key of ctx.meta (shared by every nested context) that -q/--quiet sets
+
+
+def remember_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """-q/--quiet's callback: the command's stderr carries only errors and warnings."""
+    if value:
+        ctx.meta[_QUIET] = True
+
+
+def quiet() -> bool:
+    """Whether the command runs under -q/--quiet (or is a `warm --workers` worker of one: SHAPEPLAN_QUIET=1)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_QUIET)) or os.environ.get("SHAPEPLAN_QUIET") == "1"
+
+
+def note(text: str) -> None:
+    """A line for people on stderr (what was written where, what to run next), left out under -q/--quiet; errors
+    and warnings are never left out."""
+    if not quiet():
+        click.echo(text, err=True)
+
+
 def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
               generate_minutes: float = GENERATE_SHAPE_MINUTES, inputs: Sequence[str] = ()) -> None:
     if output is not None:
@@ -33,19 +55,17 @@ def emit_plan(plan: Plan, *, as_json: bool, output: str | None,
     else:
         click.echo(render_plan(plan, generate_minutes=generate_minutes))
         if output is not None:
-            click.echo(f"plan written to {output}", err=True)
+            note(f"plan written to {output}")
     script = plan.config.get("command")
     if output is not None and isinstance(script, list):  # a script's run: the next two steps, one command line each
         quoted = shlex.quote(output)
-        click.echo(f"next: shapeplan warm --plan {quoted}, then train with `shapeplan guard --plan {quoted} -- "
-                   f"{shlex.join(script)}`", err=True)
+        note(f"next: shapeplan warm --plan {quoted}, then train with `shapeplan guard --plan {quoted} -- "
+             f"{shlex.join(script)}`")
 
 
 def emit_caveats(plan: Plan, *, with_plan_warnings: bool) -> None:
     """The run's known breakages (`plan.caveats`) on stderr, after the plan's own warnings (`with_plan_warnings`:
     where no plan report has shown them, as before a warm-up)."""
-    import os
-
     from ..plan.caveats import caveats
 
     for warning in [*(plan.warnings if with_plan_warnings else ()), *caveats(plan, os.environ)]:
@@ -54,25 +74,37 @@ def emit_caveats(plan: Plan, *, with_plan_warnings: bool) -> None:
 
 class ProgressBar:
     """A warm-up's progress on stderr (a `warm.tracker.Progress`): a row per finished shape, and below them a tqdm
-    bar when stderr is a terminal (in a log, a bar's redraws would run into the rows). While it runs, log records
-    are written above the bar as the rows are, never into it; Python warnings (transformers' FutureWarnings, met
-    again with every shape's trainer) are kept out of the rows and shown once each when it closes."""
+    bar when stderr is a terminal (in a log, a bar's redraws would run into the rows, so there each row carries the
+    count, the time so far and the estimated total instead). While it runs, log records are written above the bar
+    as the rows are, never into it; Python warnings (transformers' FutureWarnings, met again with every shape's
+    trainer) are kept out of the rows and shown once each when it closes. `quiet` (-q): no rows and no bar, the
+    warnings still."""
 
-    def __init__(self, what: str = "warming") -> None:
+    def __init__(self, what: str = "warming", *, quiet: bool = False) -> None:
         self.what = what
+        self.quiet = quiet
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
         self._caught: list[Any] = []  # the Python warnings met while it runs, shown once each after the rows
+        self._log = False  # stderr is no terminal: each row carries its own progress
+        self._total = 0
+        self._started = 0.0
+        self._seconds = 0.0  # the finished shapes' own seconds, for the estimate
+        self._done = 0
         self.rows = 0  # rows written to stderr
 
     def begin(self, total: int) -> None:
         import logging
+        import time
 
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
+        self._log = not sys.stderr.isatty()
+        self._total = total
+        self._started = time.monotonic()
         self._bar = tqdm(total=total, desc=self.what, unit="shape", file=sys.stderr, dynamic_ncols=True,
-                         disable=not sys.stderr.isatty())
+                         disable=self.quiet or self._log)
         self._redirect = contextlib.ExitStack()
         library = logging.getLogger("transformers")  # its own handler, not propagated, once transformers set it up
         loggers = [logging.root, *([library] if not library.propagate else [])]
@@ -81,8 +113,20 @@ class ProgressBar:
         self._caught = self._redirect.enter_context(warnings.catch_warnings(record=True))
 
     def done(self, result: WarmResult) -> None:
-        self._bar.write(result_row(result), file=sys.stderr)
+        import time
+
+        self._seconds += result.seconds
+        self._done += 1
+        done = self._done
         self._bar.update(1)
+        if self.quiet:
+            return
+        row = result_row(result)
+        if self._log:
+            elapsed = time.monotonic() - self._started
+            total = elapsed + self._seconds / done * (self._total - done)  # the shapes left at this pace
+            row = f"[{done}/{self._total}, {duration(elapsed)} elapsed, ~{duration(total)} total] {row}"
+        self._bar.write(row, file=sys.stderr)
         self.rows += 1
 
     def close(self) -> None:
@@ -96,6 +140,16 @@ class ProgressBar:
                 shown.add(text)
                 click.echo(f"warning: {text[0]}: {text[1]}", err=True)
         self._caught = []
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `1h02m`: a warm-up's time, as a log line shows it."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def same_destination() -> bool:

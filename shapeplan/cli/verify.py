@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import click
 
-from .options import device_option
-from .output import ProgressBar, emit_warm, quiet_libraries
+from .options import device_option, quiet_option
+from .output import ProgressBar, emit_warm, quiet, quiet_libraries
 
 
 @click.command("verify")
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), required=True, metavar="PLAN",
               help="The plan to check (from `shapeplan analyze -o`).")
 @device_option
+@quiet_option
 def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Check that a warmed cache covers a plan: nothing may compile.
 
@@ -35,6 +36,6 @@ def verify_command(plan_path: str, device: str | None, cache_dir: str | None, as
         refuse_other_environment(cache, backend.device)
         quiet_libraries()
         plan, warmer = load_run(plan_path, None, None, None, None, (), backend.device)
-        progress = ProgressBar("verifying")
+        progress = ProgressBar("verifying", quiet=quiet())
         report = warm(plan, warmer, backend, cache, verify=True, progress=progress)
     emit_warm(report, as_json=as_json, verify=True, rows_shown=progress.rows > 0)

@@ -13,8 +13,8 @@ from click.core import ParameterSource
 
 from ..errors import ShapeplanError, UsageError
 from ..plan.targets import check_output, named_files, write_output
-from .options import FiniteFloat, device_option, run_options
-from .output import ProgressBar, emit_caveats, emit_warm, quiet_libraries
+from .options import FiniteFloat, device_option, quiet_option, run_options
+from .output import ProgressBar, emit_caveats, emit_warm, note, quiet, quiet_libraries
 
 
 def prepare(backend: Any, cache: Path) -> None:
@@ -47,6 +47,7 @@ def refused_leaves_no_cache_dir(cache: Path) -> Iterator[None]:
 
 @click.command("warm", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
 @run_options
+@quiet_option
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, metavar="PLAN",
               help="Warm this plan (from `shapeplan analyze -o`) instead of planning the run first.")
 @device_option
@@ -97,7 +98,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
 
     from ..services.run import choose_backend, load_run
     from ..warm.cachedir import check_cache_dir
-    from ..warm.parallel import worker_count
+    from ..warm.parallel import current_part, worker_count
     from ..warm.runner import warm
     from ..warm.shards import resolve_shard
 
@@ -125,9 +126,13 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
                              "processes, whose ranks share the shapes; drop --workers")
         check_cache_dir(cache)
         emit_caveats(plan, with_plan_warnings=True)  # before the warm-up's hours, as `analyze` shows them
+        part = current_part()
+        if backend.device == "cpu" and warmer.torch_compile and (part is None or part.index == 0):  # said once
+            note("note: torch_compile on CPU: Inductor compiles each shape's forward and backward to C++, a minute "
+                 "or more a shape here (seconds eager); each shape's row comes as it finishes")
         if pull_url is not None:
             _pull_plan(pull_url, plan, warmer, backend.device, cache)
-        progress = ProgressBar()
+        progress = ProgressBar(quiet=quiet())
         if count > 1:
             report = _warm_in_workers(plan, count, backend.device, cache, shard)
         else:  # refused before its first shape (the run's model or tokenizer): the dir made for it is removed
@@ -136,7 +141,7 @@ def warm_command(method: str | None, model: str | None, eval_dataset: str | None
         from ..cache.store import push
 
         pushed = push(cache, push_url)
-        click.echo(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)", err=True)
+        note(f"pushed {pushed.shapes} warmed shape(s) to {push_url}: {pushed.uploaded} new object(s)")
     if env_file is not None:
         _write_env_file(report, env_file, inputs, cache)
     from ..services.trl_command import training_command
@@ -154,8 +159,8 @@ def _pull_plan(url: str, plan: Any, warmer: Any, device: str, cache: Path) -> No
 
     warmer.bind(plan)
     pulled = pull(url, cache, device=device, tasks={t.key for t in warmer.tasks(plan)}, allow_empty=True)
-    click.echo(f"pulled {url}: {pulled.used} push(es) for this environment, {pulled.downloaded} object(s) "
-               f"downloaded, {pulled.shapes} shape(s) added", err=True)
+    note(f"pulled {url}: {pulled.used} push(es) for this environment, {pulled.downloaded} object(s) downloaded, "
+         f"{pulled.shapes} shape(s) added")
 
 
 def _write_env_file(report: Any, path: str, inputs: list[str], cache: Path) -> None:
@@ -165,14 +170,15 @@ def _write_env_file(report: Any, path: str, inputs: list[str], cache: Path) -> N
         write_output(path, render_env_file(report), "--env-file", inputs=inputs, cache_dirs=[cache])
     except OSError as exc:
         raise ShapeplanError(f"cannot write --env-file {path}: {exc.strerror}; choose a writable path") from exc
-    click.echo(f"environment written to {path} (source it before training)", err=True)
+    note(f"environment written to {path} (source it before training)")
 
 
 def _status(plan_path: str | None, method: str | None, model: str | None, eval_dataset: str | None, split: str | None,
             trl_args: tuple[str, ...], device: str | None, cache_dir: str | None, as_json: bool,
             url: str | None) -> None:
-    """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests; exit 1
-    unless complete."""
+    """`warm --status [URL]`: the plan's shapes against the cache dir's (or the store's) merged manifests, each
+    compiled, cached, eager (it ran, and left nothing in the cache) or missing; exit 1 unless one environment holds
+    every shape compiled or cached."""
     from ..services.run import choose_backend, plan_tasks
     from ..warm.manifest import differences_from_here, plan_status, read_merged
 
@@ -187,25 +193,42 @@ def _status(plan_path: str | None, method: str | None, model: str | None, eval_d
 
         report = plan_status(tasks, merged(read_manifests(url)))
     where = {"cache_dir": str(cache)} if url is None else {"url": url}
+    states = {key: _state(entries) for key, entries in report.done.items()}
+    counts = {state: sum(1 for s in states.values() if s == state)
+              for state in ("compiled", "cached", "eager", "missing")}
     differences = differences_from_here(report, backend.device) if report.complete else []
     if differences:  # complete for the hosts that warmed it, not for a run here
         click.echo(f"warning: the plan is complete only in environments other than this machine's: "
                    f"{'; '.join(differences)}; a run here would compile its shapes again", err=True)
+    if counts["eager"] and not report.complete:
+        click.echo(f"warning: {counts['eager']} shape(s) only ran eager (cpu/cuda without torch_compile), which "
+                   "leaves nothing in the cache for training to hit; warm a cache with --torch_compile true "
+                   "(Inductor) or on Trainium (--device neuron)", err=True)
     if as_json:
-        click.echo(json.dumps({**where, **report.to_dict()}, indent=2))
+        click.echo(json.dumps({**where, **report.to_dict(), "counts": counts}, indent=2))
     else:
         for key, label in report.tasks.items():
-            found = ", ".join(f"{'shard' if url is None else 'push'} {d['shard'] or '-'} env {d['environment']}"
-                              for d in report.done[key])
-            click.echo(f"{'done' if found else 'missing':<8} {label:<22} {found}")
+            found = ", ".join(f"{'shard' if url is None else 'push'} {d['shard'] or '-'} env {d['environment']} "
+                              f"({d['status']})" for d in report.done[key])
+            shown = "done" if states[key] in ("compiled", "cached") else states[key]
+            click.echo(f"{shown:<8} {label:<22} {found}")
         for env_key, environment in report.environments.items():
             click.echo(f"environment {env_key}: {json.dumps(environment.get('versions'), sort_keys=True)} "
                        f"{json.dumps(environment.get('compiler'), sort_keys=True)}")
-        click.echo(f"{len(report.tasks) - len(report.missing)}/{len(report.tasks)} shape(s) done, "
-                   f"{'complete' if report.complete else 'incomplete'}  ({'cache' if url is None else 'store'}: "
-                   f"{cache if url is None else url})")
+        cached = counts["compiled"] + counts["cached"]
+        missing = f", {counts['missing']} missing" if counts["missing"] else ""
+        click.echo(f"{cached}/{len(report.tasks)} shape(s) done, {'complete' if report.complete else 'incomplete'}: "
+                   f"{counts['compiled']} compiled, {counts['cached']} cached, {counts['eager']} eager{missing}  "
+                   f"({'cache' if url is None else 'store'}: {cache if url is None else url})")
     if not report.complete:
         raise click.exceptions.Exit(1)
+
+
+def _state(entries: list[dict[str, Any]]) -> str:
+    """A shape's state across the environments that hold it: compiled (in one at least), else cached, else eager,
+    else missing."""
+    statuses = {entry["status"] for entry in entries}
+    return next((state for state in ("compiled", "cached", "eager") if state in statuses), "missing")
 
 
 def _warm_in_workers(plan: Any, count: int, device: str, cache: Path, shard: Any) -> Any:
@@ -217,7 +240,16 @@ def _warm_in_workers(plan: Any, count: int, device: str, cache: Path, shard: Any
     from ..warm.parallel import run_workers
 
     remove_stale(Path(tempfile.gettempdir()), "shapeplan-workers-")  # folders of killed warm-ups
-    with tempfile.TemporaryDirectory(prefix=f"shapeplan-workers-{os.getpid()}-") as folder:
-        plan_file = Path(folder) / "plan.json"
-        write_plan(plan, plan_file)
-        return run_workers(plan_file, count=count, device=device, cache_dir=cache, shard=shard)
+    before = os.environ.get("SHAPEPLAN_QUIET")
+    if quiet():  # the workers' own rows go to this stderr: they are quiet too (they inherit the environment)
+        os.environ["SHAPEPLAN_QUIET"] = "1"
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"shapeplan-workers-{os.getpid()}-") as folder:
+            plan_file = Path(folder) / "plan.json"
+            write_plan(plan, plan_file)
+            return run_workers(plan_file, count=count, device=device, cache_dir=cache, shard=shard)
+    finally:
+        if before is None:
+            os.environ.pop("SHAPEPLAN_QUIET", None)
+        else:
+            os.environ["SHAPEPLAN_QUIET"] = before

@@ -5,6 +5,7 @@ as well as HTML."""
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import shlex
@@ -15,7 +16,7 @@ from typing import Any
 from ..plan.model import Plan, Shape
 from .advice_report import KV_CACHE, length_bins, length_cap, lengths_kind, minutes, what_if_headers, what_if_rows
 from .advise import Advice
-from .report import shape_notes
+from .report import count_cell, shape_notes
 from .trl_command import trl_options
 
 # The run settings the page lists, in this order, when the plan's config has them.
@@ -89,6 +90,8 @@ def _given(argv: Sequence[str], name: str) -> str | None:
 
 
 def _value(value: object) -> str:
+    if isinstance(value, enum.Enum):  # TRL's str enums (IntervalStrategy.NO): the value the option takes, `no`
+        return str(value.value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, dict):
@@ -177,8 +180,8 @@ def _shape_table(plan: Plan) -> str:
             + ("<th>notes</th>" if notes else ""))
 
     def row(shape: Shape) -> str:
-        values = [shape.batch, shape.seq, *(getattr(shape, f) for _, f in sizes), shape.count, shape.first_step]
-        cells = "".join(f'<td class="num">{"" if v is None else v}</td>' for v in values)
+        values = [shape.batch, shape.seq, *(getattr(shape, f) for _, f in sizes), count_cell(shape), shape.first_step]
+        cells = "".join(f'<td class="num">{"" if v is None else escape(str(v))}</td>' for v in values)
         note = f"<td>{escape(shape_notes(shape))}</td>" if notes else ""
         return f"<tr><td>{escape(shape.phase)}</td>{cells}{note}</tr>"
 

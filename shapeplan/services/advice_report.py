@@ -15,6 +15,7 @@ from ..plan.model import Plan
 from .advise import Advice
 from .report import table
 from .trainers import trainer_spec
+from .vision_advice import VisionAdvice, VisionOption, apply_line, vision_advice_to_dict
 
 WIDTH = 80
 _MAX_BINS = 24
@@ -172,3 +173,54 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
                                                          _cap(advice))],
         "warnings": list(advice.warnings),
     }
+
+
+def vision_label(option: VisionOption) -> str:
+    """A vision what-if as the advice names it: its fixed sizes as height x width (the (height, width) pairs
+    `shapeplan.resize_images` takes), or its pixel limits."""
+    if option.sizes is None:
+        return option.label
+    sizes = option.sizes.sizes
+    shown = ", ".join(f"{h}x{w}" for h, w in sizes)
+    return f"{len(sizes)} fixed size{'s' if len(sizes) > 1 else ''} ({shown})"
+
+
+def render_vision_advice(advice: VisionAdvice) -> str:
+    """Vision advice for people: the vision graphs as given and under each what-if, and how to apply the best."""
+    plan = advice.baseline.plan
+    rows = [[vision_label(option), str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
+             f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
+            for option in (advice.baseline, *advice.options)]
+    lines = [
+        f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
+        "",
+        f"as given: {plan.vision_graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
+        "distinct set of image sizes in a batch is a compile of the vision tower",
+        "",
+        "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio, or resized by the "
+        "processor within other pixel limits",
+        table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
+        "",
+    ]
+    best = advice.best
+    if best is None:
+        lines.append("no fixed sizes compile less than the images as given")
+    else:
+        lines += [f"fewest compiles: {vision_label(best)}, {best.plan.vision_graphs} vision graphs instead of "
+                  f"{plan.vision_graphs}, keeping {best.pixels_kept:.1%} of the pixels; "
+                  + ("set the processor's limits:" if best.limits is not None else
+                     "resize the dataset before training with (height, width) pairs:"),
+                  f"  {apply_line(best)}"]
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def vision_advice_dict(advice: VisionAdvice) -> dict[str, Any]:
+    """Vision advice for machines: `vision_advice_to_dict`'s, each option named as `vision_label` names it (sizes:
+    [height, width] pairs)."""
+    out = vision_advice_to_dict(advice)
+    for entry, option in zip([out["baseline"], *out["options"]], [advice.baseline, *advice.options], strict=True):
+        entry["option"] = vision_label(option)
+    if advice.best is not None:
+        out["recommended"]["option"] = vision_label(advice.best)
+    return out

@@ -78,6 +78,7 @@ class Check:
     detail: str  # what was seen
     fix: str = ""  # what to do, when it failed
     known: bool = False  # a failure that is the release's known limitation: reported, not failing the host
+    warn: bool = False  # passed, with a cost worth knowing (its detail) and what avoids it (its fix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,8 @@ def diagnose(device: str | None = None, cache_dir: Path | None = None) -> Diagno
     refused = _neuron_refusals() if backend.name == "neuron" else []
     if refused:  # the stack would not import, or would keep nothing: no self-test
         return diagnosis([*checks, *refused])
+    if backend.name == "neuron":
+        checks += sharing_checks(cache)
     try:
         settings = backend.settings()  # loads the stack: the core count below is then the runtime's own
     except ShapeplanError as exc:  # e.g. torch-neuronx that does not import on this host
@@ -195,6 +198,26 @@ def _cores(device: str) -> dict[str, Any]:
         return cores(device)
     except ShapeplanError as exc:
         return {"visible": None, "count": None, "from": str(exc)}
+
+
+def sharing_checks(cache: Path) -> list[Check]:
+    """(Neuron) Whether one cache dir serves every rank (neither `cache` nor the environment's
+    TORCH_NEURONX_NEFF_CACHE_DIR names a rank) and whether the cache and lock dirs are on local disk: warnings with
+    their cost and fix, not failures."""
+    from ..warm.backends.neuron import lock_dir, network_warnings, rank_warnings
+
+    environment = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR")
+    locks = lock_dir()
+    out = []
+    for name, found, fine in (
+            ("one cache dir for every rank",
+             rank_warnings(cache, environment=environment if environment != str(cache) else None),
+             f"{cache}{f' and {environment}' if environment and environment != str(cache) else ''} name no rank"),
+            ("cache and lock dirs on local disk", network_warnings(cache, locks),
+             f"{cache} and {locks} are on no network file system")):
+        out.append(Check(name, True, "; ".join(said for said, _ in found), "; ".join(fix for _, fix in found),
+                         warn=True) if found else Check(name, True, fine))
+    return out
 
 
 def _neuron_refusals() -> list[Check]:

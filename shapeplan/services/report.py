@@ -61,6 +61,12 @@ def shape_notes(shape: Shape) -> str:
     return ", ".join(parts)
 
 
+def count_cell(shape: Shape) -> str:
+    """A shape's count as a table shows it: `<=N` where N is only the most the run can meet (a shape only sampling
+    or tool calls can produce)."""
+    return str(shape.count) if shape.certain else f"<={shape.count}"
+
+
 def _span(values: tuple[int, ...]) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}..{values[-1]} ({len(values)} values)"
 
@@ -105,7 +111,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
     sliding = plan.config.get("sliding_window")
     has_extra = any(_extra(s) for s in plan.shapes)
     headers = ["phase", "batch", "seq", "count", "first step"] + (["notes"] if has_extra else [])
-    rows = [[s.phase, str(s.batch), str(s.seq), str(s.count), str(s.first_step)]
+    rows = [[s.phase, str(s.batch), str(s.seq), count_cell(s), str(s.first_step)]
             + ([_extra(s, sliding)] if has_extra else []) for s in plan.shapes]
     st = plan.stats
     generate_lines = _generate_lines(plan, generate_minutes)
@@ -221,7 +227,7 @@ def render_comparison(plan: Plan, observed: Plan) -> str:
             status = "as planned" if p.count <= m.count <= p.max_count else "count differs"
         else:
             status = "as planned" if (m.count, m.first_step) == (p.count, p.first_step) else "count differs"
-        planned_count = "-" if p is None else str(p.count) if p.max_count is None else f"{p.count}..{p.max_count}"
+        planned_count = "-" if p is None else count_cell(p) if p.max_count is None else f"{p.count}..{p.max_count}"
         rows.append([shape.phase, str(shape.batch), str(shape.seq), planned_count,
                      str(p.first_step) if p else "-", str(m.count) if m else "-", str(m.first_step) if m else "-",
                      status, _extra(shape)])

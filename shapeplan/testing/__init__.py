@@ -8,7 +8,7 @@ lockstep and report logic run in milliseconds, with no trainer and no compiler.
 
 `FakeBackend` is a `Backend` whose compile cache is files in the cache dir; `FakeWarmer` runs each task by handing
 its key to a `meet` callable (`FakeBackend.meet`, or `FakeNeuron.kernel` to go through the fake torch_neuronx).
-`FakeNeuron`, `fake_env` and `xla_site` drive the fake torch_neuronx package in `SITE`.
+`FakeNeuron`, `fake_env`, `version_site` and `xla_site` drive the fake torch_neuronx package in `SITE`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import first_line
 from ..plan.model import Plan
 from ..services.trainers import DEFAULT_METHOD
 from ..warm.model import WarmTask
 from ..warm.runner import tasks_from_plan
 from ..warm.tracker import Tracker
-from .neuron import SITE, FakeNeuron, fake_env, xla_site
+from .neuron import SITE, FakeNeuron, fake_env, version_site, xla_site
 
-__all__ = ["SITE", "FakeBackend", "FakeNeuron", "FakeWarmer", "fake_env", "xla_site"]
+__all__ = ["SITE", "FakeBackend", "FakeNeuron", "FakeWarmer", "fake_env", "version_site", "xla_site"]
 
 
 class FakeBackend:
@@ -88,7 +89,8 @@ class FakeBackend:
 
 class FakeWarmer:
     """Stands in for a method warmer: runs each task by passing its key to `meet`; the tasks whose keys are in
-    `fail` raise instead, and the warmer goes on with the others, as the real ones do."""
+    `fail` raise instead, and so do those whose `meet` raises: each is recorded as failed with the error's first
+    line, and the warmer goes on with the others, as the real ones do."""
 
     torch_compile = False
 
@@ -117,5 +119,9 @@ class FakeWarmer:
             if task.key in self.fail:
                 tracker.fail(task, "RuntimeError: boom")
                 continue
-            self.meet(task.key)
+            try:
+                self.meet(task.key)
+            except Exception as exc:  # as a real warmer records a shape whose step raised, and goes on
+                tracker.fail(task, first_line(exc, named=True))
+                continue
             tracker.finish(task)

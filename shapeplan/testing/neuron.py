@@ -37,12 +37,19 @@ def fake_env(*modes: str, site: Path = SITE, **extra: str) -> dict[str, str]:
             "FAKE_NEURON": ",".join(modes), **extra}
 
 
+def version_site(folder: Path, version: str) -> Path:
+    """A site folder whose torch-neuronx metadata says `version` (e.g. "2.13.3.1", Neuron 2.34's build); put it
+    before the fake's, and the fake reports that version."""
+    info = folder / f"torch_neuronx-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-neuronx\nVersion: {version}\n",
+                                   encoding="ascii")
+    return folder
+
+
 def xla_site(folder: Path) -> Path:
     """A site folder whose torch-neuronx metadata says 2.9.0 (the XLA era); put it before the fake's."""
-    info = folder / "torch_neuronx-2.9.0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-neuronx\nVersion: 2.9.0\n", encoding="ascii")
-    return folder
+    return version_site(folder, "2.9.0")
 
 
 class FakeNeuron:
@@ -65,7 +72,7 @@ class FakeNeuron:
         for name in ENV_SET:
             monkeypatch.setenv(name, "")  # undone last: restores them as they were before the test
             monkeypatch.delenv(name)
-        for name in ("torch_neuronx", "torch_neuronx.metrics", "torch.neuron"):
+        for name in ("torch_neuronx", "torch_neuronx.metrics", "torch.neuron", "neuronxcc"):
             monkeypatch.setitem(sys.modules, name, None)  # undone last: restores "not imported"
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.setattr(torch, "neuron", None, raising=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -15,6 +16,53 @@ from pathlib import Path
 from ..adapters.host import cache_root
 from ..errors import CacheError
 from ..plan.io import remove_stale
+
+# Where Linux lists the mounted file systems, with their types (proc(5)).
+MOUNTS = Path("/proc/mounts")
+# File systems whose folders live on another host: NFS (EFS mounts as nfs4), Lustre (FSx), SMB, and FUSE mounts of
+# object stores.
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "beegfs", "gpfs", "9p",
+                        "fuse.s3fs", "fuse.mountpoint-s3", "fuse.gcsfuse", "fuse.sshfs", "fuse.glusterfs")
+# A path component that names a rank: rank_0, rank-3, rank1, local_rank_0, r2 (a number after "r" alone), or a
+# launcher's rank variable left in the path ($LOCAL_RANK, ${RANK}, expanded per rank where the launcher expands it).
+_RANK_VARIABLE = re.compile(r"[_-]?\$\{?(?:LOCAL_RANK|RANK|OMPI_COMM_WORLD(?:_LOCAL)?_RANK|SLURM_(?:LOCAL|PROC)ID)\}?")
+_RANK_PREFIX = re.compile(r"(?:local[_-]?)?rank[_-]?|r", re.IGNORECASE)  # what a rank variable leaves behind
+_RANK = re.compile(rf"(?:local[_-]?)?rank[_-]?\d+|r\d+|.*(?:{_RANK_VARIABLE.pattern}).*", re.IGNORECASE)
+
+
+def rank_in_path(path: str | Path) -> str | None:
+    """The component of `path` that names a rank (`rank_0`, `r3`, `$LOCAL_RANK`...), or None: a cache dir that holds
+    one differs between the ranks of a run."""
+    return next((part for part in Path(path).parts if _RANK.fullmatch(part)), None)
+
+
+def without_rank(path: str | Path) -> Path:
+    """`path` without what names a rank in it: where every rank could share one dir."""
+    parts = [_RANK_VARIABLE.sub("", part) if _RANK_VARIABLE.search(part) else "" if _RANK.fullmatch(part) else part
+             for part in Path(path).parts]
+    return Path(*(part for part in parts if part and not _RANK_PREFIX.fullmatch(part)))
+
+
+def network_file_system(path: Path) -> tuple[str, str] | None:
+    """(mount point, file system type) of the network file system `path` (or the nearest folder of it that exists)
+    lies on, from /proc/mounts; None on a local one, or where the mounts cannot be read."""
+    try:
+        lines = MOUNTS.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    where = os.path.realpath(existing)
+    best: tuple[str, str] | None = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # the mount point's blanks, tabs, newlines and backslashes are octal escapes (\040 ...)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])
+        under = where == point or where.startswith(point.rstrip("/") + "/")
+        if under and (best is None or len(point) > len(best[0])):  # the innermost mount holds it
+            best = (point, fields[2])
+    return best if best is not None and best[1] in NETWORK_FILE_SYSTEMS else None
 
 
 def default_cache_dir(device: str) -> Path:

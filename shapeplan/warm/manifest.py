@@ -74,6 +74,9 @@ class Manifest:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data = self._read()
+        # per task key, the compile-cache keys its shape met first, with their compile milliseconds (the runner's
+        # KeyTracker fills it where the backend names keys): recorded with the shape's entry
+        self.keys: dict[str, dict[str, int | None]] = {}
 
     def _read(self) -> dict[str, Any]:
         for path in (self.path, Path(f"{self.path}.lock")):
@@ -110,7 +113,8 @@ class Manifest:
                 self.data = self._read()
                 section = self.data["environments"].setdefault(entry.environment,
                                                                {"environment": environment, "shapes": {}})
-                section["shapes"][entry.task] = entry.to_dict()
+                section["shapes"][entry.task] = entry.to_dict() | (
+                    {"keys": self.keys[entry.task]} if entry.task in self.keys else {})
                 write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; free space there "
@@ -182,7 +186,7 @@ def machine_environment(device: str) -> dict[str, Any]:
 
 def mismatches(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """'name=recorded (this machine: value)' for every version or compiler setting that differs."""
-    from .backends.neuron import SOURCE_PATHS, eager_settings
+    from .backends.neuron import SOURCE_PATHS, eager_settings, version_notes
 
     out = []
     for group in ("versions", "compiler"):
@@ -192,10 +196,23 @@ def mismatches(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
         for name in sorted(set(a) | set(b)):
             if a.get(name) != b.get(name):
                 out.append(f"{name}={a.get(name, '<unset>')!s} (this machine: {b.get(name, '<unset>')!s})")
+        if group == "compiler" and b.get("backend") == "neuron":  # another build: said why it is not used here
+            out += version_notes(a, b)
     if any(item.startswith(SOURCE_PATHS) for item in out):
         out.append("compiled graphs' NEFF keys hold their source file paths: install at the warm-up's paths "
                    "(docs/bake.md)")
     return out
+
+
+def other_build(environment: dict[str, Any]) -> list[str]:
+    """Why shapes warmed in `environment` do not serve this machine's torch-neuronx or neuronx-cc build, read from the
+    installed distributions (nothing is imported); [] where they match, or where this machine has neither."""
+    from .backends.neuron import version_notes
+
+    compiler = environment.get("compiler") or {}
+    if compiler.get("backend") != "neuron":
+        return []
+    return version_notes(compiler, {k: v for k, v in installed_versions(("torch-neuronx", "neuronx-cc")).items() if v})
 
 
 def refuse_other_environment(cache_dir: Path, device: str) -> None:
@@ -290,6 +307,9 @@ class PlanStatus:
 
 
 def plan_status(tasks: list[Task], merged: MergedManifest) -> PlanStatus:
+    """The plan's tasks against `merged`. An environment completes the plan when it holds every task compiled or
+    cached: a shape that ran eager (cpu/cuda without torch_compile) is listed as done there, but it left nothing in
+    the cache for training to hit, so eager shapes complete nothing."""
     done: dict[str, list[dict[str, Any]]] = {t.key: [] for t in tasks}
     for env_key, section in merged.environments.items():
         for task in tasks:
@@ -297,7 +317,8 @@ def plan_status(tasks: list[Task], merged: MergedManifest) -> PlanStatus:
             if entry is not None and entry["status"] in WARMED:
                 done[task.key].append({"environment": env_key, "shard": entry["shard"], "status": entry["status"]})
     complete_in = tuple(key for key in merged.environments
-                        if all(any(d["environment"] == key for d in done[t.key]) for t in tasks))
+                        if all(any(d["environment"] == key and d["status"] in COMPILED for d in done[t.key])
+                               for t in tasks))
     used = {d["environment"] for entries in done.values() for d in entries}
     return PlanStatus(tasks={t.key: t.label for t in tasks}, done=done,
                       environments={k: s["environment"] for k, s in merged.environments.items() if k in used},

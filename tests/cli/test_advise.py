@@ -283,6 +283,8 @@ def test_cli_advise_json_html_and_errors(tmp_path: Path) -> None:
     assert data["recommendation"].startswith("recommendation: ")
     assert "formula" in data["cost_model"]
     ET.fromstring(page.read_text().split("\n", 1)[1])
+    # settings as the command line takes them, not TRL's enum names (IntervalStrategy.NO)
+    assert "<th>eval_strategy</th><td>no</td>" in page.read_text() and "Strategy." not in page.read_text()
 
     wrong = _shapeplan("advise", "--method", "dpo", str(CAPYBARA), "--model", str(TINY_MODEL))
     assert wrong.returncode == 2 and wrong.stderr.startswith("Error: advise covers sft") and \

@@ -151,3 +151,33 @@ def test_advise_offers_padded_tool_turns_and_says_how_to_run_them(tmp_path: Path
     text = render_advice(advice)
     assert f"run it: {command.line()}" in text
     assert "and call shapeplan.pad_tool_turns(trainer) before training" in text
+
+
+def test_tools_keep_the_guides_example_need_conversational_prompts_and_bounds_read_as_bounds(tmp_path: Path) -> None:
+    """`--tools` alone keeps the Trainium guide's example settings and says so; tools on plain-string prompts (which
+    TRL's tool loop fails on at step 1) are refused in one line; a report shows a bound's count as `<=N`, and once
+    the cache is pinned the plan no longer says to pin it."""
+    from tests.conftest import TLDR
+
+    data = _prompts(tmp_path)
+    tools = ["--tools", f"{TOOLS}:get_weather"]
+    guide = console.run(["analyze", "--method", "grpo", data, "--model", TINY_MODEL, *tools, "--json"])
+    assert guide.returncode == 0, guide.stderr
+    plan = json.loads(guide.stdout)
+    config = plan["config"]
+    assert (config["per_device_train_batch_size"], config["max_completion_length"], config["cache_implementation"]) \
+        == (4, 128, "static")
+    (note,) = [w for w in plan["warnings"] if w.startswith("no training option given")]
+    assert "Trainium guide GRPO example" in note and "with the run's --tools" in note, note
+    table = console.run(["analyze", "--method", "grpo", data, "--model", TINY_MODEL, *tools]).stdout
+    bounds = [line.split() for line in table.splitlines() if line.startswith("generate") and "possible" in line]
+    assert bounds and all(row[3].startswith("<=") for row in bounds), table  # phase, batch, seq, count, ...
+    plain = console.run(["analyze", "--method", "grpo", TLDR, "--model", TINY_MODEL, *tools])
+    assert plain.returncode == 2 and plain.stderr.count("\n") == 1, plain.stderr
+    assert plain.stderr.startswith("Error: --tools needs conversational prompts, and the train dataset's are plain "
+                                   "strings") and '[{"role": "user", "content": "..."}]' in plain.stderr
+    pinned = console.run([*RUN, data, *tools, "--generation_kwargs", '{"max_cache_len": 1024}'])
+    assert pinned.returncode == 0, pinned.stderr
+    warnings = json.loads(pinned.stdout)["warnings"]
+    assert any(w.startswith("tool calls make shapes") for w in warnings)
+    assert not any("max_cache_len" in w for w in warnings), warnings

@@ -89,7 +89,7 @@ BAD_INPUTS = {
     "every-row-dropped": ([str(TLDR), *MODEL, "--max_length", "8"], 1, "every row of the train dataset was dropped"),
     "mistyped-option": ([str(TLDR), *MODEL, "--max_lenght", "5"], 2, "unknown option '--max_lenght'"),
     "mistyped-option-in-config": ([str(TLDR), *MODEL, "--config", "{bad}/typo.yaml"], 2,
-                                  "unknown option '--max_lenght'"),
+                                  "unknown key 'max_lenght' in {bad}/typo.yaml: did you mean max_length?"),
     "bad-value": ([str(TLDR), *MODEL, "--max_length", "abc"], 2,
                   "argument --max_length/--max-length: invalid int value: 'abc'"),
     "bad-choice": ([str(TLDR), *MODEL, "--packing_strategy", "best"], 2,
@@ -207,7 +207,8 @@ def test_no_shapeplan_option_shadows_a_trl_or_accelerate_option() -> None:
         theirs |= set(importlib.import_module(spec.script).make_parser()._option_string_actions)
     ours = _click_options(cli)
     assert {"--split", "--model", "--method", "--json", "-o", "--output", "--eval-dataset"} <= ours
-    assert ours & theirs == set()
+    # but -q/--quiet: shapeplan's own before `--`, the launcher's after it (`-- accelerate launch -q trl ...`)
+    assert ours & theirs == {"-q", "--quiet"}
 
 
 def test_the_planning_core_imports_no_heavy_library() -> None:
@@ -252,3 +253,59 @@ def test_a_command_leaves_the_process_group_it_ran_in() -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         main(argv)
         assert not dist.is_initialized()
+
+
+def test_quiet_leaves_only_errors_and_warnings_on_stderr(tmp_path: Path) -> None:
+    """`-q` on analyze and advise: no notes, no progress bars; the result on stdout is the same, and an error is
+    still its one line (warm and verify: tests/warm/test_cli.py)."""
+    from tests import console
+
+    run = [str(CAPYBARA), "--model", str(TINY_MODEL), "--max_length", "512"]
+    loud = console.run(["analyze", *run, "-o", tmp_path / "a.json"])
+    assert loud.returncode == 0 and f"plan written to {tmp_path / 'a.json'}" in loud.stderr, loud.stderr
+    quiet = console.run(["analyze", "-q", *run, "-o", tmp_path / "b.json"])
+    assert (quiet.returncode, quiet.stderr, quiet.stdout) == (0, "", loud.stdout)
+    advice = console.run(["advise", "--quiet", *run, "--html", tmp_path / "advice.html"])
+    assert (advice.returncode, advice.stderr) == (0, "") and "recommendation" in advice.stdout
+    assert (tmp_path / "advice.html").is_file()
+    refused = console.run(["analyze", "-q", *run, "--max_length", "-1"])
+    assert refused.returncode == 2 and refused.stderr.startswith("Error: ") and refused.stderr.count("\n") == 1
+
+
+def test_a_misspelt_option_or_config_key_names_the_nearest_and_where_it_was(tmp_path: Path) -> None:
+    """The hint looks at shapeplan's own options first (`--modle` is `--model`, not accelerate's `--module`); a
+    misspelt key of a --config file is named as the key, with its file."""
+    from tests import console
+
+    typo = console.run(["analyze", CAPYBARA, "--modle", TINY_MODEL])
+    assert typo.returncode == 2
+    assert typo.stderr == ("Error: unknown option '--modle': did you mean --model, `shapeplan analyze`'s own option? "
+                           "see `shapeplan analyze --help`\n")
+    trl = console.run(["analyze", CAPYBARA, "--model", TINY_MODEL, "--per_devce_train_batch_size", "4"])
+    assert trl.returncode == 2 and "did you mean --per_device_train_batch_size?" in trl.stderr, trl.stderr
+    config = tmp_path / "sft.yaml"
+    config.write_text("max_length: 512\nper_devce_train_batch_size: 4\n", encoding="utf-8")
+    key = console.run(["analyze", CAPYBARA, "--model", TINY_MODEL, "--config", config])
+    assert key.returncode == 2 and key.stderr.count("\n") == 1, key.stderr
+    assert key.stderr.startswith(f"Error: unknown key 'per_devce_train_batch_size' in {config}: did you mean "
+                                 "per_device_train_batch_size? "), key.stderr
+
+
+# Pages still citing tests or source lines, edited by others at the time of writing; neuron.md's table cites
+# TorchNeuron's own source, which is what it documents.
+_DOCS_CITING = {"bounds.md", "data-parallel.md", "fleet.md", "guard.md", "neuron.md", "peft.md", "streaming.md"}
+
+
+def test_user_docs_cite_no_test_files_or_trl_lines() -> None:
+    """The user-facing pages say what was checked, not in which test file, and name TRL's functions, not its line
+    numbers (`grpo_trainer.py:2200`), which move with every release; docs/development.md says where."""
+    import re
+
+    citation = re.compile(r"tests/|\btest_\w+\.py|\b(?!train\.py)\w+\.py:\d+")  # `train.py:42` is the user's script
+    found = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name in {"development.md", "architecture.md", *_DOCS_CITING}:
+            continue
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{page.name}:{number}: {m.group(0)}" for m in citation.finditer(line)]
+    assert found == []

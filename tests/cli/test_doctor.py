@@ -176,3 +176,32 @@ def test_doctor_reports_a_self_test_that_cannot_run(tmp_path: Path) -> None:
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert line.startswith("FAIL  first run: the self-test process exited with code 1: ")
     assert "fix: fix the error above; `warm` would fail the same way" in done.stdout
+
+
+def test_doctor_warns_of_a_cache_per_rank_and_of_dirs_on_nfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Warnings, not failures: the cost (ranks 1..N never read rank 0's NEFFs; every load over the network; locks
+    NFS does not hold) and the fix, for the cache dir warm uses and the one training's environment names."""
+    from shapeplan.cli.doctor import render
+    from shapeplan.services import doctor
+    from shapeplan.warm import cachedir
+
+    (tmp_path / "efs").mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/root / ext4 rw 0 0\nfs-1.efs:/ {tmp_path}/efs nfs4 rw 0 0\n")
+    monkeypatch.setattr(cachedir, "MOUNTS", mounts)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", "/fsx/neff/rank_${LOCAL_RANK}")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "efs" / "locks"))
+    ranks, disks = doctor.sharing_checks(tmp_path / "efs" / "cache")
+    assert (ranks.name, ranks.passed, ranks.warn) == ("one cache dir for every rank", True, True)
+    assert "ranks 1..N never read what rank 0 compiled" in ranks.detail and "e.g. /fsx/neff" in ranks.fix
+    assert (disks.name, disks.warn) == ("cache and lock dirs on local disk", True)
+    assert "is on nfs4" in disks.detail and "flock" in disks.detail and "local folder" in disks.fix
+    diagnosis = doctor.Diagnosis({"python": "3"}, "neuron", {}, {"visible": None, "count": None, "from": "-"}, "c",
+                                 None, True, {}, "128", (ranks, disks))
+    assert diagnosis.passed
+    out = render(diagnosis).splitlines()
+    assert out[-1] == "doctor: all checks passed (2 warning(s), above)"
+    assert any(line.startswith("WARN  one cache dir for every rank: ") for line in out)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    assert [(c.passed, c.warn) for c in doctor.sharing_checks(tmp_path / "cache")] == [(True, False), (True, False)]

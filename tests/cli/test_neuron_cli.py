@@ -144,6 +144,34 @@ def test_analyze_warns_about_shapes_the_nki_attention_kernel_recompiles(tmp_path
     assert done.returncode == 0 and "NKI" not in done.stderr
 
 
+def test_the_device_report_answers_what_neuron_2_34_changed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The probes of issue #56, in fresh processes against the fake (which answers as the 2.34 docs and the April
+    bindings say, and says so): the HLO cache and debug dirs after one eager and one compiled step, the eager keys
+    from another install path, the four-part versions and the cache-entry bindings."""
+    from shapeplan.testing import FakeNeuron
+    from shapeplan.warm.backends import neuron_probe
+
+    FakeNeuron("device").install(monkeypatch)  # the children import it, the device mode gives them tensors
+    monkeypatch.setenv("FAKE_NEURON_TMP", str(tmp_path))
+    runs = neuron_probe.artifact_probes(neuron_probe.Budget(), tmp_path / "probe")
+    first, moved = runs
+    assert "error" not in first and "error" not in moved, (first, moved)
+    assert moved["torch_neuronx_file"].startswith(str(tmp_path / "probe" / "moved-site"))  # imported from there
+    answers = neuron_probe.artifact_answers(runs)
+    assert answers["hlo_cache_dir_written"] is True and answers["hlo_cache_files"][0].endswith(".mlir")
+    assert answers["debug_dir_written"] is True
+    assert answers["debug_dir_same_layout_for_eager_and_compiled"] is True  # one job-based hierarchy
+    assert any(p.endswith("/fx_graph.txt") for p in answers["debug_dir_after_eager_step"])
+    assert answers["eager_keys_change_with_install_path"] is False
+    assert answers["eager_step_compiles_again_from_another_install_path"] is False
+    assert answers["versions"] == {"torch-neuronx": "2.13.3.0", "torch_neuronx.__version__": "2.13.3.0",
+                                   "neuronx-cc": "2.28.7631.0", "neuronxcc.__version__": "2.28.7631.0"}
+    assert answers["four_part_versions"] is True
+    assert answers["cache_entry_bindings"] == {"_get_compilation_cache_entries": True, "_get_all_cache_keys": True}
+    assert answers["cache_keys_follow_the_april_layout"] is True
+    assert neuron_probe.answered_by(runs).startswith("the fake torch_neuronx of shapeplan/testing/fake_site")
+
+
 @pytest.mark.slow
 def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
     done = _run([SHAPEPLAN, "doctor", "--device", "neuron", "--report", "report.json"],
@@ -185,3 +213,11 @@ def test_the_device_report_answers_from_fresh_processes(tmp_path: Path) -> None:
     assert [s["input_ids"] for s in steps["padded_128"]] == [[2, 128], [2, 128]]
     short, long = sorted(s["input_ids"][1] for s in steps["unpadded"])
     assert long == 50 and short <= 40  # two lengths, so the second step met a new one
+    # issue #56: each answer the report gives, and that the fake gave them
+    assert answers["answered_by"].startswith("the fake torch_neuronx of shapeplan/testing/fake_site")
+    assert "dev_neuron_devices" not in report["answers_from_fake"] and "layouts" in report["answers_from_fake"]
+    assert answers["hlo_cache_dir_written"] is True and answers["debug_dir_same_layout_for_eager_and_compiled"]
+    assert answers["eager_keys_change_with_install_path"] is False
+    assert answers["versions"]["torch-neuronx"] == "2.13.3.0" and answers["four_part_versions"] is True
+    assert answers["cache_entry_bindings"]["_get_compilation_cache_entries"] is True
+    assert answers["cache_keys_follow_the_april_layout"] is True

@@ -116,3 +116,46 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     assert advice["baseline"]["vision_graphs"] == len(
         {tuple(map(tuple, s["image_grid_thw"])) for s in shapes if "image_grid_thw" in s})
     assert any(o["vision_graphs"] == 1 for o in advice["options"] if len(o["sizes"] or []) == 1), advice
+
+
+def test_the_vision_demo_plans_and_advises_sizes_as_height_x_width(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`make demo-vision`'s commands, read from the Makefile and run as it runs them: the bundled images are small
+    and `scripts/make_examples.py` makes them byte for byte; advise names each fixed size height x width, the order
+    of the (height, width) pairs its `resize_images` line (and `resize_images`) takes."""
+    import importlib.util
+    import re
+    import shlex
+
+    from tests.conftest import EXAMPLES, ROOT
+
+    recipe = (ROOT / "Makefile").read_text(encoding="utf-8").split("\ndemo-vision:")[1].split("\n\n")[0]
+    commands = [shlex.split(line)[3:] for line in recipe.replace("\\\n", " ").splitlines()[1:]]  # after shapeplan
+    assert [c[0] for c in commands] == ["analyze", "advise"]
+    assert "HF_HUB_OFFLINE=1" in recipe
+    planned = console.run(commands[0])
+    assert planned.returncode == 0, planned.stderr
+    assert "vision graphs: 11 distinct pixel batches" in planned.stdout, planned.stdout
+    advised = console.run(commands[1])
+    assert advised.returncode == 0, advised.stderr
+    assert "fixed size (height x width)" in advised.stdout
+    best = re.search(r"fewest compiles: \d+ fixed sizes? \(([^)]*)\)", advised.stdout)
+    pairs = re.search(r"resize_images\(dataset, \[(.*)\]\)", advised.stdout)
+    assert best is not None and pairs is not None, advised.stdout
+    assert [tuple(int(n) for n in size.split("x")) for size in best.group(1).split(", ")] == \
+        [tuple(int(n) for n in pair.split(", ")) for pair in re.findall(r"\((\d+, \d+)\)", pairs.group(1))]
+    as_json = json.loads(console.run([*commands[1], "--json"]).stdout)
+    for option in as_json["options"]:
+        if option["sizes"]:
+            assert option["option"].endswith("(" + ", ".join(f"{h}x{w}" for h, w in option["sizes"]) + ")"), option
+    # the images: four sizes, small, and the script's own output
+    images = sorted((EXAMPLES / "vision-demo").glob("*.png"))
+    assert len(images) == 4 and sum(p.stat().st_size for p in images) < 20_000
+    assert len({Image.open(p).size for p in images}) == 4
+    spec = importlib.util.spec_from_file_location("make_examples", ROOT / "scripts" / "make_examples.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    script.make_vision_demo()
+    for made in [*sorted((tmp_path / "vision-demo").iterdir()), tmp_path / "vision-sample.jsonl"]:
+        assert made.read_bytes() == (EXAMPLES / made.relative_to(tmp_path)).read_bytes(), made.name

@@ -108,3 +108,66 @@ def test_the_trainers_scratch_output_dir_leaves_nothing_behind(tmp_path: Path) -
                           check=True, timeout=300)
     assert done.stdout.strip() == "True"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("shapeplan-warm-")] == []
+
+
+def test_an_eager_warm_up_is_not_a_complete_cache_and_its_log_rows_count_and_time(tmp_path: Path) -> None:
+    """Through the console script, stderr a pipe (a log): each finished shape's row carries k/N, its seconds, the
+    time so far and the estimated total. An eager cpu warm-up caches nothing, so `warm --status` counts its shapes
+    as eager, not done, and exits 1 with a line saying how to warm a cache (a bake gate on it fails). `-q` leaves
+    warm's and verify's stderr to errors and warnings."""
+    import re
+
+    from tests import console
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for("sft", CAPYBARA, [*ARGV, "--max_length", "384", "--max_steps", "4"], tmp_path / "out"), plan)
+    total = len(json.loads(plan.read_text())["shapes"])
+    assert total >= 2
+    cache = ["--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
+    warmed = console.run(["warm", "--plan", plan, *cache])
+    assert warmed.returncode == 0, warmed.stderr
+    rows = [line for line in warmed.stderr.splitlines() if line.startswith("[")]
+    assert [line.split(",")[0] for line in rows] == [f"[{k}/{total}" for k in range(1, total + 1)], warmed.stderr
+    for line in rows:
+        assert re.fullmatch(r"\[\d+/\d+, \d+s elapsed, ~\d+s total\] eager +train \(2, \d+\) +\d+\.\ds +", line), line
+    status = console.run(["warm", "--plan", plan, "--status", *cache])
+    assert status.returncode == 1
+    assert f"0/{total} shape(s) done, incomplete: 0 compiled, 0 cached, {total} eager  (cache: " in status.stdout
+    (line,) = status.stderr.splitlines()
+    assert line.startswith(f"warning: {total} shape(s) only ran eager") and "--torch_compile true" in line \
+        and "--device neuron" in line, line
+    counts = json.loads(console.run(["warm", "--plan", plan, "--status", *cache, "--json"]).stdout)
+    assert counts["counts"] == {"compiled": 0, "cached": 0, "eager": total, "missing": 0} and not counts["complete"]
+    quiet = ["--device", "cpu", "--cache-dir", str(tmp_path / "quiet")]
+    silent = console.run(["warm", "-q", "--plan", plan, *quiet, "--env-file", tmp_path / "env"])
+    assert (silent.returncode, silent.stderr) == (0, "") and f"{total} eager" in silent.stdout
+    checked = console.run(["verify", "--quiet", "--plan", plan, *quiet])
+    assert (checked.returncode, checked.stderr) == (0, "") and "verify: nothing to compile" in checked.stdout
+
+
+def test_a_torch_compile_warm_up_on_cpu_says_first_that_each_shape_costs_minutes(tmp_path: Path) -> None:
+    """One line before the first shape compiles (the process is stopped there: the compile itself takes minutes)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests import console
+    from tests.conftest import ROOT
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan_for("sft", CAPYBARA, [*ARGV, "--torch_compile", "true"], tmp_path / "out"), plan)
+    process = subprocess.Popen([console.SHAPEPLAN, "warm", "--plan", str(plan), "--device", "cpu", "--cache-dir",
+                                str(tmp_path / "cache")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.stderr is not None
+    try:
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if line.startswith("note: ") or line.startswith("["):  # the note, or (too late) a shape's row
+                break
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert len(notes) == 1 and "torch_compile on CPU" in notes[0] and "a minute or more a shape" in notes[0], lines

@@ -69,6 +69,29 @@ DISABLE_ENV = ("TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_C
 # torch_mlir/kernel.py:374). So a compiled-graph cache serves only a host whose model code sits at the same paths.
 SOURCE_PATHS = ("python prefix", "site-packages", "HF modules dir")
 UNSET = "<unset>"  # a key variable that is not set: upstream reads an empty value as set (PlatformUtils.cpp)
+# TorchNeuron's in-process compile cache as two bindings of the April tree show it (NeuronBindings.cpp; a release may
+# lack them): every entry's key, with the milliseconds its compile took, 0 for a NEFF loaded from the persistent
+# cache (CompilationCache.cpp makes a persistent hit an entry of 0 ms); and the keys alone.
+ENTRIES = "_get_compilation_cache_entries"
+ALL_KEYS = "_get_all_cache_keys"
+# The C++ cache key (KernelExecution.cpp GenerateCacheKey): the op's (or compiled graph's) own key, then the platform
+# target, the logical cores, the opt level without its dash and the compiler args: "--model-type transformer
+# --auto-cast=none", then " " and NEURON_CC_FLAGS where set, spaces made "_" and "=" made "-".
+_KEY = re.compile(r"(?P<graph>.+)_(?P<target>[a-z]+[0-9][a-z0-9]*)_(?P<lnc>[^_]*)_(?P<opt>[^_]*)"
+                  r"_--model-type_transformer_--auto-cast-none(?:_(?P<flags>.*))?", re.DOTALL)
+KEY_PARTS = ("op or graph", "target", "logical cores", "opt level", "NEURON_CC_FLAGS")
+# What a neuronx-cc killed by a signal means (the numbers also as a shell, 128+N, and a Python wrapper exiting with
+# -N, 256-N, report them), as vLLM-Neuron explains them.
+COMPILER_SIGNALS = {
+    9: "neuronx-cc was killed (signal 9), most often by the out-of-memory killer: the compile needed more host "
+       "memory than was free; warm with fewer --workers (or a larger --worker-memory-gib), or on a host with more "
+       "memory, then warm again (the shape is retried)",
+    6: "neuronx-cc aborted (signal 6): an internal compiler error; its log is in the compile's work dir under "
+       "TORCH_NEURONX_DEBUG_DIR (default /tmp/neuron_backend): report it to the Neuron SDK with this shape",
+    11: "neuronx-cc crashed (signal 11, a segmentation fault): a compiler bug, or memory exhausted mid-compile; "
+        "warm the shape again alone (--workers 1), and report it to the Neuron SDK with this shape if it recurs",
+}
+_EXIT = re.compile(r"(?:return|exit|error) code:?\s*(-?[0-9]+)|returned:?\s*(-?[0-9]+)", re.IGNORECASE)
 # The logical-core config each platform defaults to when NEURON_LOGICAL_NC_CONFIG is unset (PlatformUtils.cpp).
 DEFAULT_LNC = {"trn2": "2", "trn3": "2", "trn1": "1"}
 # Physical NeuronCores per Neuron device (/dev/neuronN).
@@ -261,6 +284,135 @@ def _nonempty(path: Path) -> bool:
         return False
 
 
+def key_parts(key: str) -> dict[str, str]:
+    """A C++ cache key in its parts (KEY_PARTS), or {"key": key} for a key of another layout (a later release)."""
+    match = _KEY.fullmatch(key)
+    if match is None:
+        return {"key": key}
+    return dict(zip(KEY_PARTS, (match["graph"], match["target"], match["lnc"], match["opt"],
+                                UNSET if match["flags"] is None else match["flags"]), strict=True))
+
+
+def key_differences(key: str, warmed: Mapping[str, Any]) -> str:
+    """How `key` differs from the closest of the `warmed` keys that compile the same op or graph (the parts that
+    differ), or that none does."""
+    if key in warmed:
+        return "the warm-up met this same key"
+    parts = key_parts(key)
+    graph = parts.get("op or graph", parts.get("key", ""))
+    same = [key_parts(k) for k in warmed if key_parts(k).get("op or graph") == graph]
+    if "key" in parts or not same:
+        return f"no key the warm-up recorded has its op or graph ({graph[:160]})"
+
+    def shown(value: str) -> str:
+        return value if value == UNSET else repr(value)
+
+    differing = min(([(name, other[name], parts[name]) for name in KEY_PARTS if other[name] != parts[name]]
+                     for other in same), key=len)
+    return "; ".join(f"{name} {shown(was)} -> {shown(now)}" for name, was, now in differing)
+
+
+def check_keys(label: str, warmed: Mapping[str, int | None], held: Mapping[str, int | None],
+               new: Mapping[str, int | None]) -> list[str]:
+    """What `verify` says of a shape whose warm-up recorded the keys `warmed`, given the keys this process `held`
+    after it ran (with their compile milliseconds: 0 loaded from the cache dir, more compiled here) and the `new`
+    ones it met first: the warmed keys it did not meet, and each key it compiled, with its parts."""
+    out = []
+    missing = [k for k in warmed if k not in held]
+    if missing:
+        out.append(f"verify: {label}: {len(missing)} of {len(warmed)} key(s) the warm-up recorded were not met "
+                   f"(e.g. {missing[0]!r}): this run's step runs other ops or graphs than the warm-up's")
+    for key, milliseconds in new.items():
+        if not milliseconds:  # loaded (0), or unknown (only the keys binding)
+            continue
+        if key in warmed:
+            out.append(f"verify: {label} compiled again a key the warm-up compiled ({key!r}, {milliseconds} ms): "
+                       "its NEFF is not in the cache dir, or was not read")
+        else:
+            out.append(f"verify: {label} compiled key {key!r} ({milliseconds} ms): {key_differences(key, warmed)}")
+    return out
+
+
+def explain_failure(error: str) -> str:
+    """`error` (a failed shape's line) with what a neuronx-cc that was killed or crashed means, where it says so:
+    sync mode's compile path reports the signal as return code -N; TorchNeuron's C++ path reads the status with
+    WEXITSTATUS, so a compiler killed by a signal reads as exit 0 and the failure is the NEFF it did not write
+    (NeuronCompiler.cpp), while a compiler that exits with a code reports it."""
+    if "compil" not in error.lower() and "neuronx-cc" not in error:
+        return error
+    if "Failed to read compiled NEFF file" in error:
+        return (f"{error} (neuronx-cc wrote no NEFF and reported no error: TorchNeuron reads a compiler killed by a "
+                f"signal as exit 0, and the likeliest signal is 9; {COMPILER_SIGNALS[9]})")
+    for match in _EXIT.finditer(error):
+        code = int(match[1] or match[2])
+        signal = -code if code < 0 else code - 128 if 128 < code < 160 else 256 - code if code > 240 else 0
+        if signal in COMPILER_SIGNALS:
+            return f"{error} (exit {code}: {COMPILER_SIGNALS[signal]})"
+    return error
+
+
+def version_notes(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
+    """Why a cache warmed under another torch-neuronx or neuronx-cc build than this machine's is not used here."""
+    out = []
+    warmed, installed = recorded.get("torch-neuronx"), here.get("torch-neuronx")
+    if isinstance(warmed, str) and isinstance(installed, str) and warmed != installed and \
+            _release(warmed)[:3] == _release(installed)[:3]:
+        line = ".".join(map(str, _release(installed)[:3]))
+        if len(_release(warmed)) < 4:
+            out.append(f"the warm-up recorded torch-neuronx {warmed} without its fourth (build) part, so which build "
+                       f"of {line} warmed it cannot be told; warm it again here")
+        else:
+            out.append(f"torch-neuronx {warmed} and {installed} are two builds of torch-neuronx {line}: Neuron 2.34 "
+                       f"(2.13.3.1, 2.14.3.1) fixed a cache reuse issue it does not name, so NEFFs warmed under one "
+                       f"build are not proven under the other; warm the cache again under {installed} (docs/neuron.md)")
+    compiler, installed_compiler = recorded.get("neuronx-cc"), here.get("neuronx-cc")
+    if isinstance(compiler, str) and isinstance(installed_compiler, str) and compiler != installed_compiler and \
+            "none" not in (compiler, installed_compiler):
+        out.append(f"neuronx-cc {compiler} and {installed_compiler} are two compilers: sync mode's keys hold the "
+                   "compiler version and the C++ keys do not, so TorchNeuron might load the other compiler's NEFFs, "
+                   "which shapeplan does not vouch for; warm the cache again under this one")
+    return out
+
+
+def rank_warnings(cache_dir: Path, *, environment: str | None = None) -> list[tuple[str, str]]:
+    """(what it costs, how to share one) for a cache dir, or the environment's TORCH_NEURONX_NEFF_CACHE_DIR (which
+    training reads), whose path names a rank: such a dir differs between the ranks of a run."""
+    from ..cachedir import rank_in_path, without_rank
+
+    out = []
+    for shown, path in ((f"cache dir {cache_dir}", str(cache_dir)),
+                        (f"this environment's TORCH_NEURONX_NEFF_CACHE_DIR={environment}", environment)):
+        rank = rank_in_path(path) if path else None
+        if path and rank:
+            out.append((f"{shown} holds a rank ({rank}): with a cache dir per rank, ranks 1..N never read what rank 0 "
+                        "compiled, nor what a warm-up compiled into another dir, and each rank compiles every NEFF "
+                        "again",
+                        "TorchNeuron's NEFF cache is safe for many processes (atomic renames, a lock per key in the "
+                        f"local lock dir), so use one dir for every rank (e.g. {without_rank(path)}) and warm that "
+                        "one"))
+    return out
+
+
+def network_warnings(cache_dir: Path, locks: Path) -> list[tuple[str, str]]:
+    """(what it costs, what to do) for a cache dir or a lock dir on a network file system (/proc/mounts)."""
+    from ..cachedir import network_file_system
+
+    out = []
+    network = network_file_system(cache_dir)
+    if network is not None:
+        out.append((f"cache dir {cache_dir} is on {network[1]} (mounted at {network[0]}): TorchNeuron's NEFF cache "
+                    "works on shared storage (atomic renames; its locks stay on local disk), which is how hosts and "
+                    "ranks share one, but every NEFF a run loads is read over the network",
+                    "if start-up is slow, `shapeplan cache export` it and import it onto local disk"))
+    network = network_file_system(locks)
+    if network is not None:
+        out.append((f"TorchNeuron's lock dir {locks} (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR) is on {network[1]} "
+                    f"(mounted at {network[0]}): its compile locks are flock()s, which a network file system does "
+                    "not hold reliably across hosts, and TorchNeuron keeps them on local storage on purpose "
+                    "(CompilationCache.cpp)", f"point it at a local folder (default {DEFAULT_LOCK_DIR})"))
+    return out
+
+
 def cache_disabled() -> list[str]:
     """The set variables that turn TorchNeuron's NEFF cache off, as `NAME=value`."""
     return [f"{name}={os.environ[name]}" for name in DISABLE_ENV
@@ -307,14 +459,19 @@ class NeuronBackend:
         require_torch_neuronx()
         self.cache_dir: Path | None = None  # where NEFF files are counted: None counts none
         self.torch_compile = False  # the warm-up compiles graphs: their keys depend on source paths
+        self.warnings: list[str] = []  # what `prepare` found that keeps the cache from serving every rank
         self._loaded: Any = None  # torch_neuronx, once imported and checked
 
     def prepare(self, cache_dir: Path, *, scratch: Path | None = None) -> None:
         refuse_disabled_cache()
         self.cache_dir = cache_dir
+        before = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR")
         os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
         if scratch is not None:  # compile locks go to a local dir that must be writable (neuron.md 2.1)
             os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = str(scratch / "locks")
+        found = [*rank_warnings(cache_dir, environment=before if before != str(cache_dir) else None),
+                 *network_warnings(cache_dir, lock_dir())]
+        self.warnings = [f"{said}; {fix}" for said, fix in found]
         enable_metrics()
 
     def watch(self) -> str | None:
@@ -391,6 +548,25 @@ class NeuronBackend:
         if self.cache_dir is not None:
             out[FILES] = count_sync_neffs(self.cache_dir) if sync_mode() else count_neffs(self.cache_dir)
         return out
+
+    def compile_keys(self) -> dict[str, int | None] | None:
+        """The keys of TorchNeuron's in-process compile cache, each with its compile milliseconds (0: loaded from the
+        cache dir; None: only the keys binding exists), after the compile thread has finished; None where
+        torch-neuronx has neither binding (the counters alone then tell)."""
+        runtime = getattr(self._module(), "_C", None)
+        entries, keys = getattr(runtime, ENTRIES, None), getattr(runtime, ALL_KEYS, None)
+        if entries is None and keys is None:
+            return None
+        import torch
+
+        torch.neuron.synchronize()  # type: ignore[attr-defined]  # registered by torch-neuronx
+        if entries is not None:
+            return {str(e["cache_key"]): int(e["compilation_time_ms"]) for e in entries()}
+        assert keys is not None  # one of the two exists
+        return dict.fromkeys(map(str, keys()))
+
+    check_keys = staticmethod(check_keys)
+    explain_failure = staticmethod(explain_failure)
 
     def compiled(self, delta: Mapping[str, int]) -> bool:
         """This process compiled: its compile counter moved, or (sync mode's eager ops, which move none; metrics that

@@ -19,13 +19,20 @@ CHILD_TIMEOUT_S), and a probe that no longer fits is recorded as skipped. The pr
 - one real TRL step loop (`SFTTrainer.train`, on the device the Trainer picks) on a tiny random Qwen3 built in the
   process, two steps padded to 128 (one shape) and two unpadded (two lengths), in two processes on one cache dir:
   does a step compile once per shape, and does a fresh process find the first one's graphs (what `warm` relies on)?
+- what Neuron 2.34 changed (issue #56), right after the two modes: one eager step and one compiled step with
+  TORCH_NEURONX_DEBUG_DIR and TORCH_NEURONX_HLO_CACHE_DIR set (what each dir holds after each step: one job-based
+  hierarchy for both, or another layout per op?), then the same steps in a second process that imports torch and
+  torch-neuronx from another path (a folder of links to their site dirs) on the same NEFF cache dir: do eager keys
+  hold the install path? Every probe also records the four-part versions of torch-neuronx and neuronx-cc, whether
+  `_C._get_compilation_cache_entries` and `_C._get_all_cache_keys` exist, and the keys each step added.
 Then the host's /dev/neuron* and instance type, the files each mode wrote (which layouts) and a search of the
-installed package for the names shapeplan relies on. `answers` sums it up; every raw measurement stays in the
-report.
+installed package for the names shapeplan relies on. `answers` sums it up, and says whether a fake torch_neuronx
+(shapeplan's tests') gave them; every raw measurement stays in the report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -49,7 +56,11 @@ NAMES = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "
          "CompilationCache.PersistentHits", "CompilationCache.PersistentMisses", "set_enabled", "hash(tensor_info)",
          "DEFAULT_SYNC_MODE", "BUILD_TYPE", "/tmp/neff_cache", "/tmp/local_cache", "_get_platform_target",
          "TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_CACHE", "TORCH_NEURONX_ENABLE_CONCATENATION",
-         "_get_instance_type")
+         "_get_instance_type", "_get_compilation_cache_entries", "_get_all_cache_keys", "TORCH_NEURONX_HLO_CACHE_DIR",
+         "TORCH_NEURONX_HLO_COMPILE_CACHE", "TORCH_NEURONX_DEBUG_DIR", "/tmp/neuron_backend",
+         "TORCH_NEURONX_DYNAMO_BACKEND_ONLY")
+# The answers a fake torch_neuronx does not give: what the host itself shows.
+HOST_ANSWERS = ("dev_neuron_devices",)
 # The source of the graph run from two paths: its code object's file is what the FX stack traces name.
 GRAPH_SOURCE = "import torch\n\n\ndef work(t):\n    return torch.cos(t) * 3 - 1\n"
 LAYOUTS = {"ab/cd/<32 hex>.neff (C++ cache)": re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}\.neff"),
@@ -78,6 +89,7 @@ def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
         runs[mode] = [_child(budget, "steps", cache, {"NEURON_LAUNCH_BLOCKING": blocking, **metrics_on})
                       for _ in range(2)]
         layouts[mode] = _layouts(cache)
+    runs["artifacts"] = artifact_probes(budget, folder / "artifacts")
     # then switched on by set_enabled(True) after they were read off, in the same process (the guard's path)
     runs["default_metrics_off"] = [_child(budget, "switch", folder / "default",
                                           {"TORCH_NEURONX_METRICS_ENABLED": None})]
@@ -98,10 +110,43 @@ def probe(folder: Path, budget: Budget | None = None) -> dict[str, Any]:
         ("NEURON_RT_VISIBLE_CORES=0,1", folder / "cores", {"NEURON_RT_VISIBLE_CORES": "0,1",
                                                             "NEURON_RT_NUM_CORES": None}))}
     runs["trl_step"] = [_child(budget, "trl_step", folder / "trl", metrics_on) for _ in range(2)]
-    report = {"schema": 2, "python": sys.version.split()[0], "host": host(), "package": search_package(),
-              "runs": runs, "layouts": layouts, "budget_s": TOTAL_BUDGET_S}
+    report: dict[str, Any] = {"schema": 2, "python": sys.version.split()[0], "host": host(),
+                              "package": search_package(), "runs": runs, "layouts": layouts, "budget_s": TOTAL_BUDGET_S}
     report["answers"] = answers(report)
+    if report["answers"]["answered_by"].startswith("the fake"):
+        report["answers_from_fake"] = sorted(k for k in report["answers"] if k not in HOST_ANSWERS)
     return report
+
+
+def artifact_probes(budget: Budget, folder: Path) -> list[dict[str, Any]]:
+    """One eager and one compiled step with the debug and HLO cache dirs set, then the same in a process that imports
+    torch and torch-neuronx from another path, on the same NEFF cache dir."""
+    cache = folder / "neff"
+    first = _child(budget, "artifacts", cache, _artifact_env(folder / "first"))
+    moved = _moved_site(folder / "moved-site")
+    env = {**_artifact_env(folder / "moved"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(moved), os.environ.get("PYTHONPATH")]))}
+    return [first, _child(budget, "artifacts", cache, env)]
+
+
+def _artifact_env(folder: Path) -> dict[str, str | None]:
+    return {"TORCH_NEURONX_METRICS_ENABLED": "1", "TORCH_NEURONX_DEBUG_DIR": str(folder / "debug"),
+            "TORCH_NEURONX_HLO_CACHE_DIR": str(folder / "hlo")}
+
+
+def _moved_site(folder: Path) -> Path:
+    """A folder of links to every entry of the site dirs torch and torch-neuronx are installed in: put first on the
+    path, it makes them import from another path (Python keeps the linked path in every module's file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("torch_neuronx", "torch"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for entry in Path(next(iter(spec.submodule_search_locations))).parent.iterdir():
+            link = folder / entry.name
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(entry)
+    return folder
 
 
 def host() -> dict[str, Any]:
@@ -190,6 +235,7 @@ def _race(budget: Budget, cache: Path, env: Mapping[str, str | None]) -> list[di
 
 def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
     """One probe process: the environment around `import torch`, then what `kind` measures."""
+    tmp_before = _tmp_entries() if kind == "artifacts" else set()
     watched = _watched_dirs()
     existed = {str(p): p.exists() for p in watched}
     before_import = {k: v for k, v in os.environ.items() if k.startswith(("TORCH_NEURONX_", "NEURON_"))}
@@ -204,9 +250,15 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
     }
     import torch_neuronx
 
+    from .neuron import ALL_KEYS, ENTRIES
+
     runtime = getattr(torch_neuronx, "_C", None)
     out["runtime"] = {name: _call(runtime, name) for name in (
         "_get_platform_target", "_get_logical_neuron_cores", "_get_instance_type")}
+    out["fake"] = getattr(torch_neuronx, "__shapeplan_fake__", None)
+    out["torch_neuronx_file"] = getattr(torch_neuronx, "__file__", None)
+    out["versions"] = _versions(torch_neuronx)
+    out["bindings"] = {name: hasattr(runtime, name) for name in (ENTRIES, ALL_KEYS)}
     out["device_count"] = _call(getattr(torch, "neuron", None), "device_count")
     if kind == "cores":
         return out
@@ -216,9 +268,11 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
         metrics = None
     out["metrics_enabled"] = _call(metrics, "is_enabled")
     steps: dict[str, Any] = {}
+    step_keys: dict[str, Any] = {}
 
     def measure(name: str, work: Any) -> None:
         before = _counters(torch, runtime, metrics, cache)
+        held = _keys(runtime)
         try:
             work()
             torch.neuron.synchronize()  # type: ignore[attr-defined]  # registered by torch-neuronx
@@ -226,6 +280,9 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
             steps[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             return
         steps[name] = counter_delta(before, _counters(torch, runtime, metrics, cache))
+        if held is not None:  # the keys the step added, with their compile milliseconds (0: loaded)
+            added = [(k, v) for k, v in (_keys(runtime) or {}).items() if k not in held]
+            step_keys[name] = dict(added[:20])
 
     x = torch.ones((4, 128), device="neuron")
     if kind == "race":
@@ -239,6 +296,17 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
     elif kind == "trl_step":
         with tempfile.TemporaryDirectory(prefix="shapeplan-probe-trl-") as scratch:
             out["trl_steps"] = _trl_steps(torch, lambda: _counters(torch, runtime, metrics, cache), Path(scratch))
+    elif kind == "artifacts":  # what the debug and HLO cache dirs hold after one eager and one compiled step
+        debug, hlo = (Path(os.environ[k]) for k in ("TORCH_NEURONX_DEBUG_DIR", "TORCH_NEURONX_HLO_CACHE_DIR"))
+        seen = _tree(debug)
+        y = torch.ones((4, 160), device="neuron")
+        measure("eager", lambda: float((y @ y.T).sum().cpu()))
+        out["debug_after_eager"], seen = sorted(_tree(debug) - seen)[:60], _tree(debug)
+        graph = torch.compile(lambda t: torch.cos(t) * 2 - 1, backend="neuron", dynamic=False)
+        measure("compiled", lambda: float(graph(y).sum().cpu()))
+        out["debug_after_compiled"] = sorted(_tree(debug) - seen)[:60]
+        out["hlo_cache_files"] = sorted(_tree(hlo))[:60]
+        out["new_in_tmp"] = sorted(_tmp_entries() - tmp_before)[:60]
     elif kind == "graph":
         import runpy
 
@@ -254,7 +322,48 @@ def child(kind: str, cache: Path, arg: str | None = None) -> dict[str, Any]:
         except Exception as exc:  # a probe reports what failed and goes on
             out["shapeplan_settings"] = f"error: {type(exc).__name__}: {exc}"[:300]
     out["steps"] = steps
+    out["step_keys"] = step_keys
     out["stats_keys"] = sorted(_call(runtime, "_get_compilation_cache_stats") or {})
+    return out
+
+
+def _versions(torch_neuronx: Any) -> dict[str, Any]:
+    """The installed distributions' versions of torch-neuronx and neuronx-cc, and what their modules say."""
+    from ...adapters.host import installed_versions
+
+    out: dict[str, Any] = dict(installed_versions(("torch-neuronx", "neuronx-cc")))
+    out["torch_neuronx.__version__"] = getattr(torch_neuronx, "__version__", None)
+    try:
+        out["neuronxcc.__version__"] = getattr(importlib.import_module("neuronxcc"), "__version__", None)
+    except ImportError:
+        out["neuronxcc.__version__"] = None
+    return out
+
+
+def _keys(runtime: Any) -> dict[str, Any] | None:
+    """The in-process compile cache's keys with their compile milliseconds, where the bindings exist."""
+    from .neuron import ALL_KEYS, ENTRIES
+
+    entries = _call(runtime, ENTRIES)
+    if isinstance(entries, list):
+        return {str(e.get("cache_key")): e.get("compilation_time_ms") for e in entries if isinstance(e, dict)}
+    keys = _call(runtime, ALL_KEYS)
+    return dict.fromkeys(map(str, keys)) if isinstance(keys, (set, list, frozenset)) else None
+
+
+def _tree(root: Path) -> set[str]:
+    """The files and folders under `root`, as relative paths (six levels at most)."""
+    if not root.is_dir():
+        return set()
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if len(p.relative_to(root).parts) <= 6}
+
+
+def _tmp_entries() -> set[str]:
+    """The names the temp dirs hold at their top: where an HLO cache without a dir of its own might go."""
+    out: set[str] = set()
+    for folder in dict.fromkeys([Path("/tmp"), Path(tempfile.gettempdir())]):
+        with contextlib.suppress(OSError):
+            out.update(str(folder / name) for name in os.listdir(folder))
     return out
 
 
@@ -442,6 +551,66 @@ def answers(report: Mapping[str, Any]) -> dict[str, Any]:
         **_trl_answers(runs.get("trl_step") or []),
         "layouts": {mode: {k: v for k, v in found.items() if k not in ("other",)} for mode, found in
                     report["layouts"].items()},
+        **artifact_answers(runs.get("artifacts") or []),
+        "answered_by": answered_by(_results(runs)),
+    }
+
+
+def _results(runs: Any) -> list[dict[str, Any]]:
+    """Every child's result in `runs`, however nested."""
+    if isinstance(runs, dict):
+        return [runs] if "fake" in runs or "error" in runs else [r for v in runs.values() for r in _results(v)]
+    return [r for v in runs for r in _results(v)] if isinstance(runs, list) else []
+
+
+def answered_by(results: list[dict[str, Any]]) -> str:
+    """Which torch_neuronx the children ran: a fake's answers show what shapeplan's tests assume, not a device."""
+    fake = next((r["fake"] for r in results if r.get("fake")), None)
+    if fake:
+        return (f"the fake torch_neuronx of {fake}: every answer but {', '.join(HOST_ANSWERS)} shows what shapeplan's "
+                "tests assume (the April source and the 2.34 docs as read), not what a device does")
+    files = {r["torch_neuronx_file"] for r in results if r.get("torch_neuronx_file")}
+    return f"torch-neuronx at {', '.join(sorted(files)) or 'an unknown path'}"
+
+
+def _layout_of(paths: list[str]) -> set[str]:
+    """Paths with their numbers and hashes made alike: the shape of a hierarchy, not its names."""
+    return {re.sub(r"[0-9]+", "N", re.sub(r"[0-9a-f]{8,}", "H", p)) for p in paths}
+
+
+def artifact_answers(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """From `artifact_probes`: the HLO cache and debug dirs after one eager and one compiled step, the eager keys from
+    another install path, the four-part versions and the cache-entry bindings (None: not measured)."""
+    from .neuron import key_parts
+
+    first = runs[0] if runs and "error" not in runs[0] else {}
+    moved = runs[1] if len(runs) > 1 and "error" not in runs[1] else {}
+    eager, compiled = first.get("debug_after_eager"), first.get("debug_after_compiled")
+    versions = first.get("versions") or {}
+    keys = [k for step in (first.get("step_keys") or {}).values() for k in step]
+    first_eager, moved_eager = ((r.get("step_keys") or {}).get("eager") for r in (first, moved))
+    moved_step = (moved.get("steps") or {}).get("eager")
+    return {
+        "hlo_cache_dir_written": None if not first else bool(first.get("hlo_cache_files")),
+        "hlo_cache_files": (first.get("hlo_cache_files") or [])[:10],
+        "hlo_named_entries_new_in_tmp": [p for p in first.get("new_in_tmp") or [] if "hlo" in p.lower()],
+        "debug_dir_written": None if eager is None else bool(eager or compiled),
+        "debug_dir_after_eager_step": eager,
+        "debug_dir_after_compiled_step": compiled,
+        "debug_dir_same_layout_for_eager_and_compiled": None if not eager or not compiled else
+        _layout_of(eager) == _layout_of(compiled),
+        # the second process's own eager keys: those it loaded from the first one's NEFFs keep their key
+        "eager_keys_change_with_install_path": None if first_eager is None or moved_eager is None else
+        set(first_eager) != set(moved_eager),
+        "eager_step_compiles_again_from_another_install_path": None if not isinstance(moved_step, dict) or
+        "error" in moved_step else _compiled(moved_step),
+        "versions": {k: versions.get(k) for k in ("torch-neuronx", "torch_neuronx.__version__", "neuronx-cc",
+                                                  "neuronxcc.__version__")} if versions else None,
+        "four_part_versions": None if not versions else all(
+            isinstance(v, str) and len(re.findall(r"[0-9]+", v.split("+")[0])) >= 4 for v in versions.values()),
+        "cache_entry_bindings": first.get("bindings"),
+        "cache_keys_follow_the_april_layout": None if not keys else all("key" not in key_parts(k) for k in keys),
+        "cache_keys_sample": keys[:5],
     }
 
 

@@ -20,6 +20,8 @@ FAKE_NEURON, a comma list:
     renamed_cache_var   the cache dir is read from TORCH_NEURONX_NEFF_CACHE_PATH, not TORCH_NEURONX_NEFF_CACHE_DIR
     no_device           the runtime sees no NeuronCore (torch.neuron.is_available() is False)
     no_instance         a host without a Neuron instance (an AMI built on a CPU instance): the import fails
+    no_cache_entries    there is no _C._get_compilation_cache_entries nor _C._get_all_cache_keys (a release without
+                        the April bindings)
 
 What the source does, and so the fake:
 - `import torch_neuronx` sets defaults for nine variables (`__init__.py:44-65`), NEURON_LAUNCH_BLOCKING among them.
@@ -48,6 +50,29 @@ What the source does, and so the fake:
 - The built-in NKI flash attention (SDPA with no mask, no dropout, both sequence lengths multiples of 512, head_dim
   <= 128) keys its cache with Python's `hash()` of the shapes and dtypes (nki_op_impl.py:19-25), which differs in
   every process: it never hits across processes.
+- The C++ cache's key (KernelExecution.cpp GenerateCacheKey) is the op's (or graph's) own key, then
+  `_<target>_<lnc>_<opt level without its dash>_<compiler args>`: the args are "--model-type transformer
+  --auto-cast=none", then " " and NEURON_CC_FLAGS where set, with spaces made "_" and "=" made "-"; the opt level is
+  NEURON_COMPILER_OPT_LEVEL where set, else -O1 for eager ops and -O2 for compiled graphs. Its in-process tier holds
+  one entry per key: `_C._get_compilation_cache_entries()` lists them (cache_key, neff_size_bytes, access_count,
+  compilation_time_ms: 0 for a NEFF loaded from the cache dir, the compile's milliseconds otherwise; a real compile
+  runs neuronx-cc as a process, so the fake's takes at least 1 ms) and `_C._get_all_cache_keys()` their keys
+  (NeuronBindings.cpp, CompilationCache.cpp GetCacheEntries/GetAllCacheKeys); an entry appears once its compile is
+  done, an in-process hit counts an access, and the metrics switch gates neither. Sync mode's Python path has no
+  entries.
+- A failed neuronx-cc (FAKE_NEURON_COMPILER_EXIT: "-N" killed by signal N, else its exit status) fails the compile as
+  upstream words it: the C++ path reads the status with WEXITSTATUS, so a compiler killed by a signal reads as exit 0
+  and the failure is the missing NEFF ("Failed to read compiled NEFF file", NeuronCompiler.cpp); an exit status
+  fails with "Command failed (neuronx-cc compilation) with exit code N"; both wrapped as "HLO to NEFF compilation
+  failed for op '...'" (KernelExecution.cpp). Sync mode's subprocess.run sees "-N" itself: "NEFF compilation failed
+  with return code -N" (NEFFCompilationError, compiler_subprocess.py). A failed compile leaves no entry.
+- Neuron 2.34's compiler-artifacts page: eager ops and compiled graphs share one job-based hierarchy under
+  TORCH_NEURONX_DEBUG_DIR (default /tmp/neuron_backend): per graph its FX graph, its StableHLO, and the compile's
+  own working dir. The page's opening names these steps, not the files: the fake's names (`job_<n>/fx_graph.txt`,
+  `job_<n>/module.stablehlo.mlir`, `job_<n>/neuronx_cc/`) are its own. It writes them at the first meeting of a
+  graph in the process (lowering) and at its compile; never into the host's own /tmp (only under FAKE_NEURON_TMP or
+  a TORCH_NEURONX_DEBUG_DIR set). TORCH_NEURONX_HLO_CACHE_DIR (seen in user code of the native stack, unverified)
+  receives `<sha256>.mlir` per lowered graph where it is set.
 - The runtime's NeuronCores: NEURON_RT_VISIBLE_CORES (one index or an inclusive range), else NEURON_RT_NUM_CORES,
   else the host's (FAKE_NEURON_CORES, default 4); the platform target from the runtime (FAKE_NEURON_TARGET, default
   trn2). FAKE_NEURON_TMP stands in for /tmp; FAKE_NEURON_COMPILE_S makes a compile take that long, and
@@ -58,6 +83,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import os
 import random
 import string
@@ -79,7 +105,7 @@ import torch  # noqa: E402  # after _autoload, which importing torch first looks
 
 MODES = frozenset(m for m in os.environ.get("FAKE_NEURON", "").split(",") if m)
 __version__ = metadata.version("torch-neuronx")
-NEURONXCC_VERSION = "2.21.0.0"  # in the sync path's key
+__shapeplan_fake__ = "shapeplan/testing/fake_site"  # what `doctor --report` names as the source of its answers
 
 # _build_config.py and __init__.py:44-65: applied at import, with setdefault
 RELEASE = "release_build" in MODES
@@ -119,8 +145,10 @@ COUNTERS = {"in_memory_hits": "CompilationCache.InMemoryHits", "in_memory_misses
             "total_compilations": "CompilationCache.TotalCompilations"}
 
 counters: dict[str, int] = {}  # the metrics arena: counter name -> value, only bumped while metrics are enabled
-memory: set[str] = set()
-pending: list[str] = []
+memory: set[str] = set()  # sync mode's Python path: the keys met in this process
+met: set[str] = set()  # the C++ cache's keys met in this process, compiled or still pending
+entries: dict[str, dict[str, int]] = {}  # the C++ cache's in-process tier: key -> its entry, once compiled or loaded
+pending: list[tuple[str, bool]] = []  # (key, graph) waiting for the compile thread
 _state: dict[str, object] = {}  # what is read once: "metrics", "sync", "cache" (dir or None), "locks"
 
 
@@ -224,13 +252,25 @@ def _compile_delay() -> None:
         time.sleep(0.05)
 
 
-# What the C++ path passes to the compiler and keys with, where set (KernelExecution.cpp:76-82).
-COMPILER_ENV = ("NEURON_CC_FLAGS", "NEURON_COMPILER_OPT_LEVEL")
+# The compiler arguments every C++ compile passes and keys with, before NEURON_CC_FLAGS (KernelExecution.cpp).
+BASE_ARGS = "--model-type transformer --auto-cast=none"
 
 
-def neff_path(key: str) -> Path:
+def cache_key(key: str, *, graph: bool = False) -> str:
+    """The C++ cache's key of the op (or compiled graph) whose own key is `key`, under the current settings:
+    `<key>_<target>_<lnc>_<opt>_<args>` (KernelExecution.cpp CreateCompilerExtensionHash)."""
+    target = os.environ.get("FAKE_NEURON_TARGET") or "trn2"
+    lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1" if target == "trn1" else "2")
+    opt = os.environ.get("NEURON_COMPILER_OPT_LEVEL", "-O2" if graph else "-O1").removeprefix("-")
+    args = BASE_ARGS + (f" {os.environ['NEURON_CC_FLAGS']}" if "NEURON_CC_FLAGS" in os.environ else "")
+    return f"{key}_{target}_{lnc}_{opt}_{args.replace(' ', '_').replace('=', '-')}"
+
+
+def neff_path(key: str, *, graph: bool = False) -> Path:
+    """Where the C++ cache keeps the NEFF of the op whose own key is `key` (the fake's persistent key hashes the
+    cache key alone: its IR is a function of the op's key)."""
     cache, _ = _cache()
-    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(cache_key(key, graph=graph).encode(), digest_size=16).hexdigest()
     return (cache or TMP / "neff_cache") / digest[:2] / digest[2:4] / f"{digest}.neff"
 
 
@@ -239,50 +279,124 @@ def kernel(key: str, *, graph: bool = False) -> None:
     if _sync_mode() and not graph:
         _python_path(key)
         return
-    if key in memory:
+    full = cache_key(key, graph=graph)
+    if full in met:  # compiled, loaded or pending: the pending compile's result serves it
         _count("in_memory_hits")
+        if full in entries:
+            entries[full]["access_count"] += 1
         return
     _count("in_memory_misses")
-    memory.add(key)
+    met.add(full)
+    _artifacts(key, graph)
     if "async" in MODES:
-        pending.append(key)
+        pending.append((key, graph))
     else:
-        _compile(key)
+        _compile(key, graph)
 
 
-def _compile(key: str) -> None:
+class CompilationError(Exception):
+    """kernels/compiler_subprocess.py's base of compile errors."""
+
+
+class NEFFCompilationError(CompilationError):
+    """Sync mode's failed neuronx-cc (kernels/compiler_subprocess.py run_neuronx_cc)."""
+
+
+def _neuronx_cc(key: str, *, python_path: bool = False) -> bytes:
+    """Run the "compiler" (its duration, its failure as FAKE_NEURON_COMPILER_EXIT says) and return the NEFF."""
+    _compile_delay()
+    code = os.environ.get("FAKE_NEURON_COMPILER_EXIT", "")
+    if code and code != "0":
+        if python_path:  # subprocess.run: a signal is -N
+            raise NEFFCompilationError(f"NEFF compilation failed with return code {code}\nCommand: neuronx-cc compile "
+                                       "module.hlo.pb ...\nError: ")
+        if code.startswith("-"):  # WEXITSTATUS of a signalled child is 0: no error, and no NEFF either
+            said = f"Failed to read compiled NEFF file: {tempfile.gettempdir()}/neuron_compile_Xq2a9/module.neff"
+        else:
+            said = f"Command failed (neuronx-cc compilation) with exit code {code}: "
+        raise RuntimeError(f"HLO to NEFF compilation failed for op '{key}': {said}")
+    return f"NEFF of {key}".encode()
+
+
+def _compile(key: str, graph: bool) -> None:
     """The C++ CompilationCache: a persistent miss, then the lock and a second look before compiling."""
     cache, locks = _cache()
-    path = neff_path(key + "".join(f"|{name}={os.environ[name]}" for name in COMPILER_ENV if name in os.environ))
+    full, path = cache_key(key, graph=graph), neff_path(key, graph=graph)
     if cache is not None and not _cpp_cache_disabled():
         if _readable(path):
             _count("persistent_hits")
+            _entry(full, path.read_bytes(), 0)
             return
         _count("persistent_misses")
         fd = _locked(locks / "locks" / f"{path.stem}.lock")
         try:
             if _readable(path):  # another process wrote it while this one waited
                 _count("persistent_hits")
+                _entry(full, path.read_bytes(), 0)
                 return
-            _compile_delay()
-            _count("total_compilations")
-            _write(path, key.encode())
+            neff = _timed_compile(full, key, graph)
+            _write(path, neff)
         finally:
             os.close(fd)
         return
-    _compile_delay()
+    _timed_compile(full, key, graph)
+
+
+def _timed_compile(full: str, key: str, graph: bool) -> bytes:
+    started = time.monotonic()
+    try:
+        neff = _neuronx_cc(key)
+    except Exception:
+        met.discard(full)  # HandleCompilationFailure: no entry, the next meeting compiles again
+        raise
     _count("total_compilations")
+    _entry(full, neff, max(1, round((time.monotonic() - started) * 1000)))
+    _artifacts(key, graph, compiled=True)
+    return neff
+
+
+_JOB_NUMBERS = itertools.count()
+
+
+def _entry(key: str, neff: bytes, milliseconds: int) -> None:
+    entries[key] = {"neff_size_bytes": len(neff), "access_count": 0, "compilation_time_ms": milliseconds}
+
+
+def _artifacts(key: str, graph: bool, *, compiled: bool = False) -> None:
+    """What a graph leaves under TORCH_NEURONX_DEBUG_DIR when it is lowered, and when it is compiled (the fake's
+    own file names), and its lowered module in TORCH_NEURONX_HLO_CACHE_DIR where that is set."""
+    named = os.environ.get("TORCH_NEURONX_DEBUG_DIR")
+    if named or os.environ.get("FAKE_NEURON_TMP"):  # never into the host's own /tmp
+        jobs = _state.setdefault("jobs", {})  # this process's job per graph
+        assert isinstance(jobs, dict)
+        if key not in jobs:
+            jobs[key] = f"job_{os.getpid()}_{next(_JOB_NUMBERS):05d}"
+        job = Path(named or TMP / "neuron_backend") / jobs[key]
+        if compiled:
+            (job / "neuronx_cc").mkdir(parents=True, exist_ok=True)
+            (job / "neuronx_cc" / "log-neuron-cc.txt").write_text("Compiler status PASS\n", encoding="utf-8")
+        else:
+            job.mkdir(parents=True, exist_ok=True)
+            (job / "fx_graph.txt").write_text(f"{'graph' if graph else 'op'} {key}\n", encoding="utf-8")
+            (job / "module.stablehlo.mlir").write_text(f"module @{key!r} {{}}\n", encoding="utf-8")
+    hlo = os.environ.get("TORCH_NEURONX_HLO_CACHE_DIR")
+    if hlo and not compiled:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        Path(hlo).mkdir(parents=True, exist_ok=True)
+        (Path(hlo) / f"{digest}.mlir").write_text(f"module @{key!r} {{}}\n", encoding="utf-8")
 
 
 def _python_path(key: str) -> None:
     """Sync mode's CompilerSubprocess: its own key, layout and locks, and no counters; its dirs as they were at
     import."""
+    import neuronxcc
+
     started, _ = _cache()
     cache, locks = (SYNC_DIRS[0] if started is not None else None), SYNC_DIRS[1]
     if key in memory and not _in_process_cache_disabled():
         return
     memory.add(key)
-    digest = hashlib.sha256(f"{key}|neuronxcc={NEURONXCC_VERSION}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{key}|neuronxcc={neuronxcc.__version__}".encode()).hexdigest()
     path = (cache or TMP / "neff_cache") / digest / f"{digest}.neff"
     persistent = cache is not None and not _python_cache_disabled()
     if persistent and _readable(path):
@@ -291,9 +405,13 @@ def _python_path(key: str) -> None:
     try:
         if persistent and _readable(path):
             return
-        _compile_delay()
+        try:
+            neff = _neuronx_cc(key, python_path=True)
+        except NEFFCompilationError:
+            memory.discard(key)
+            raise
         if persistent:
-            _write(path, key.encode(), suffix=".tmp")
+            _write(path, neff, suffix=".tmp")
     finally:
         os.close(fd)
 
@@ -301,13 +419,15 @@ def _python_path(key: str) -> None:
 def synchronize(device: object = None) -> None:
     """Wait for the compile thread: what it compiled is counted and written now."""
     while pending:
-        _compile(pending.pop(0))
+        _compile(*pending.pop(0))
 
 
 def restart() -> None:
     """A fresh process: the in-process tier, the counters and what is read once start empty (the disk stays)."""
     synchronize()
     memory.clear()
+    met.clear()
+    entries.clear()
     counters.clear()
     _state.clear()
 
@@ -329,7 +449,7 @@ def _stats() -> dict[str, float | int]:
     values = {key: counters.get(name, 0) for key, name in COUNTERS.items()}
     hits = values["in_memory_hits"] + values["persistent_hits"]
     misses = values["in_memory_misses"] + values["persistent_misses"]
-    return {"total_entries": len(memory), **values, "cache_hits": hits, "cache_misses": misses,
+    return {"total_entries": len(entries), **values, "cache_hits": hits, "cache_misses": misses,
             "hit_rate": hits / (hits + misses) if hits + misses else 0.0, "memory_usage_bytes": 0,
             "total_compilation_time_ms": 0.0, "evictions_performed": 0, "max_cache_size_bytes": 1 << 30,
             "max_cache_entries": 10000, "memory_utilization_ratio": 0.0}
@@ -347,6 +467,10 @@ if "xla" not in MODES:
         "NEURON_LOGICAL_NC_CONFIG", "1" if _C._get_platform_target() == "trn1" else "2")  # type: ignore[attr-defined]  # set above
 if not MODES & {"no_stats", "xla"}:
     _C._get_compilation_cache_stats = _stats  # type: ignore[attr-defined]  # the fake fills a bare module
+if not MODES & {"no_cache_entries", "xla"}:
+    _C._get_compilation_cache_entries = lambda: [  # type: ignore[attr-defined]  # as above
+        {"cache_key": key, **entry} for key, entry in entries.items()]
+    _C._get_all_cache_keys = lambda: set(entries)  # type: ignore[attr-defined]  # as above
 
 if "xla" not in MODES:
     neuron = types.ModuleType("torch.neuron")
