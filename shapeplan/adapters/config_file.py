@@ -21,6 +21,8 @@ from ..plan.io import TooLarge, read_bounded
 MAX_CONFIG_BYTES = 4 << 20  # a TRL config is a few KiB; a chat template inline is some more
 MAX_DEPTH = 64
 MAX_NODES = 100_000  # scalars, lists and mappings once aliases are expanded
+# The fix of a file that is no TRL config.
+_FLAT = "pass the run's config: a YAML mapping of TRL option names to values (`max_length: 1024`, one a line)"
 
 # (path, and for a regular file its identity) -> (bytes, mapping) of this process's first read
 _READ: dict[tuple[str, int, int, int], tuple[bytes, dict[str, Any]]] = {}
@@ -69,15 +71,14 @@ def _parse(path: str, data: bytes) -> tuple[bytes, dict[str, Any]]:
         _check_size(path, node)
         loaded = yaml.safe_load(text)
     except RecursionError:
-        raise UsageError(f"config file {path} is nested over {MAX_DEPTH} levels deep; a TRL config is a flat "
-                         "mapping of option names to values") from None
+        raise UsageError(f"config file {path} is nested over {MAX_DEPTH} levels deep; {_FLAT}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise UsageError(f"config file {path} is not valid YAML{where}; fix it or pass another file to --config") \
             from None
     if not isinstance(loaded, dict):
-        raise UsageError(f"config file {path} must be a YAML mapping of TRL option names to values")
+        raise UsageError(f"config file {path} is not a YAML mapping; {_FLAT}")
     return data, loaded
 
 
@@ -93,11 +94,10 @@ def _check_size(path: str, root: Any) -> None:
         node, depth = stack.pop()
         seen += 1
         if seen > MAX_NODES:
-            raise UsageError(f"config file {path} expands to over {MAX_NODES} values (through YAML aliases); a TRL "
-                             "config is a flat mapping of option names to values")
+            raise UsageError(f"config file {path} expands to over {MAX_NODES} values (through YAML aliases); "
+                             f"{_FLAT}")
         if depth > MAX_DEPTH:
-            raise UsageError(f"config file {path} is nested over {MAX_DEPTH} levels deep; a TRL config is a flat "
-                             "mapping of option names to values")
+            raise UsageError(f"config file {path} is nested over {MAX_DEPTH} levels deep; {_FLAT}")
         if isinstance(node, yaml.SequenceNode):
             stack.extend((child, depth + 1) for child in node.value)
         elif isinstance(node, yaml.MappingNode):

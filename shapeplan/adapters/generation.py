@@ -42,6 +42,18 @@ def refuse_unplannable(args: TrainingArgs) -> None:
     if iterations is not None and iterations < 0:  # the trainer would run no tool turn at all, as with 0
         raise UsageError(f"--max_tool_calling_iterations must be 0 or more (or unset: no limit), got {iterations}; "
                          "pass the run's limit of tool-calling turns")
+    check_cache_pin(args.training)
+
+
+def check_cache_pin(config: Any) -> None:
+    """A `max_cache_len` in --generation_kwargs must be a cache length: the plan's cache lengths are the largest of it
+    and each prompt's, so a string fails the comparison and -1 or 1e30 would be planned without a word."""
+    from ..plan.io import MAX_SEQ
+
+    pin = (getattr(config, "generation_kwargs", None) or {}).get("max_cache_len")
+    if pin is not None and (type(pin) is not int or not 1 <= pin <= MAX_SEQ):
+        raise UsageError(f"--generation_kwargs max_cache_len is {pin!r}, not a cache length from 1 to {MAX_SEQ:,}; "
+                         "pass the static cache length in tokens to pin ('{\"max_cache_len\": 1024}'), or drop it")
 
 
 def tool_loop_warnings(args: TrainingArgs) -> list[str]:

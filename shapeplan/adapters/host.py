@@ -77,22 +77,41 @@ def hub_offline() -> str | None:
     return _hub_state[0]
 
 
+# how long the probe waits for the Hub's HTTP answer before planning goes on offline
+HUB_PROBE_SECONDS = 3.0
+
+
 def _probe_hub() -> str | None:
-    import socket
+    import http.client
     import sys
+    import urllib.error
+    import urllib.request
     from urllib.parse import urlsplit
+
+    from ..errors import UsageError
 
     for name in _OFFLINE_VARIABLES:
         if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE"):
             return f"offline mode is on ({name}={os.environ[name]})"
     if any(os.environ.get(name) for name in _PROXY_VARIABLES):
         return None  # the Hub is reached through the proxy: a direct connection says nothing
-    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    given = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    endpoint = urlsplit(given)
     host = endpoint.hostname or "huggingface.co"
     try:
-        socket.create_connection((host, endpoint.port or 443), timeout=3).close()
+        endpoint.port  # noqa: B018  # parsing it is the check
+    except ValueError as exc:
+        raise UsageError(f"HF_ENDPOINT={given!r} has a port that is not a number; fix HF_ENDPOINT or unset it") \
+            from exc
+    # an HTTP answer, any status, within the bound: a listener that accepts and never answers (which a connect
+    # alone takes for the Hub) would hold every download for minutes of retries
+    request = urllib.request.Request(f"{endpoint.scheme or 'https'}://{endpoint.netloc or host}/", method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=HUB_PROBE_SECONDS).close()
         return None
-    except OSError:
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, http.client.HTTPException, ValueError):
         pass
     for name in _OFFLINE_VARIABLES:
         os.environ[name] = "1"

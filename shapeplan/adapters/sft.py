@@ -37,9 +37,7 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
         return "conversational"
     absent = [c for c in ("messages", "conversations", "prompt", "completion") if c in example and example[c] is None]
     if absent:  # a row without a column the file's other rows have
-        present = ", ".join(name for name, value in example.items() if value is not None)
-        raise DatasetError(f"the dataset mixes row formats: a row has no {absent[0]!r} (it has {present}); give "
-                           "every row one format (messages, text, or prompt and completion)")
+        raise _mixed_formats("row 0", absent[0], example)
     for column in ("messages", "conversations", "prompt"):
         if column in example and not isinstance(example[column], str):
             raise DatasetError(f"column {column!r} holds neither text nor a list of {{'role', 'content'}} messages; "
@@ -54,6 +52,31 @@ def _row_format(example: dict[str, Any], text_field: str) -> str:
     raise DatasetError(f"dataset has no usable column (it has {', '.join(example) or 'none'}); SFT needs "
                        f"'messages' (a list of role/content messages), a text column '{text_field}' (set "
                        "--dataset_text_field) or 'prompt' and 'completion'")
+
+
+def _mixed_formats(row: str, column: str, example: dict[str, Any]) -> DatasetError:
+    present = ", ".join(name for name, value in example.items() if value is not None)
+    return DatasetError(f"the dataset mixes row formats: {row} has no {column!r} (it has {present}); give every row "
+                        "one format (messages, text, or prompt and completion)")
+
+
+def _check_one_format(dataset: Any, first: dict[str, Any], fmt: str, text_field: str) -> None:
+    """Every row has the columns of the first row's format: a file of rows of two formats loads as one table, each
+    row None in the other format's columns, on which TRL's preparation fails with "'NoneType' object is not
+    iterable". Read from the Arrow columns' null counts, without decoding a row."""
+    import datasets
+
+    if not isinstance(dataset, datasets.Dataset) or fmt == "tokenized":
+        return
+    used = [text_field] if fmt == "text" else \
+        [c for c in ("messages", "conversations", "prompt", "completion") if first.get(c) is not None]
+    for column in used:
+        values = dataset.with_format("arrow")[column]
+        if values.null_count:
+            import pyarrow.compute as pc
+
+            index = pc.index(values.is_null(), True).as_py()
+            raise _mixed_formats(f"row {index}", column, dataset[index])
 
 
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
@@ -111,6 +134,7 @@ def _preparer(dataset: Any, tokenizer: Any, config: Any, *, packing: bool) -> An
     fail on; None with skip_prepare_dataset."""
     first = next(iter(dataset))
     fmt = _row_format(first, config.dataset_text_field)
+    _check_one_format(dataset, first, fmt, config.dataset_text_field)
     if fmt == "conversational" and tokenizer.chat_template is None:
         raise ModelError("the dataset is conversational but the tokenizer has no chat template; pass "
                          "--chat_template_path FILE.jinja or a model whose tokenizer has one")

@@ -76,6 +76,18 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
     is the processor's own (`chat_template.jinja`, or a legacy `chat_template.json`), as `AutoProcessor` reads it,
     or with `chat_template_path` (a .jinja file, which SFTTrainer sets on the processor) the tokenizer's, which
     holds that file already."""
+    model_type, image_processor, settings = image_processing(model, revision=revision,
+                                                             trust_remote_code=trust_remote_code)
+    template = tokenizer.chat_template if chat_template_path else _processor_template(model, revision)
+    processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
+                                        chat_template=template or tokenizer.chat_template)
+    return VisionProcessor(images=settings, processor=processor)
+
+
+def image_processing(model: str, *, revision: str | None = None, trust_remote_code: bool = False
+                     ) -> tuple[str, Any, ImageProcessing]:
+    """The model's type, its image processor (as `AutoProcessor` builds it) and the settings its grids follow from,
+    each checked: a model shapeplan plans images for, a processor that converts to RGB, settings it can resize by."""
     from transformers import AutoConfig
 
     try:
@@ -100,13 +112,25 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
                          "pixel rows of a grayscale or RGBA image differ from an RGB one's; shapeplan plans processors "
                          "that convert to RGB")
     size: Any = image_processor.size  # a SizeDict once built, whichever keys the config used
-    settings = ImageProcessing(min_pixels=int(size.shortest_edge), max_pixels=int(size.longest_edge),
-                               patch_size=int(image_processor.patch_size), merge_size=int(image_processor.merge_size),
-                               temporal_patch_size=int(image_processor.temporal_patch_size))
-    template = tokenizer.chat_template if chat_template_path else _processor_template(model, revision)
-    processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
-                                        chat_template=template or tokenizer.chat_template)
-    return VisionProcessor(images=settings, processor=processor)
+    values = {"min_pixels": _whole(model, "min_pixels (size.shortest_edge)", getattr(size, "shortest_edge", None)),
+              "max_pixels": _whole(model, "max_pixels (size.longest_edge)", getattr(size, "longest_edge", None)),
+              **{name: _whole(model, name, getattr(image_processor, name, None))
+                 for name in ("patch_size", "merge_size", "temporal_patch_size")}}
+    if values["min_pixels"] > values["max_pixels"]:
+        raise ModelError(f"{model}'s image processor has min_pixels {values['min_pixels']} above max_pixels "
+                         f"{values['max_pixels']}, which no image can be resized within; fix its "
+                         "preprocessor_config.json")
+    return model_type, image_processor, ImageProcessing(**values)
+
+
+def _whole(model: str, name: str, value: Any) -> int:
+    """A processor setting the resize divides or multiplies by: a whole number of at least 1 (0, -5 or NaN would
+    fail the arithmetic, blamed on the first image)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1 \
+            or value != int(value):
+        raise ModelError(f"{model}'s image processor has {name} {value!r}, not a whole number of at least 1; fix it "
+                         "in its preprocessor_config.json")
+    return int(value)
 
 
 def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
@@ -251,13 +275,18 @@ def image_size(value: Any) -> tuple[int, int]:
                 return _decoded_size(fetch(value))
             if os.path.isfile(value):
                 return _decoded_size(value)
+            if os.path.isdir(value):
+                raise ValueError("a folder, not an image file")
             if value.startswith("data:image/"):
                 value = value.split(",", 1)[-1]
             try:
                 data = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise ValueError("no such file") from None
-            return _decoded_size(data)
+            try:
+                return _decoded_size(data)
+            except UnidentifiedImageError:  # a missing file's name that is base64 too ("data"): a path, most likely
+                raise ValueError("no such file (nor base64 of an image)") from None
     except FileNotFoundError:
         raise ValueError("no such file") from None
     except UnidentifiedImageError:

@@ -33,6 +33,7 @@ from .contents import (
     STAGING_PREFIX,
     cache_environment,
     cache_files,
+    check_times,
     is_temporary,
     refuse_incomplete_import,
     sha256_of,
@@ -62,6 +63,8 @@ def export_cache(cache_dir: Path, archive: Path) -> ArchiveInfo:
     cache_dir = cache_dir.resolve()
     refuse_incomplete_import(cache_dir)
     environment, shapes = cache_environment(cache_dir)
+    check_times(read_merged(cache_dir).environments, f"the manifest of {cache_dir}",
+                "delete it to re-warm this cache dir")
     paths = list(cache_files(cache_dir))
     files = {path.relative_to(cache_dir).as_posix(): sha256_of(path) for path in paths}
     expanded = sum(path.stat().st_size for path in paths)
@@ -321,7 +324,9 @@ def archived_plans(archive: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, 
                 source = tar.extractfile(member)
                 assert source is not None
                 (Path(folder) / relative).write_bytes(source.read())
-        return read_merged(Path(folder)).environments
+        sections = read_merged(Path(folder)).environments
+    check_times(sections, f"the manifest in {archive}", "export the archive again")
+    return sections
 
 
 def _member_path(member: tarfile.TarInfo, archive: Path) -> str | None:

@@ -64,6 +64,25 @@ def _empty_neff(path: Path) -> bool:
     return path.suffix == ".neff" and path.stat().st_size == 0
 
 
+# The latest Unix time a manifest may record: the last second of the year 9999, the last a listing can show as a date.
+LATEST_TIME = 253402300799
+
+
+def is_unix_time(value: Any) -> bool:
+    """A Unix time as a warm-up or a push records it: a number from the epoch to LATEST_TIME (not NaN, not 1e300)."""
+    return type(value) in (int, float) and 0 <= value <= LATEST_TIME
+
+
+def check_times(sections: dict[str, dict[str, Any]], source: str, fix: str) -> None:
+    """Refuse manifest sections (`read_merged(...).environments`) whose shape records a warmed_at that is no Unix
+    time, hand-edited or damaged: `cache ls` shows it as a date and `cache prune --older-than` compares it."""
+    for section in sections.values():
+        for task, entry in section["shapes"].items():
+            at = entry.get("warmed_at")
+            if at is not None and not is_unix_time(at):
+                raise CacheError(f"{source} records warmed_at {at!r} for {task}, not a Unix time; {fix}")
+
+
 def cache_environment(cache_dir: Path) -> tuple[dict[str, Any], int]:
     """The one environment (versions, compiler settings) the cache dir's shapes were warmed in, and their count,
     from all its manifest files (a shard's too)."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..warm.manifest import COMPILED, WARMED, read_merged
-from .contents import cache_files
+from ..warm.manifest import COMPILED, WARMED, other_build, read_merged
+from .contents import cache_files, check_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +28,13 @@ class CachedPlan:
     shards: tuple[str, ...]  # "I/N" of the shard manifests holding its shapes ("-": the plain manifest)
     tasks: tuple[str, ...]  # the shapes' task keys
     eager: int = 0  # ran eager (cpu/cuda without torch_compile): nothing compiled or cached
+    built_under: dict[str, str] | None = None  # a Neuron cache's torch-neuronx and neuronx-cc versions
+    warning: str | None = None  # why this machine's build of them does not use it (`other_build`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"environment": self.environment, "model": self.model, "method": self.method, "plan": self.plan,
                 "warmed": self.warmed, "eager": self.eager, "failed": self.failed, "last_warmed": self.last_warmed,
-                "shards": list(self.shards)}
+                "shards": list(self.shards), "built_under": self.built_under, "warning": self.warning}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,9 @@ class CacheDirInfo:
 def scan_cache_dir(cache_dir: Path) -> CacheDirInfo:
     """The plans warmed into `cache_dir` (from all its manifest files), its files and their size, its lock files."""
     cache_dir = cache_dir.resolve()
-    plans = warmed_plans(read_merged(cache_dir).environments if cache_dir.is_dir() else {})
+    sections = read_merged(cache_dir).environments if cache_dir.is_dir() else {}
+    check_times(sections, f"the manifest of {cache_dir}", "delete it to re-warm this cache dir")
+    plans = warmed_plans(sections)
     files = list(cache_files(cache_dir)) if cache_dir.is_dir() else []
     locks = lock_files(cache_dir)
     return CacheDirInfo(str(cache_dir), len(files), sum(os.lstat(f).st_size for f in files), plans, len(locks),
@@ -94,6 +98,9 @@ def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, .
     plans = []
     for (key, plan), entries in groups.items():
         environment = environments[key]["environment"]
+        compiler = environment.get("compiler") or {}
+        built = {k: str(compiler[k]) for k in ("torch-neuronx", "neuronx-cc") if k in compiler} \
+            if compiler.get("backend") == "neuron" else None
         times = [e["warmed_at"] for e in entries
                  if e["status"] in WARMED and isinstance(e.get("warmed_at"), (int, float))]
         plans.append(CachedPlan(
@@ -102,7 +109,8 @@ def warmed_plans(environments: dict[str, dict[str, Any]]) -> tuple[CachedPlan, .
             failed=sum(e["status"] == "failed" for e in entries),
             last_warmed=max(times) if times else None,
             shards=tuple(sorted({e.get("shard") or "-" for e in entries})),
-            tasks=tuple(e["task"] for e in entries)))
+            tasks=tuple(e["task"] for e in entries), built_under=built,
+            warning="; ".join(other_build(environment)) or None))
     plans.sort(key=lambda p: (-(p.last_warmed or 0), p.model or "", p.plan or ""))
     return tuple(plans)
 
@@ -138,10 +146,12 @@ def plan_pruning(cache_dir: Path, *, plans: frozenset[str] = frozenset(), before
     entries, kept = [], 0
     for path in manifests:
         written = path.stat().st_mtime
-        for key, section in Manifest(path).data["environments"].items():
+        sections = Manifest(path).data["environments"]
+        check_times(sections, f"manifest {path}", "delete it to re-warm this cache dir")
+        for key, section in sections.items():
             for task, entry in section["shapes"].items():
                 plan, at = entry.get("plan"), entry.get("warmed_at")
-                when = at if isinstance(at, (int, float)) else written
+                when = written if at is None else at
                 if plan in plans or (before is not None and when < before) or \
                         (failed and entry["status"] == "failed"):
                     entries.append((path.name, key, task))

@@ -47,7 +47,9 @@ from .contents import (
     STAGING_PREFIX,
     cache_environment,
     cache_files,
+    check_times,
     is_temporary,
+    is_unix_time,
     refuse_incomplete_import,
     sha256_of,
 )
@@ -143,6 +145,10 @@ def store_errors(url: str) -> Iterator[None]:
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
             raise CacheError(f"{url}: no credentials found ({exc}); set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
                              "AWS_SECRET_ACCESS_KEY, or run on an instance with a role") from None
+        if "Timeout" in type(exc).__name__ and type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore"):
+            raise CacheError(f"{url}: no answer within {_timeout():g} s on any of {STORE_ATTEMPTS} tries "
+                             f"({type(exc).__name__}); check the endpoint (AWS_ENDPOINT_URL) and the network, or "
+                             "raise SHAPEPLAN_STORE_TIMEOUT for a slow one") from None
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp"):
             raise CacheError(f"{url}: {first_line(exc, named=True)}; check the URL, the endpoint (AWS_ENDPOINT_URL) "
                              "and the network") from None
@@ -154,10 +160,11 @@ def store_errors(url: str) -> Iterator[None]:
 _LOCAL_PROTOCOLS = ("file", "local")
 _S3_PROTOCOLS = ("s3", "s3a")
 _PROTOCOLS = (*_LOCAL_PROTOCOLS, *_S3_PROTOCOLS, "gs", "gcs", "az", "abfs", "abfss")
-# Seconds an S3 request may wait to connect or for the next bytes (SHAPEPLAN_STORE_TIMEOUT overrides): an endpoint
-# that accepts and never answers ends in a one-line error after at most four waits (two tries of s3fs, two attempts
-# of botocore each), not a hang.
+# Seconds an S3 request may wait to connect or for the next bytes (SHAPEPLAN_STORE_TIMEOUT overrides), and the times
+# it is sent: an endpoint that accepts and never answers ends in a one-line error after STORE_ATTEMPTS waits (botocore
+# retries; s3fs's own retry loop, around botocore's attempts, would multiply them), not a hang.
 STORE_TIMEOUT_S = 20.0
+STORE_ATTEMPTS = 2
 
 
 def _protocol_of(url: str) -> str | None:
@@ -222,8 +229,9 @@ def open_store(url: str) -> Store:
     options: dict[str, Any] = {}
     if _protocol_of(url) in _S3_PROTOCOLS:
         timeout = _timeout()
+        # total_max_attempts counts the first try (botocore's max_attempts counts only the retries)
         options["config_kwargs"] = {"connect_timeout": timeout, "read_timeout": timeout,
-                                    "retries": {"max_attempts": 2, "mode": "standard"}}
+                                    "retries": {"total_max_attempts": STORE_ATTEMPTS, "mode": "standard"}}
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -232,7 +240,7 @@ def open_store(url: str) -> Store:
         raise UsageError(f"{url} is not a URL fsspec can open ({exc}); pass s3://BUCKET/PREFIX or a folder") \
             from None
     if "config_kwargs" in options:
-        fs.retries = 2  # s3fs's own retry loop (5 by default) around botocore's attempts: each waits the timeout
+        fs.retries = 1  # s3fs's own loop (5 tries by default) around botocore's attempts: one try, no retry
     return Store(url, fs, root)
 
 
@@ -259,9 +267,11 @@ def push(cache_dir: Path, url: str) -> PushResult:
     cache_dir = cache_dir.resolve()
     refuse_incomplete_import(cache_dir)
     environment, shapes = cache_environment(cache_dir)
+    warmed = read_merged(cache_dir).environments
+    check_times(warmed, f"the manifest of {cache_dir}", "delete it to re-warm this cache dir")  # before any upload
     sections = {key: {"environment": s["environment"],
                       "shapes": {t: {k: v for k, v in e.items() if k != "shard"} for t, e in s["shapes"].items()}}
-                for key, s in read_merged(cache_dir).environments.items()}
+                for key, s in warmed.items()}
     # its manifests travel as the push's sections; a name no pull would write (shapeplan's own) stays here
     paths = [p for p in cache_files(cache_dir) if safe_cache_path(p.relative_to(cache_dir).as_posix())]
     files = {p.relative_to(cache_dir).as_posix(): StoreFile(sha256_of(p), p.stat().st_size, p.stat().st_mode & 0o777)
@@ -412,6 +422,10 @@ def _parse(url: str, name: str, data: bytes) -> StoreManifest:
             and manifest_well_formed({"environments": shapes})
             and isinstance(body.get("pushed_at"), (int, float)) and isinstance(body.get("host"), str)):
         raise bad
+    fix = "delete it from the store and push again"
+    if not is_unix_time(body["pushed_at"]):  # `cache ls` shows it as a date
+        raise CacheError(f"{url}: manifest {name} records pushed_at {body['pushed_at']!r}, not a Unix time; {fix}")
+    check_times(shapes, f"{url}: manifest {name}", fix)
     parsed: dict[str, StoreFile] = {}
     for path, entry in files.items():
         if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and SHA256.fullmatch(entry["sha256"])

@@ -329,14 +329,17 @@ def _fingerprint_of(plan_file: str) -> str:
 
 def _age(text: str) -> float:
     """'30d', '12h', '90m' or a number of days, in seconds."""
+    import math
+
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "d")
     try:
         value = float(number)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not an age such as 30d, 12h or 90m") from None
-    if value < 0:
-        raise click.BadParameter(f"{text!r} is negative")
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):  # NaN would compare false with every time: nothing, silently
+        raise UsageError(f"--older-than {text!r} is not an age; pass one such as 30d, 12h or 90m (a bare number is "
+                         "days)")
     return value * units[unit]
 
 

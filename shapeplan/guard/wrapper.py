@@ -65,6 +65,9 @@ def _trl_script(method: str, args: list[str]) -> Path:
     for: a data-parallel run is `accelerate launch -m shapeplan guard ... -- trl <method> ...`."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
+    from ..adapters.config_file import checked_config
+
+    checked_config(args)  # a bare --config, a YAML bomb or a 5,000-deep file: one line, as `analyze` refuses them
     try:
         module = importlib.import_module(f"trl.scripts.{method}")
     except ModuleNotFoundError as exc:

@@ -114,7 +114,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     _typed(s, dict, where)
     for name in ("phase", "batch", "seq", "count", "first_step"):
         if name not in s:
-            raise _malformed(where, f"has no {name!r}")
+            raise _malformed(f"{where}.{name}", "is missing")
     phase = s["phase"]
     if phase not in PHASES:
         raise _malformed(f"{where}.phase", f"is {phase!r}, not one of {', '.join(PHASES)}")
@@ -125,6 +125,10 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
     pixels, grids = _vision(s, where)
+    cache_len = _optional_int(s.get("cache_len"), f"{where}.cache_len", 1)
+    if cache_len is not None and cache_len < seq:  # a static cache holds the prompt it is filled with, at least
+        raise _malformed(f"{where}.cache_len", f"is {cache_len}, below the shape's prompt length (seq) {seq}",
+                         cache_len)
     return Shape(
         phase=phase,
         batch=_int(s["batch"], f"{where}.batch", 1, MAX_BATCH),
@@ -133,7 +137,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         first_step=_int(s["first_step"], f"{where}.first_step", 0),
         certain=_typed(s.get("certain", True), bool, f"{where}.certain"),
         max_count=None if s.get("max_count") is None else _int(s["max_count"], f"{where}.max_count", s["count"]),
-        cache_len=_optional_int(s.get("cache_len"), f"{where}.cache_len", 1),
+        cache_len=cache_len,
         max_new_tokens=_optional_int(s.get("max_new_tokens"), f"{where}.max_new_tokens", 1),
         logits_to_keep=_optional_int(s.get("logits_to_keep"), f"{where}.logits_to_keep", 0),
         cu_seq_lens=_ints(s.get("cu_seq_lens", []), f"{where}.cu_seq_lens", 2, MAX_SEQ),
@@ -188,18 +192,20 @@ def _vision(s: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tupl
 def plan_from_dict(data: Any) -> Plan:
     """The plan `data` describes, every field checked for type, sign and range."""
     if isinstance(data, dict) and "schema" not in data and {"method", "shapes", "config"} & data.keys():
-        raise _malformed("the plan", "has no 'schema'")  # a plan that lost a field, not another kind of file
+        raise _malformed("schema", "is missing")  # a plan that lost a field, not another kind of file
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PlanFileError(f"not a shapeplan plan (schema {found!r}, expected {PLAN_SCHEMA}); "
                             "write one with `shapeplan analyze ... -o PLAN`")
     for name in ("method", "exact", "pad_to_multiple_of", "stats", "shapes", "config"):
         if name not in data:
-            raise _malformed("the plan", f"has no {name!r}")
+            raise _malformed(name, "is missing")
     config = _typed(data["config"], dict, "config")
     argv = config.get("argv", [])
     if not (isinstance(argv, list) and all(isinstance(word, str) for word in argv)):
         raise _malformed("config.argv", "must be a list of strings (the run's TRL options)", argv)
+    if "pad_tool_turns" in config:  # read as a switch (the guard pads the run's tool turns): "yes" is no bool
+        _typed(config["pad_tool_turns"], bool, "config.pad_tool_turns")
     method = data["method"]
     if method not in METHODS:
         raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")
@@ -219,7 +225,7 @@ def plan_from_dict(data: Any) -> Plan:
     st = _typed(data["stats"], dict, "stats")
     for name in ("rows", "dropped_rows", "micro_batches", "optimizer_steps", "tokens", "padded_tokens"):
         if name not in st:
-            raise _malformed("stats", f"has no {name!r}")
+            raise _malformed(f"stats.{name}", "is missing")
     stats = PlanStats(**{name: _int(st[name], f"stats.{name}", 0) for name in (
         "rows", "dropped_rows", "micro_batches", "optimizer_steps", "tokens", "padded_tokens")},
         evaluations=_int(st.get("evaluations", 0), "stats.evaluations", 0),

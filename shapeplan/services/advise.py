@@ -72,6 +72,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
                          f"{method}` to plan it")
     from ..adapters.lengths import shared_tokenization
 
+    _check_cache_pin(method, argv)
     images = _vision_run(method, kind, argv, eval_source)
     if images is not None:
         if calibrate is not None:
@@ -81,6 +82,16 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
     with shared_tokenization():
         return _advise(method, kind, list(argv), eval_source=eval_source, use_cache=use_cache, calibrate=calibrate,
                        allow_truncation=allow_truncation)
+
+
+def _check_cache_pin(method: str, argv: Sequence[str]) -> None:
+    """A cache pin that is no cache length, refused before the what-ifs compare lengths with it."""
+    from ..adapters.generation import check_cache_pin
+    from ..adapters.trl_args import parse_training_args
+
+    spec = trainer_spec(method)
+    if spec.generates:
+        check_cache_pin(parse_training_args(spec, list(argv)).training)
 
 
 def _vision_run(method: str, kind: LengthKind, argv: Sequence[str], eval_source: str | None) -> ImageRun | None:

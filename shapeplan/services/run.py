@@ -119,14 +119,15 @@ def check_config(plan: Plan, args: Any, planned: Any, names: set[str]) -> None:
 
 
 def _settings(args: Any) -> dict[str, Any]:
-    """Every TRL option of a parsed run, by field name, as JSON values (the recorded config's where it has them)."""
+    """Every TRL option of a parsed run, by field name, and its tools, environment and rollout function as the plan
+    records them, as JSON values (the recorded config's where it has them)."""
     import dataclasses
 
     from ..adapters.common import recorded_config
 
     fields = {f.name: getattr(part, f.name) for part in (args.script, args.model, args.training)
               for f in dataclasses.fields(part)}
-    return json.loads(json.dumps({**fields, **recorded_config(args, [])}, default=str))
+    return json.loads(json.dumps({**fields, **args.agentic.recorded(), **recorded_config(args, [])}, default=str))
 
 
 def _same(planned: Any, given: Any) -> bool:
@@ -150,9 +151,11 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
     from ..adapters.trl_args import given_options, parse_training_args, split_run_arguments
     from ..plan.io import load_plan
     from ..warm.identity import check_plan_fits_model
+    from ..warm.parallel import current_part
     from .analyze import analyze
     from .trainers import DEFAULT_METHOD, trainer_spec
 
+    current_part()  # RANK/WORLD_SIZE checked before TRL's parser reads them (it would blame the plan's options)
     plan = None
     named: set[str] = set()
     if plan_path is not None:
@@ -251,12 +254,15 @@ def plan_tasks(plan_path: str, device: str, method: str | None = None, model: st
 
 def _planned_args(spec: TrainerSpec, plan: Plan, path: str, device: str) -> Any:
     """The plan's own arguments, parsed, with its recorded config checked as a command line's options are."""
+    from ..adapters.generation import refuse_unplannable
     from ..adapters.grpo import with_guide_example
     from ..adapters.trl_args import check_recorded, parse_training_args
 
     argv = device_argv(list(plan.config.get("argv", [])), device)
     try:
         planned, _ = with_guide_example(parse_training_args(spec, argv), argv)
+        if spec.generates:  # what `analyze` refuses of such a run, in a hand-edited argv too
+            refuse_unplannable(planned)
         check_recorded(planned, plan.config)
     except UsageError as exc:
         raise PlanFileError(f"plan {path}: {exc}; re-create it with `shapeplan analyze -o PLAN`") from exc

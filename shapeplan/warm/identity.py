@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.host import installed_versions
 from ..adapters.lora import peft_settings
-from ..errors import PlanFileError
+from ..errors import PlanFileError, UsageError
 from ..plan.model import Plan
 
 if TYPE_CHECKING:
@@ -49,14 +49,42 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
 
 def check_plan_fits_model(plan: Plan, args: Any) -> None:
     """Every planned sequence must fit the model's position embeddings (when its config states them), and the
-    warm-up must be able to feed every shape (a vision batch: with its rows' layouts)."""
+    warm-up must be able to build the run's trainer (a PEFT run: with peft installed) and feed every shape (a vision
+    batch: with its rows' layouts, at the processor's patch size). Checked before the cache dir is made."""
+    import importlib.util
+
+    if getattr(args.model, "use_peft", False) and importlib.util.find_spec("peft") is None:
+        # TRL asks the same question when it builds the trainer: every shape would fail on it
+        raise UsageError("the run trains with --use_peft, and peft is not installed here; install it (`pip install "
+                         "peft`) or warm a run without --use_peft")
     if any(s.pixel_values is not None and not s.text_runs for s in plan.shapes):
         raise PlanFileError("the plan's vision batches lack their rows' layouts (text_runs), which warm needs to "
                             "feed them (an observed plan, or one made by an older shapeplan); re-create it with "
                             "`shapeplan analyze`")
+    _check_pixel_rows(plan, args)
     beyond = beyond_position_embeddings(plan, args)
     if beyond is not None:
         raise PlanFileError(f"{beyond}; re-create the plan with a --max_length that fits")
+
+
+def _check_pixel_rows(plan: Plan, args: Any) -> None:
+    """A vision batch's `pixel_values` [N, D] must have the D of the run's processor: the warm-up feeds images its
+    processor patchifies, so a plan naming another D (hand-edited, or made for another model) would record as warmed
+    a shape the run never meets."""
+    if all(s.pixel_values is None for s in plan.shapes):
+        return
+    from ..adapters.vision import image_processing
+
+    model = args.model.model_name_or_path
+    _, _, images = image_processing(model, revision=args.model.model_revision,
+                                    trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)))
+    for shape in plan.shapes:
+        rows, width = shape.pixel_values or (0, images.pixel_dim)
+        if width != images.pixel_dim:
+            raise PlanFileError(f"the plan's {shape.phase} {shape.batch}x{shape.seq} batch has pixel_values [{rows}, "
+                                f"{width}], and {model}'s processor makes rows of {images.pixel_dim} values (3 "
+                                f"channels x temporal_patch_size {images.temporal_patch_size} x patch_size "
+                                f"{images.patch_size}^2); re-create the plan with `shapeplan analyze` for this model")
 
 
 def beyond_position_embeddings(plan: Plan, args: Any) -> str | None:

@@ -196,7 +196,8 @@ def test_warm_plans_and_warms_the_guide_grpo_example(tmp_path: Path) -> None:
     report = json.loads(ok(result))
     # the warnings analyze gives come first, and every generate task's row is its own
     assert f"warning: {planned['warnings'][0]}" in result.stderr.splitlines()
-    labels = [m.group(1) for line in result.stderr.splitlines() if (m := re.match(r"eager +(.+?) +[\d.]+s", line))]
+    labels = [m.group(1) for line in result.stderr.splitlines()
+              if (m := re.match(r"(?:\[[^]]*\] )?eager +(.+?) +[\d.]+s", line))]  # a log row leads with [k/N, ...]
     assert len(labels) == len(report["results"]) == len(set(labels))
     generate = [s for s in planned["shapes"] if s["phase"] == "generate"]
     assert [(r["phase"], r["batch"], r["seq"]) for r in report["results"]] == [

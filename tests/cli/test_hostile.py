@@ -65,7 +65,17 @@ PLANS: dict[str, bytes] = {
                                                         "first_step": 1}]}),
     "nested 100000 deep": _text(_plan()).replace(b'"warnings": []', b'"warnings": ' + b"[" * 100_000 + b"]" * 100_000),
     "no schema": _text({k: v for k, v in _plan().items() if k != "schema"}),
+    "cache_len below the prompt": _text(_plan(cache_len=64)),
+    "pad_tool_turns a string": _text({**_plan(), "config": {**_plan()["config"], "pad_tool_turns": "yes"}}),
+    "negative tool iterations in the recorded argv": _text(
+        {**_plan(), "method": "grpo", "config": {"argv": [*_plan()["config"]["argv"], "--reward_funcs",
+                                                          "accuracy_reward", "--max_tool_calling_iterations", "-1"]}}),
 }
+# What the line names of a plan that lost or mangled a field: its schema path.
+PLAN_FIELDS = {"no config": "config is missing", "shape without seq": "shapes[0].seq is missing",
+               "no schema": "schema is missing", "cache_len below the prompt": "shapes[0].cache_len is 64, below",
+               "pad_tool_turns a string": "config.pad_tool_turns must be a bool",
+               "negative tool iterations in the recorded argv": "--max_tool_calling_iterations must be 0 or more"}
 
 
 SHAPEPLAN = console.SHAPEPLAN
@@ -102,7 +112,7 @@ def test_the_valid_base_plan_loads(tmp_path: Path) -> None:
 def test_bad_plan_is_one_line_exit_1_and_creates_no_cache_dir(case: str, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_bytes(PLANS[case])
     line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache"], tmp_path, 1)
-    assert "plan" in line and "re-create" in line
+    assert "plan" in line and "re-create" in line and PLAN_FIELDS.get(case, "") in line
     assert not (tmp_path / "shapeplan").exists()  # $SHAPEPLAN_CACHE_DIR
 
 
@@ -519,7 +529,7 @@ def test_killed_pull_with_a_broken_journal_is_discarded_and_the_pull_completes(c
 
 
 @pytest.mark.parametrize("url", ["", "warmed", "warmed/store", "memory://store", "zip::file://a.zip", "ftp://h/x",
-                                 "http://h/x"])
+                                 "ftp://127.0.0.1:9", "http://h/x"])
 def test_store_url_no_store_can_live_at_is_a_usage_error(url: str, tmp_path: Path) -> None:
     from tests.cache.test_archive import _warmed_cache
 
@@ -534,22 +544,39 @@ def test_malformed_endpoint_is_a_usage_error(endpoint: str, tmp_path: Path) -> N
 
 
 def test_endpoint_that_never_answers_times_out(tmp_path: Path) -> None:
-    """An endpoint that accepts connections and never answers: one line once the read timeout passes, not a
-    hang."""
+    """An endpoint that accepts connections and never answers (a loopback server started here): one line after
+    STORE_ATTEMPTS requests of SHAPEPLAN_STORE_TIMEOUT each, not a hang (the default 20 s held it past two minutes
+    when botocore's and s3fs's retries multiplied)."""
     import socket
+    import threading
     import time
 
+    from shapeplan.cache.store import STORE_ATTEMPTS
+
     pytest.importorskip("s3fs")
+    accepted: list[socket.socket] = []
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(16)
+
+        def hold() -> None:
+            while True:
+                try:
+                    accepted.append(server.accept()[0])  # held open, never answered
+                except OSError:  # closed: the test is over
+                    return
+
+        threading.Thread(target=hold, daemon=True).start()
         started = time.monotonic()
         line = _one_line(["cache", "ls", "s3://bucket/x"], tmp_path, 1,
                          AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
                          AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1",
-                         AWS_EC2_METADATA_DISABLED="true", SHAPEPLAN_STORE_TIMEOUT="1")
+                         AWS_EC2_METADATA_DISABLED="true", SHAPEPLAN_STORE_TIMEOUT="2")
+    for held in accepted:
+        held.close()
     assert time.monotonic() - started < 60
-    assert "s3://bucket/x" in line and "network" in line
+    assert len(accepted) <= STORE_ATTEMPTS
+    assert "s3://bucket/x" in line and "network" in line and "SHAPEPLAN_STORE_TIMEOUT" in line
 
 
 def test_cache_ls_of_a_missing_dir_is_one_line(tmp_path: Path) -> None:
@@ -640,6 +667,8 @@ COUNTS = {
     "Kubernetes --shard-count 10^9": (["--shard-count", str(10 ** 9)], {"JOB_COMPLETION_INDEX": "0"},
                                       "JOB_COMPLETION_INDEX"),
     "Slurm id of superscript digits": ([], {"SLURM_ARRAY_TASK_ID": "²", "SLURM_ARRAY_TASK_COUNT": "2"}, "SLURM"),
+    # before TRL's parser reads them, which blamed the plan's options (exit 1)
+    "RANK past WORLD_SIZE": ([], {"WORLD_SIZE": "4", "RANK": "9"}, "RANK='9' is not a process index below 4"),
 }
 
 
@@ -727,23 +756,27 @@ CONFIGS: dict[str, tuple[bytes, str]] = {
 }
 
 
+@pytest.mark.parametrize("command", [["analyze", "--no-cache"], ["guard", "--", "trl", "sft"]])
 @pytest.mark.parametrize("case", list(CONFIGS))
-def test_hostile_config_file_is_one_line_in_seconds(case: str, tmp_path: Path) -> None:
+def test_hostile_config_file_is_one_line_in_seconds(case: str, command: list[str], tmp_path: Path) -> None:
+    """`analyze` and `guard -- trl sft` read the file through one check (adapters/config_file.py)."""
     import time
 
     data, named = CONFIGS[case]
     (tmp_path / "run.yaml").write_bytes(data)
     started = time.monotonic()
-    assert named in _one_line(["analyze", "--config", "run.yaml", "--no-cache"], tmp_path, 2)
+    line = _one_line([*command, "--config", "run.yaml"], tmp_path, 2)
+    assert named in line and "run.yaml" in line and "; " in line  # the problem, then the fix
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("args", [["--config"], ["--config", "a.yaml", "--config", "a.yaml"], ["--", "trl"]])
+@pytest.mark.parametrize("args", [["--config"], ["--config", "a.yaml", "--config", "a.yaml"], ["--", "trl"],
+                                  ["guard", "--", "trl", "sft", "--config"]])
 def test_wrong_cause_messages_name_the_real_problem(args: list[str], tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("max_length: 128\n")
-    line = _one_line(["analyze", "--no-cache", *args], tmp_path, 2)
+    line = _one_line(args if args[0] == "guard" else ["analyze", "--no-cache", *args], tmp_path, 2)
     assert "fsdp_config" not in line and "Hub" not in line and "dataset" not in line.lower()
-    assert ("--config" in line) if args[0] == "--config" else ("trl sft" in line)
+    assert ("--config" in line) if "--config" in args else ("trl sft" in line)
 
 
 def test_config_from_a_pipe_is_read_once(tmp_path: Path) -> None:
@@ -1071,3 +1104,203 @@ def _guarded(kind: str, client: Any) -> None:
 
     with client, contextlib.suppress(OSError):  # shapeplan hung up, as it should
         _answer(kind, client)
+
+
+# -- issue 53, round 4 -------------------------------------------------------------------------------------------------
+
+TIMES = {"1e300": 1e300, "NaN": float("nan")}
+
+
+@pytest.mark.parametrize("value", list(TIMES))
+def test_manifest_time_that_is_no_unix_time_is_one_line(value: str, pushed_store: Path, tmp_path: Path) -> None:
+    """A store push's `pushed_at` and a cache dir's `warmed_at` are shown as dates and compared with ages: a
+    damaged one is refused naming it, by every command that reads it (ls, prune, push, export)."""
+    from shapeplan.warm.manifest import MANIFEST
+
+    manifest, body = _pushed(pushed_store, tmp_path)
+    manifest.write_text(json.dumps({**body, "pushed_at": TIMES[value]}))
+    assert f"records pushed_at {TIMES[value]!r}, not a Unix time" in _one_line(["cache", "ls", "store"], tmp_path, 1)
+    local = tmp_path / "warmed" / MANIFEST
+    data = json.loads(local.read_text())
+    for section in data["environments"].values():
+        for entry in section["shapes"].values():
+            entry["warmed_at"] = TIMES[value]
+    local.write_text(json.dumps(data))
+    for args in (["cache", "ls", "--cache-dir", "warmed"], ["cache", "prune", "--cache-dir", "warmed", "--older-than",
+                                                            "1"],
+                 ["cache", "push", "--cache-dir", "warmed", "pushed"], ["cache", "export", "--cache-dir", "warmed",
+                                                                         "-o", "a.tar.gz"]):
+        line = _one_line(args, tmp_path, 1)
+        assert f"records warmed_at {TIMES[value]!r} for train 2x128, not a Unix time; delete it" in line, args
+
+
+@pytest.mark.parametrize("age", ["nan", "inf", "-1", "1e400", "abc"])
+def test_prune_age_that_is_no_age_is_a_usage_error(age: str, tmp_path: Path) -> None:
+    """NaN compares false with every time: `--older-than nan` pruned nothing and exited 0."""
+    _pruned_cache(tmp_path, ["ab1111111111"])
+    assert f"--older-than {age!r} is not an age" in _one_line(
+        ["cache", "prune", "--cache-dir", "cache", "--older-than", age], tmp_path, 2)
+
+
+# peft as if not installed: no import finder finds it (as `importlib.util.find_spec`, which TRL asks, sees it)
+NO_PEFT = '''import sys
+
+
+class _Hidden:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        return None if name.split(".")[0] == "peft" else self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+
+
+sys.meta_path[:] = [_Hidden(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+'''
+
+
+def test_peft_run_without_peft_is_refused_before_the_cache_dir(tmp_path: Path) -> None:
+    """It failed every shape, three lines, and left the cache dir and its manifest behind."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_PEFT)
+    (tmp_path / "run").mkdir()
+    plan = _plan()
+    plan["config"]["argv"] += ["--use_peft"]
+    (tmp_path / "run" / "plan.json").write_bytes(_text(plan))
+    line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache"], tmp_path / "run", 2,
+                     PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT)]))
+    assert "--use_peft, and peft is not installed here; install it" in line
+
+
+def _vision_plan(**shape: Any) -> dict[str, Any]:
+    """A valid plan of one vision batch (two rows, one 56x84 image) for the tiny Qwen2.5-VL, its shape updated."""
+    from tests.conftest import TINY_VL_MODEL
+
+    plan = _plan(**{"seq": 256, "pixel_values": [24, 1176], "image_grid_thw": [[1, 4, 6]],
+                    "text_runs": [[[35, 193], [196]]], **shape})
+    plan["config"]["argv"] = ["--model_name_or_path", str(TINY_VL_MODEL), "--dataset_name", str(CAPYBARA)]
+    return plan
+
+
+def test_vision_plan_of_another_pixel_width_is_refused(tmp_path: Path) -> None:
+    """warm fed the processor's own 1176-wide rows and recorded the plan's 1000-wide shape as warmed; verify exited
+    0."""
+    from tests.cache.test_archive import _warmed_cache
+
+    _warmed_cache(tmp_path / "warmed")
+    (tmp_path / "plan.json").write_bytes(_text(_vision_plan(pixel_values=[24, 1000])))
+    for command, cache in (("warm", "cache"), ("verify", "warmed")):
+        line = _one_line([command, "--plan", "plan.json", "--device", "cpu", "--cache-dir", cache], tmp_path, 1)
+        assert "pixel_values [24, 1000]" in line and "rows of 1176 values" in line and "re-create the plan" in line
+
+
+def _agentic_plan() -> dict[str, Any]:
+    """A GRPO plan made with a tool, its tool turns padded (as `analyze --tools` records it)."""
+    plan = {**_plan(), "method": "grpo"}
+    plan["config"] = {"argv": [*plan["config"]["argv"], "--reward_funcs", "accuracy_reward", "--tools",
+                               "tests.oracle.agentic_tools:get_weather"],
+                      "tools": ["get_weather"], "environment_factory": None, "pad_tool_turns": True}
+    return plan
+
+
+@pytest.mark.parametrize("option", [["--tools", "tests.oracle.agentic_tools:now"], ["--pad_tool_turns", "false"]])
+def test_option_that_contradicts_an_agentic_plan_exits_1(option: list[str], tmp_path: Path) -> None:
+    """README: an option given with a plan that does not match it is exit 1; these two were warmed as the plan."""
+    (tmp_path / "plan.json").write_bytes(_text(_agentic_plan()))
+    line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache", *option], tmp_path, 1)
+    assert f"the plan was made for {option[0][2:]}=" in line and "re-create the plan" in line
+
+
+# (an edit of the tiny Qwen2.5-VL's preprocessor_config.json, what the line names): each failed the resize arithmetic,
+# blamed on the first image ("math domain error; fix or drop the row") or a traceback
+PROCESSORS = {
+    "max_pixels -5": ({"max_pixels": -5}, "max_pixels (size.longest_edge) -5"),
+    "max_pixels 0": ({"max_pixels": 0}, "max_pixels (size.longest_edge) 0"),
+    "patch_size 0": ({"patch_size": 0}, "patch_size 0"),
+    "longest_edge NaN": ({"size": {"longest_edge": float("nan"), "shortest_edge": 3136}},
+                         "max_pixels (size.longest_edge) nan"),
+}
+
+
+def _image_rows(tmp_path: Path, images: list[str]) -> Path:
+    messages = [{"role": "user", "content": "what is it"}, {"role": "assistant", "content": "a cat"}]
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"messages": messages, "images": images}) + "\n")
+    return tmp_path / "rows.jsonl"
+
+
+@pytest.mark.parametrize("case", list(PROCESSORS))
+def test_processor_setting_is_named_not_the_image(case: str, tmp_path: Path) -> None:
+    import shutil
+
+    from PIL import Image
+
+    from tests.conftest import TINY_VL_MODEL
+
+    edit, named = PROCESSORS[case]
+    model = Path(shutil.copytree(TINY_VL_MODEL, tmp_path / "model"))
+    config = json.loads((model / "preprocessor_config.json").read_text())
+    (model / "preprocessor_config.json").write_text(json.dumps({**config, **edit}))
+    Image.new("RGB", (96, 64), (200, 10, 10)).save(tmp_path / "cat.png")
+    _image_rows(tmp_path, ["cat.png"])
+    for command in ("analyze", "advise"):
+        line = _one_line([command, "--method", "sft", "rows.jsonl", "--model", "model", "--max_steps", "1",
+                          *(["--no-cache"] if command == "analyze" else [])], tmp_path, 1)
+        assert f"model's image processor has {named}, not a whole number of at least 1; fix it in its " \
+               "preprocessor_config.json" in line and "cat.png" not in line, line
+
+
+# (rows, the model, what the line says): lines that named the wrong cause
+ROWS = {
+    "an image path that is a folder": ({"images": ["x.png"]}, "vl", "image 'x.png' cannot be used: a folder, not an "
+                                                                    "image file"),
+    "a missing image named like base64": ({"images": ["data"]}, "vl", "image 'data' cannot be used: no such file (nor "
+                                                                      "base64 of an image)"),
+    "messages and text rows": ({"text": "hello there"}, "text", "the dataset mixes row formats: row 1 has no "
+                                                                "'messages' (it has text); give every row one format"),
+}
+
+
+@pytest.mark.parametrize("case", list(ROWS))
+def test_bad_row_names_its_real_cause(case: str, tmp_path: Path) -> None:
+    from tests.conftest import TINY_VL_MODEL
+
+    second, model, said = ROWS[case]
+    (tmp_path / "x.png").mkdir()
+    messages = [{"role": "user", "content": "what is it"}, {"role": "assistant", "content": "a cat"}]
+    first = {"messages": messages} if model == "text" else {"messages": messages, **second}
+    rows = [first, second] if model == "text" else [first]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    line = _one_line(["analyze", "--method", "sft", "rows.jsonl", "--model",
+                      str(TINY_VL_MODEL if model == "vl" else TINY_MODEL), "--max_steps", "1", "--no-cache"],
+                     tmp_path, 1)
+    assert said in line and "NoneType" not in line and "PIL" not in line, line
+
+
+@pytest.mark.parametrize("pin", ['"abc"', "-1", "1e30", "0"])
+def test_cache_pin_that_is_no_cache_length_is_a_usage_error(pin: str, tmp_path: Path) -> None:
+    """A string was a traceback; -1 and 1e30 were planned without a word."""
+    run, env = _agentic(tmp_path)
+    line = _one_line(["advise", *GRPO[1:-2], "--reward_funcs", "accuracy_reward", "--generation_kwargs",
+                      f'{{"max_cache_len": {pin}}}'], run, 2, **env)
+    assert f"--generation_kwargs max_cache_len is {json.loads(pin)!r}, not a cache length" in line
+
+
+@pytest.mark.parametrize("endpoint", ["port", "black hole"])
+def test_a_hub_endpoint_that_cannot_answer_is_one_line_in_seconds(endpoint: str, tmp_path: Path) -> None:
+    """HF_ENDPOINT with a port that is no number: a usage error; one that accepts and never answers (a loopback
+    listener started here): the Hub counts as unreachable after the probe's bound, and the Hub id's line says so."""
+    import socket
+    import time
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # accepts (the kernel's backlog) and never answers
+        url = "http://127.0.0.1:abc" if endpoint == "port" else f"http://127.0.0.1:{server.getsockname()[1]}"
+        started = time.monotonic()
+        line = _one_line(["analyze", "someone/some-dataset", "--model", str(TINY_MODEL), "--no-cache"], tmp_path,
+                         2 if endpoint == "port" else 1, HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HF_DATASETS_OFFLINE="0",
+                         TRANSFORMERS_OFFLINE="0")
+    assert ("port that is not a number" if endpoint == "port" else "cannot be reached") in line, line
+    assert time.monotonic() - started < 60
