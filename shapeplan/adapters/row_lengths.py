@@ -11,17 +11,26 @@ from .trainer import TrainerSpec
 from .trl_args import TrainingArgs, parse_training_args
 from .vision import is_vision
 
+# the options under which the prepared train rows are the untruncated ones
+UNTRUNCATED = (("max_length", "none"), ("packing", "false"))
+
 
 def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | None = None,
                   use_cache: bool = True) -> tuple[int, ...]:
     """What `spec.lengths` names (the services refuse a method with none): the prepared train rows without
     max_length or packing (through the length cache, so the plans that follow re-derive theirs from the same
     tokenization), or the train prompts."""
-    kind = spec.lengths
-    if kind == "rows":
+    untruncated = [word for pair in UNTRUNCATED for word in (f"--{pair[0]}", pair[1])]
+    args = parse_training_args(spec, [*argv, *untruncated] if spec.lengths == "rows" else list(argv))
+    return lengths_of(args, eval_source=eval_source, use_cache=use_cache)
+
+
+def lengths_of(args: TrainingArgs, *, eval_source: str | None = None, use_cache: bool = True) -> tuple[int, ...]:
+    """`train_lengths` of a run already read (for rows: under `UNTRUNCATED`)."""
+    spec = args.spec
+    if spec.lengths == "rows":
         from .sft import prepare_rows
 
-        args = parse_training_args(spec, [*argv, "--max_length", "none", "--packing", "false"])
         data = _whole_data(args, eval_source)
         apply_chat_template_path(data.tokenizer, args.training.chat_template_path)
         rows, _ = prepare_rows(data.train, data.tokenizer, args.training, packing=False, name="train",
@@ -29,7 +38,6 @@ def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | 
         return rows.lengths
     from .generation import bare_trainer, prompt_lengths
 
-    args = parse_training_args(spec, argv)
     data = _whole_data(args, eval_source)
     return prompt_lengths(data.train, bare_trainer(spec, data.tokenizer, args.training, args.agentic), "train")
 

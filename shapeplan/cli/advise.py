@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,19 +55,19 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     from ..plan.io import write_atomic
     from ..services.advice_page import render_html
     from ..services.advice_report import advice_to_dict, render_advice, render_vision_advice, vision_advice_dict
-    from ..services.advise import advise
+    from ..services.advise import advise, advise_script
     from ..services.analyze import dataset_progress_bars
     from ..services.trainers import trainer_spec
     from ..services.vision_advice import VisionAdvice
 
-    if is_script_command(trl_args):
-        raise UsageError("advise weighs a run given as TRL options, not yet a script's run: plan the script with "
-                         "`shapeplan analyze -- python train.py`, and advise on its options as "
-                         "`shapeplan advise DATASET --model MODEL [TRL options]`")
     dataset_progress_bars(sys.stderr.isatty() and not quiet())
-    argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
-    advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
-                    allow_truncation=allow_truncation)
+    advice: Any
+    if is_script_command(trl_args):  # the user's own script: each what-if its config with the options changed
+        advice = advise_script(trl_args, calibrate=calibrate, allow_truncation=allow_truncation)
+    else:
+        argv = split_run_arguments(trainer_spec(method), trl_args, model, split)
+        advice = advise(method, argv, eval_source=eval_dataset, use_cache=not no_cache, calibrate=calibrate,
+                        allow_truncation=allow_truncation)
     if isinstance(advice, VisionAdvice):
         if html_file is not None:
             raise UsageError("--html draws the text advice; vision advice is printed (or --json): drop --html")

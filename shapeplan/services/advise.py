@@ -8,9 +8,10 @@ padding, packing or max_length re-derives its rows from those token counts.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import CacheError, ShapeplanError, UsageError
 from ..plan.advice import (
@@ -34,6 +35,9 @@ from .trainers import MEASURED, trainer_spec
 from .trl_command import TrlCommand, trl_command, trl_options, with_options
 from .vision_advice import ImageRun, VisionAdvice, advise_vision
 
+if TYPE_CHECKING:
+    from ..adapters.trl_args import TrainingArgs
+
 
 @dataclass(frozen=True)
 class Advice:
@@ -48,14 +52,18 @@ class Advice:
     recommended: Option | None
     recommendation: str
     warnings: tuple[str, ...]
-    command: TrlCommand  # the baseline's `trl <method>` command, as it runs
+    command: TrlCommand  # the baseline's `trl <method>` command, as it runs (a script's: under the guard)
+    script: tuple[str, ...] | None = None  # the training script's command, where the run is a script's
 
     def recommended_command(self) -> TrlCommand | None:
         """The `trl <method>` command that runs the recommendation (its TRL flags last) and its notes, None when
-        there is none."""
+        there is none; for a script, its command and the config values to set in it."""
         if self.recommended is None or self.recommended.candidate is None:
             return None
         candidate = self.recommended.candidate
+        if self.script is not None:
+            values = ", ".join(f"{name}={value}" for name, value in candidate.flags)
+            return TrlCommand(words=self.command.words, notes=(f"set in the script's config: {values}",))
         notes = trl_command(self.method, with_flags(self.argv, candidate), eval_source=self.eval_source).notes
         return TrlCommand(words=(*self.command.words[:2], *with_options(self.command.words[2:],
                                                                          trl_options(candidate.flags))),
@@ -101,8 +109,14 @@ def _vision_run(method: str, kind: LengthKind, argv: Sequence[str], eval_source:
     spec = trainer_spec(method)
     if not spec.images:
         return None
-    args = parse_training_args(spec, list(argv))
-    if kind == "rows":
+    return _images_of(parse_training_args(spec, list(argv)), list(argv), eval_source)
+
+
+def _images_of(args: TrainingArgs, argv: Sequence[str] = (), eval_source: str | None = None) -> ImageRun | None:
+    """`_vision_run` of a run already read (a script's too)."""
+    if not args.spec.images:
+        return None
+    if args.spec.lengths == "rows":
         from ..adapters.sft import vision_run
 
         return vision_run(args, list(argv), eval_source=eval_source)
@@ -118,14 +132,63 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
 
     argv = _effective_argv(method, argv)
     lengths = train_lengths(trainer_spec(method), argv, eval_source=eval_source, use_cache=use_cache)
-    base_plan = analyze(method, argv, eval_source=eval_source, use_cache=use_cache)
+
+    def plan_of(candidate: Candidate | None) -> Plan:
+        words = argv if candidate is None else with_flags(argv, candidate)
+        return analyze(method, words, eval_source=eval_source, use_cache=use_cache)
+
+    return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
+                    argv=tuple(argv), eval_source=eval_source,
+                    command=trl_command(method, argv, eval_source=eval_source))
+
+
+def advise_script(command: Sequence[str], *, calibrate: Path | None = None,
+                  allow_truncation: bool = False) -> Advice | VisionAdvice:
+    """`advise` for the run a training script builds (`advise -- python train.py`): each what-if is the script's
+    config with the options changed, planned on the script's own objects (see `adapters/script/run.with_options`)."""
+    from ..adapters.generation import check_cache_pin
+    from ..adapters.lengths import shared_tokenization
+    from ..adapters.row_lengths import UNTRUNCATED, lengths_of
+    from ..adapters.script.command import parse_command
+    from ..adapters.script.run import with_options
+    from .analyze import plan_parsed
+    from .script import script_args
+
+    args = script_args(parse_command(list(command)))
+    method, kind = args.method, args.spec.lengths
+    if kind is None:
+        raise UsageError(f"advise covers {', '.join(MEASURED)}, not {method}; plan the script with `shapeplan analyze "
+                         "-- ...`")
+    if args.spec.generates:
+        check_cache_pin(args.training)
+    images = _images_of(args)
+    if images is not None:
+        if calibrate is not None:
+            raise UsageError("--calibrate costs text shapes; vision advice counts vision graphs, drop --calibrate")
+        return advise_vision(method, images)
+
+    def plan_of(candidate: Candidate | None) -> Plan:
+        return plan_parsed(args if candidate is None else with_options(args, candidate.flags))
+
+    with shared_tokenization():
+        lengths = lengths_of(with_options(args, UNTRUNCATED) if kind == "rows" else args)
+        return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
+                        argv=(), eval_source=None, command=TrlCommand(words=tuple(command), notes=()),
+                        script=tuple(command))
+
+
+def _weighed(method: str, kind: LengthKind, lengths: tuple[int, ...], plan_of: Callable[[Candidate | None], Plan],
+             *, calibrate: Path | None, allow_truncation: bool, argv: tuple[str, ...], eval_source: str | None,
+             command: TrlCommand, script: tuple[str, ...] | None = None) -> Advice:
+    """The run's plan (`plan_of(None)`) and each what-if's, costed and ranked."""
+    base_plan = plan_of(None)
     model = calibrated_model(calibrate, torch_compile=bool(base_plan.config.get("torch_compile"))) \
         if calibrate is not None else CostModel()
     baseline = Option(candidate=None, plan=base_plan, cost=plan_cost(base_plan, model))
     options, skipped = [], []
     for candidate in candidates(settings_of(base_plan, lengths, kind)):
         try:
-            plan = analyze(method, with_flags(argv, candidate), eval_source=eval_source, use_cache=use_cache)
+            plan = plan_of(candidate)
         except ShapeplanError as exc:
             skipped.append((candidate.label, str(exc)))
             continue
@@ -133,10 +196,10 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
                          baseline_max_length=base_plan.config.get("max_length"))
         options.append(Option(candidate=candidate, plan=plan, cost=plan_cost(plan, model), loss=loss))
     recommended, line = recommendation(baseline, options, allow_truncation=allow_truncation)
-    return Advice(method=method, argv=tuple(argv), eval_source=eval_source, lengths=lengths, baseline=baseline,
+    return Advice(method=method, argv=argv, eval_source=eval_source, lengths=lengths, baseline=baseline,
                   options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
                   recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)),
-                  command=trl_command(method, argv, eval_source=eval_source))
+                  command=command, script=script)
 
 
 def _effective_argv(method: str, argv: list[str]) -> list[str]:

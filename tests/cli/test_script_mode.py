@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,8 +145,8 @@ def test_each_way_a_script_goes_wrong_is_one_line(tmp_path: Path) -> None:
                        ([], "training script missing.py not found")):
         result = _run("analyze", *args, "--", "python", "missing.py" if not args else "train.py", cwd=folder)
         assert (result.returncode, said in result.stderr) == (2, True), result.stderr[-1500:]
-    result = _run("advise", "--", "python", "train.py", cwd=folder)
-    assert result.returncode == 2 and "advise weighs a run given as TRL options" in result.stderr
+    result = _run("advise", "--", "python", "train.py", cwd=folder)  # advise runs scripts alike
+    assert result.returncode == 1 and "train.py finished without building a TRL trainer" in result.stderr
 
 
 def test_the_trainer_planned_is_the_one_the_script_trains_first(tmp_path: Path) -> None:
@@ -236,3 +237,26 @@ GRPOTrainer(model={str(TINY_MODEL)!r}, reward_funcs=lambda completions, **kw: [0
     planned = plan_from_dict(json.loads(result.stdout))
     assert planned.config["rollout_func"] == "__main__:rollout"
     assert {s.phase for s in planned.shapes} >= {"generate", "train"}
+
+
+def test_advise_weighs_a_script_as_the_same_run_restated(tmp_path: Path) -> None:
+    """`advise -- python train.py`: each what-if is the script's config with the options changed (its derived
+    values built again), planned on the script's data: the same alternatives, shapes and recommendation as the run
+    restated as options, and the change said as what to set in the script."""
+    script = HEAD + """rows = load_dataset("json", data_files=DATA, split="train")
+config = SFTConfig(output_dir="out", per_device_train_batch_size=4, max_length=1024, seed=7)
+SFTTrainer(model=MODEL, args=config, train_dataset=rows).train()
+"""
+    folder = _files(tmp_path, script)
+    restated = _run("advise", "--json", CAPYBARA, "--model", TINY_MODEL, "--per_device_train_batch_size", "4",
+                    "--max_length", "1024", "--seed", "7", cwd=folder)
+    scripted = _run("advise", "--json", "--", "python", "train.py", cwd=folder)
+    assert (restated.returncode, scripted.returncode) == (0, 0), scripted.stderr[-2000:]
+    expected, advice = json.loads(restated.stdout), json.loads(scripted.stdout)
+
+    def weighed(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(o["option"], o["shapes"], o["data_lost"]) for o in report["alternatives"]]
+
+    assert weighed(advice) == weighed(expected) and advice["recommended"] == expected["recommended"]
+    assert advice["recommended_command"] == ["python", "train.py"]
+    assert advice["notes"][0].startswith("set in the script's config: ")

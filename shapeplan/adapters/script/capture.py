@@ -13,6 +13,7 @@ TRL's bf16 default does not refuse the CPU (it changes no shape).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -44,6 +45,10 @@ class Built:
         name = self.trainer_class.__name__
         shown = name if self.built_as is self.trainer_class else f"{self.built_as.__name__}({name})"
         return f"{shown} ({self.site})"
+
+
+# the attribute of a config built while the script runs that holds its constructor's values (see `planning_configs`)
+GIVEN = "_shapeplan_given"
 
 
 class _Used(BaseException):
@@ -116,6 +121,9 @@ def planning_configs(*, use_cpu: bool) -> Iterator[None]:
                 self.pad_to_multiple_of = NEURON_PAD_TO_MULTIPLE_OF
             if use_cpu:
                 self.use_cpu = True
+            # what the script gave, before the config derives the rest (GRPO's generation batch from the steps, ...):
+            # a what-if config is built again from these (`run.with_options`)
+            self.__dict__[GIVEN] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
             original(self)
 
         arguments.__post_init__ = post_init

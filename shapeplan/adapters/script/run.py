@@ -5,12 +5,13 @@ environments and rollout function as `Agentic`, and the launcher's process count
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import UsageError
 from ..agentic import Agentic
-from ..trl_args import ScriptObjects, TrainingArgs, make_parser
-from .capture import Built, planning_configs
+from ..trl_args import ScriptObjects, TrainingArgs, make_parser, world_size
+from .capture import GIVEN, Built, planning_configs
 from .command import ScriptCommand
 
 if TYPE_CHECKING:
@@ -150,3 +151,28 @@ def _script_arguments(spec: TrainerSpec, train: Any, rewards: tuple[Any, ...]) -
         if models and hasattr(script, "reward_model_name_or_path"):
             script.reward_model_name_or_path = models[0]
     return script
+
+
+def with_options(args: TrainingArgs, pairs: Sequence[tuple[str, str]], *, use_cpu: bool = True) -> TrainingArgs:
+    """A script's run (`training_args`) with TRL options changed (`--name value` pairs, as `advise`'s what-ifs and
+    the untruncated lengths name them): the values typed by TRL's own parser, and the config built again from what
+    the script gave it plus them, so that what the config derives (GRPO's generation batch, ...) follows."""
+    given = getattr(args.training, GIVEN, None)
+    if given is None:
+        raise UsageError("this config was not built while shapeplan ran the script; plan the script itself")
+    changes = dict(pairs)
+    agentic = args.agentic
+    if "pad_tool_turns" in changes:  # an option of shapeplan's, not of the config
+        agentic = dataclasses.replace(agentic, pad_tool_turns=changes.pop("pad_tool_turns").lower() == "true")
+    if changes:
+        words = [word for name, value in changes.items() for word in (f"--{name}", value)]
+        with world_size(args.num_processes), planning_configs(use_cpu=True):
+            parsed = make_parser(args.spec).parse_args_and_config(
+                ["--output_dir", "shapeplan-output", *words], return_remaining_strings=True)
+        typed = next(item for item in parsed if isinstance(item, type(args.training)))
+        values = {**given, **{name: getattr(typed, name) for name in changes}}
+        with world_size(args.num_processes), planning_configs(use_cpu=use_cpu):
+            training = type(args.training)(**values)
+    else:
+        training = args.training
+    return dataclasses.replace(args, training=training, agentic=agentic)
