@@ -220,6 +220,7 @@ def probed_tools(agentic: Agentic) -> tuple[list[Callable[..., Any]], int]:
             rewarded.add(type(instance))
         tools += [method for method in environment_tools(instance, name)
                   if method.__name__ not in {tool.__name__ for tool in tools}]
+    _check_schemas(tools)  # before the warm-up builds a trainer: a tool without a schema fails every prompt
     return tools, len(rewarded)
 
 

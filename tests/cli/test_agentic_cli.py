@@ -181,3 +181,21 @@ def test_tools_keep_the_guides_example_need_conversational_prompts_and_bounds_re
     warnings = json.loads(pinned.stdout)["warnings"]
     assert any(w.startswith("tool calls make shapes") for w in warnings)
     assert not any("max_cache_len" in w for w in warnings), warnings
+
+
+def test_warm_checks_the_tools_schemas_before_building_a_trainer(tmp_path: Path) -> None:
+    """A plan made with a tool whose docstring is gone by the warm-up: one line naming the tool, exit 2, before any
+    trainer is built, and the cache dir the warm-up made is removed."""
+    data = _prompts(tmp_path)
+    module = tmp_path / "my_tools.py"
+    module.write_text('def lookup(city: str) -> str:\n    """Look a city up.\n\n    Args:\n        city: The city.\n'
+                      '    """\n    return city\n', encoding="utf-8")
+    planned = console.run([*RUN, data, "--tools", "my_tools:lookup", "-o", tmp_path / "plan.json"], cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    module.write_text("def lookup(city: str) -> str:\n    return city\n", encoding="utf-8")
+    cache = tmp_path / "cache"
+    warmed = console.run(["warm", "--plan", tmp_path / "plan.json", "--device", "cpu", "--cache-dir", cache],
+                         cwd=tmp_path)
+    errors = [line for line in warmed.stderr.splitlines() if line.startswith("Error: ")]
+    assert warmed.returncode == 2 and len(errors) == 1 and "tool 'lookup'" in errors[0], warmed.stderr[-2000:]
+    assert "Traceback" not in warmed.stderr and not cache.exists()
