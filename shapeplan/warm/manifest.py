@@ -74,9 +74,6 @@ class Manifest:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data = self._read()
-        # per task key, the compile-cache keys its shape met first, with their compile milliseconds (the runner's
-        # KeyTracker fills it where the backend names keys): recorded with the shape's entry
-        self.keys: dict[str, dict[str, int | None]] = {}
 
     def _read(self) -> dict[str, Any]:
         for path in (self.path, Path(f"{self.path}.lock")):
@@ -113,8 +110,7 @@ class Manifest:
                 self.data = self._read()
                 section = self.data["environments"].setdefault(entry.environment,
                                                                {"environment": environment, "shapes": {}})
-                section["shapes"][entry.task] = entry.to_dict() | (
-                    {"keys": self.keys[entry.task]} if entry.task in self.keys else {})
+                section["shapes"][entry.task] = entry.to_dict()
                 write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             raise CacheError(f"cannot write manifest {self.path}: {exc.strerror}; free space there "

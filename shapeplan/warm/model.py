@@ -117,6 +117,8 @@ class ManifestEntry:
     steady_seconds: float | None = None
     plan: str | None = None  # `plan_id` of the plan warmed, for `cache ls` / `cache prune`
     warmed_at: float | None = None  # Unix time the shape finished
+    # the compile-cache keys the shape met first, with their compile milliseconds (where the backend names them)
+    keys: dict[str, int | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status, "seconds": round(self.seconds, 3),
@@ -127,6 +129,8 @@ class ManifestEntry:
             out["plan"] = self.plan
         if self.warmed_at is not None:
             out["warmed_at"] = round(self.warmed_at, 3)
+        if self.keys:
+            out["keys"] = dict(self.keys)
         return out
 
 

@@ -53,57 +53,6 @@ class Warmer(Protocol[TaskT]):
         ...
 
 
-class KeyTracker(Tracker):
-    """A Tracker that also charges each task the compile-cache keys first met while it ran, with their compile
-    milliseconds, where the backend names them (`compile_keys`: TorchNeuron's in-process cache entries), and has the
-    backend explain a failed shape's error (`explain_failure`: a compiler killed or crashed). The manifest records each
-    shape's keys; with `warmed` (verify: per task key, the keys the warm-up recorded) `findings` holds what the backend
-    says of them (`check_keys`: warmed keys not met, each key compiled, with its parts)."""
-
-    def __init__(self, backend: Backend, *, warmed: dict[str, dict[str, int | None]] | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(backend, **kwargs)
-        self.warmed = warmed
-        self.keys: dict[str, dict[str, int | None]] = {}  # task key -> the keys it met first
-        self.findings: list[str] = []
-        self._read = getattr(backend, "compile_keys", None)
-        self._held: dict[str, int | None] = {}
-
-    def _now(self) -> dict[str, int | None]:
-        return (self._read() if self._read is not None else None) or {}
-
-    def start(self) -> None:
-        super().start()
-        self._held = self._now()
-
-    def charge(self, task: Task) -> None:
-        super().charge(task)
-        if self._read is None:
-            return
-        now = self._now()
-        new = {k: v for k, v in now.items() if k not in self._held}
-        self._held = now
-        if new:
-            self.keys.setdefault(task.key, {}).update(new)
-            if self.manifest is not None:
-                self.manifest.keys[task.key] = self.keys[task.key]
-
-    def steady(self, task: Task, *, micro_batches: int) -> None:
-        super().steady(task, micro_batches=micro_batches)
-        self._held = self._now()  # a finished shape run again: charged to no task
-
-    def finish(self, task: Task) -> None:
-        super().finish(task)
-        warmed = (self.warmed or {}).get(task.key)
-        check = getattr(self.backend, "check_keys", None)
-        if warmed and check is not None:
-            self.findings += check(task.label, warmed, self._held, self.keys.get(task.key, {}))
-
-    def fail(self, task: Task, error: str) -> None:
-        explain = getattr(self.backend, "explain_failure", None)
-        super().fail(task, explain(error) if explain is not None else error)
-
-
 def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str] | None = None,
                     phases: tuple[str, ...] = WARMED_PHASES) -> tuple[WarmTask, ...]:
     """One task per planned shape of `phases`, in plan order; a shape of an inner phase is warmed by a task of its
@@ -185,7 +134,7 @@ def warm(plan: Plan, warmer: Warmer[Any], backend: Backend, cache_dir: Path, *, 
             warmer.shares = shares
             lockstep = any(shares)  # a rank with nothing left still steps with the others
         todo = shares[part.index]
-    tracker = KeyTracker(backend, warmed=warmed, manifest=manifest, environment=environment, total=len(todo),
+    tracker = Tracker(backend, warmed=warmed, manifest=manifest, environment=environment, total=len(todo),
                          progress=progress, plan=plan_id(plan),
                          eager=not backend.compiles(torch_compile=warmer.torch_compile))
     for task in skipped:

@@ -35,11 +35,15 @@ class Progress(Protocol):
 
 class Tracker:
     """Times each task and reads the compile counters around it; records finished tasks in the manifest and reports
-    them to `progress`."""
+    them to `progress`. Where the backend names compile-cache keys (`compile_keys`: TorchNeuron's in-process cache
+    entries), each task is also charged the keys first met while it ran, with their compile milliseconds, which the
+    manifest records; with `warmed` (verify: per task key, the keys the warm-up recorded) `findings` holds what the
+    backend says of them (`check_keys`). A failed task's error is the backend's explanation of it where it has one
+    (`explain_failure`: a compiler killed or crashed)."""
 
     def __init__(self, backend: Backend, *, manifest: Manifest | None, environment: dict[str, Any],
                  total: int, progress: Progress | None = None, plan: str | None = None,
-                 eager: bool = False) -> None:
+                 eager: bool = False, warmed: dict[str, dict[str, int | None]] | None = None) -> None:
         self.backend = backend
         self.plan = plan
         self.eager = eager  # nothing can compile: a finished task is `eager`, neither compiled nor cached
@@ -50,6 +54,11 @@ class Tracker:
         self.manifest_error: CacheError | None = None  # the manifest could not be written: the warm-up failed
         self._spent: dict[Task, tuple[float, dict[str, int]]] = {}
         self._mark: tuple[float, dict[str, int]] | None = None
+        self.warmed = warmed
+        self.keys: dict[str, dict[str, int | None]] = {}  # task key -> the keys it met first
+        self.findings: list[str] = []
+        self._read_keys = getattr(backend, "compile_keys", None)
+        self._held: dict[str, int | None] = {}
         self.progress = progress
         if progress is not None:
             progress.begin(total)
@@ -57,6 +66,10 @@ class Tracker:
     def start(self) -> None:
         """Begin counting: what ran before (loading, set-up) is charged to no task."""
         self._mark = (time.perf_counter(), self.backend.counters())
+        self._held = self._keys_now()
+
+    def _keys_now(self) -> dict[str, int | None]:
+        return (self._read_keys() if self._read_keys is not None else None) or {}
 
     def charge(self, task: Task) -> None:
         """Charge the time and counter changes since the last mark to `task`."""
@@ -67,17 +80,29 @@ class Tracker:
         merged = {k: delta.get(k, 0) + step.get(k, 0) for k in set(delta) | set(step)}
         self._spent[task] = (seconds + now - self._mark[0], merged)
         self._mark = (now, counters)
+        if self._read_keys is not None:
+            held = self._keys_now()
+            new = {k: v for k, v in held.items() if k not in self._held}
+            self._held = held
+            if new:
+                self.keys.setdefault(task.key, {}).update(new)
 
     def finish(self, task: Task) -> None:
         self.charge(task)
         seconds, delta = self._spent.pop(task)
         status = "eager" if self.eager else "compiled" if self.backend.compiled(delta) else "cached"
         self._done(WarmResult(task=task, status=status, seconds=seconds, counters=delta))
+        warmed = (self.warmed or {}).get(task.key)
+        check = getattr(self.backend, "check_keys", None)
+        if warmed and check is not None:
+            self.findings += check(task.label, warmed, self._held, self.keys.get(task.key, {}))
 
     def fail(self, task: Task, error: str) -> None:
         if self._mark is not None:
             self.charge(task)
         seconds, delta = self._spent.pop(task, (0.0, {}))
+        explain = getattr(self.backend, "explain_failure", None)
+        error = explain(error) if explain is not None else error
         self._done(WarmResult(task=task, status="failed", seconds=seconds, counters=delta, error=error))
 
     def steady(self, task: Task, *, micro_batches: int) -> None:
@@ -88,6 +113,7 @@ class Tracker:
         result = replace(self.results[task], steady_seconds=(now - self._mark[0]) / micro_batches)
         self.results[task] = result
         self._mark = (now, self.backend.counters())
+        self._held = self._keys_now()  # a finished shape run again: charged to no task
         self._record(result)
 
     def pending(self, tasks: Sequence[TaskT]) -> list[TaskT]:
@@ -108,7 +134,8 @@ class Tracker:
             self.manifest.record(ManifestEntry(environment=self.env_key, task=result.task.key, status=result.status,
                                                seconds=result.seconds, counters=result.counters,
                                                steady_seconds=result.steady_seconds, plan=self.plan,
-                                               warmed_at=time.time()), self.environment)
+                                               warmed_at=time.time(), keys=self.keys.get(result.task.key)),
+                                 self.environment)
         except CacheError as exc:
             # kept for the runner to raise: a warmer that catches its tasks' errors must not turn it into a
             # failed shape (or, after the last shape, into success)
