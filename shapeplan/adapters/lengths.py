@@ -226,20 +226,20 @@ def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     columns = job.dataset[start:stop]
     rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     if job.kind == "messages":
-        texts = [_render(job, row["messages"], row) for row in rows]
+        texts = _rendered(job, [row["messages"] for row in rows], rows)
         return _encode_lengths(job.tokenizer, texts, special=False), np.full(len(rows), -1, dtype=np.int32)
     if job.kind == "text":
         texts = [_with_eos(row[job.text_field], job.eos_token) for row in rows]
         return _encode_lengths(job.tokenizer, texts, special=True), np.full(len(rows), -1, dtype=np.int32)
     if job.conversational:
-        full = [_render(job, row["prompt"] + row["completion"], row) for row in rows]
+        full = _rendered(job, [row["prompt"] + row["completion"] for row in rows], rows)
     else:
         full = [row["prompt"] + _completion_with_eos(row, job) for row in rows]
     special = not job.conversational  # TRL tokenizes plain text with the tokenizer's special tokens
     if not job.need_prompt_lengths:
         return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
     if job.conversational:
-        prompts = [_render(job, row["prompt"], row, add_generation_prompt=True) for row in rows]
+        prompts = _rendered(job, [row["prompt"] for row in rows], rows, add_generation_prompt=True)
     else:
         prompts = [row["prompt"] for row in rows]
     return _lengths_and_prompt_bounds(job, full, prompts, special=special)
@@ -272,6 +272,17 @@ def _lengths_and_prompt_bounds(job: _Job, full: list[str], prompts: list[str], *
             pending.append(i)
     bounds[pending] = _encode_lengths(job.tokenizer, [prompts[i] for i in pending], special=special)
     return lengths, bounds
+
+
+def _rendered(job: _Job, conversations: list[list[dict[str, Any]]], rows: list[dict[str, Any]],
+              **kwargs: Any) -> list[str]:
+    """`_render` of each row: in one `apply_chat_template` call where no row has arguments of its own (tools, chat
+    template kwargs), which renders each conversation as its own call would, without the per-call set-up."""
+    if any(row.get("tools") or row.get("chat_template_kwargs") for row in rows):
+        return [_render(job, conversation, row, **kwargs) for conversation, row in zip(conversations, rows,
+                                                                                     strict=True)]
+    return list(job.tokenizer.apply_chat_template(conversations, tokenize=False, chat_template=job.chat_template,
+                                                  **kwargs))
 
 
 def _render(job: _Job, messages: list[dict[str, Any]], row: dict[str, Any], **kwargs: Any) -> str:
