@@ -254,8 +254,10 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
 
     Per cache dir: its files and size on disk, and per plan warmed into it the model, method, plan fingerprint
     (what `cache prune --fingerprint` takes), environment key, shapes warmed (compiled or read from the cache), eager
-    (ran on cpu/cuda without torch_compile: nothing cached) and failed, and when it was last warmed (UTC). Per
-    store push: when and from which host, model, method, environment key, shapes, files and size.
+    (ran on cpu/cuda without torch_compile: nothing cached) and failed, and when it was last warmed (UTC); under
+    the table, a warning for each plan warmed under another torch-neuronx or neuronx-cc build than this machine's
+    (`verify` and `cache import` refuse those). Per store push: when and from which host, model, method,
+    environment key, shapes, files and size.
     """
     if url is not None:
         _ls_store(url, as_json)
@@ -281,6 +283,9 @@ def ls_command(url: str | None, cache_dirs: tuple[str, ...], as_json: bool) -> N
         locks = f", {info.locks} lock file(s), {info.stale_locks} stale" if info.locks else ""
         click.echo(f"{info.path}  ({info.files} file(s), {_size(info.size_on_disk)}{locks})")
         click.echo(_plans_table(info.plans))
+        for p in info.plans:  # warmed under another torch-neuronx or neuronx-cc build than this machine's
+            if p.warning:
+                click.echo(f"  warning: plan {p.plan or '-'} ({p.model or '-'}, {p.method or '-'}): {p.warning}")
 
 
 def _plans_table(plans: Sequence[Any]) -> str:

@@ -73,6 +73,25 @@ def _drift_fix(name: str, planned: Any, value: Any, device: str) -> str:
     return "re-plan it with `shapeplan analyze`"
 
 
+def _shown_keys(keys: tuple[dict[str, Any], ...]) -> str:
+    """The compile-cache keys a step compiled, as one line's part: each by its parts (the op's or graph's own key
+    first, cut at 160 characters) and milliseconds, three at most; then how many it loaded from the cache dir."""
+    compiled = [k for k in keys if k["milliseconds"] != 0]  # None: the keys binding alone, which tells no time
+    shown = []
+    for entry in compiled[:3]:
+        first, *rest = entry["parts"].items()
+        said = [f"{name} {value}" for name, value in rest]
+        if entry["milliseconds"] is not None:
+            said.append(f"{entry['milliseconds']} ms")
+        text = repr(first[1] if len(first[1]) <= 160 else first[1][:160] + "...")
+        shown.append(f"{text} ({', '.join(said)})" if said else text)
+    line = ", ".join(shown) + (f" and {len(compiled) - 3} more" if len(compiled) > 3 else "")
+    loaded = len(keys) - len(compiled)
+    if not loaded:
+        return line
+    return f"{line}; {loaded} more loaded from the cache dir" if line else f"{loaded} loaded from the cache dir"
+
+
 def _shown_shapes(keys: list[tuple[Any, ...]]) -> str:
     return ", ".join(f"{k[0]} {(k[1], k[2])}" for k in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3
                                                                    else "") or "no new shape"
@@ -121,6 +140,9 @@ class ShapeGuard(TrainerCallback):
         self._steady: list[float] = []
         self._counters: dict[str, int] = {}
         self._clock = 0.0
+        # the backend's compile-cache keys (`compile_keys`, where it names them) held at the last boundary
+        self._read_keys: Callable[[], dict[str, int | None] | None] | None = None
+        self._held_keys: dict[str, int | None] = {}
         self.uncounted: str | None = None  # why compiles cannot be counted, when they cannot
         if importlib.util.find_spec("torch_neuronx") is not None:
             from ..warm.backends.neuron import enable_metrics
@@ -177,7 +199,14 @@ class ShapeGuard(TrainerCallback):
                  "shapes are not expected)")
         if self.plan is not None:
             self._check_drift(state)
+        self._start_counting()
+
+    def _start_counting(self) -> None:
+        """Read the counters (and the compile-cache keys, where the backend names them) that step boundaries are
+        compared with: what ran before is charged to no step."""
         self._counters = self._read_counters()
+        self._read_keys = getattr(self.backend, "compile_keys", None)
+        self._held_keys = self._keys_now()
         self._clock = time.perf_counter()
 
     # -- before each forward --------------------------------------------------------------------------------------
@@ -247,6 +276,23 @@ class ShapeGuard(TrainerCallback):
             torch.neuron.synchronize()  # type: ignore[attr-defined]  # torch-neuronx adds torch.neuron
         return dict(self.backend.counters())
 
+    def _keys_now(self) -> dict[str, int | None]:
+        keys = self._read_keys() if self._read_keys is not None else None
+        if keys is None:  # the backend cannot name its keys (TorchNeuron without the cache-entry bindings)
+            self._read_keys = None
+        return keys or {}
+
+    def _first_met_keys(self) -> tuple[dict[str, Any], ...]:
+        """The compile-cache keys first met since the last boundary, with their milliseconds and parts."""
+        if self._read_keys is None:
+            return ()
+        held = self._keys_now()
+        new = [(key, ms) for key, ms in held.items() if key not in self._held_keys]
+        self._held_keys = held
+        parts = getattr(self.backend, "key_parts", None)
+        return tuple({"key": key, "milliseconds": ms, "parts": parts(key) if parts is not None else {"key": key}}
+                     for key, ms in new)
+
     def _boundary(self, state: Any) -> dict[str, float]:
         """Close the interval since the last boundary: attribute its compiles and seconds."""
         from ..warm.backends.base import counter_delta
@@ -255,20 +301,25 @@ class ShapeGuard(TrainerCallback):
         seconds, self._clock = now - self._clock, now
         counters = self._read_counters()
         delta, self._counters = counter_delta(self._counters, counters), counters
+        keys = self._first_met_keys()
         logs: dict[str, float] = {}
         forwards = sum(self._interval_keys.values())
         if self.backend.compiled(delta):
             shapes = self._new_keys or list(self._interval_keys)
             steady = median(self._steady) if self._steady else 0.0
             event = CompileEvent(step=int(state.global_step), shapes=tuple(shapes), delta=delta,
-                                 seconds=max(0.0, seconds - steady))
+                                 seconds=max(0.0, seconds - steady), keys=keys)
             self.compiles.append(event)
+            named = f"; keys: {_shown_keys(keys)}" if keys else ""
             if self.no_compile:
                 raise UnplannedShapeError(
                     f"a compile during training at step {event.step} ({_shown_shapes(shapes)}; counters moved: "
-                    f"{', '.join(f'{k}={v:+d}' for k, v in sorted(delta.items()) if v)}), and the guard forbids "
-                    "any: the bake did not cover this run; record it with `shapeplan guard --record RUN` and "
-                    "`shapeplan warm --plan RUN`")
+                    f"{', '.join(f'{k}={v:+d}' for k, v in sorted(delta.items()) if v)}{named}), and the guard "
+                    "forbids any: the bake did not cover this run; record it with `shapeplan guard --record RUN` "
+                    "and `shapeplan warm --plan RUN`")
+            compiled = sum(k["milliseconds"] != 0 for k in keys)
+            if compiled:  # which op or graph compiled, where the backend names its keys
+                _say(f"step {event.step} compiled {compiled} key(s) ({_shown_shapes(shapes)}): {_shown_keys(keys)}")
             logs.update({"shapeplan/compiles": float(len(self.compiles)),
                          "shapeplan/compile_seconds": round(sum(e.seconds for e in self.compiles), 3)})
         elif forwards:

@@ -1,7 +1,8 @@
 """The run record: what a guarded run met, in the plan schema (`"observed": true`), so that `shapeplan warm --plan
 run.json` warms exactly that. Ranks' shapes are merged the way a plan merges them (counts summed, the earliest first
 step, the union of padding-free values); each shape also carries `seconds` (steady-state seconds per micro-batch)
-and the record lists the run's `compiles` (step, seconds, the shapes first met then, counter changes).
+and the record lists the run's `compiles` (step, seconds, the shapes first met then, counter changes and, where
+the backend names them, the compile-cache keys first met then, with their parts).
 """
 
 from __future__ import annotations
@@ -27,16 +28,20 @@ Key = tuple[Any, ...]
 @dataclass(frozen=True, slots=True)
 class CompileEvent:
     """Something compiled between two step boundaries: the step it ended at, the shapes first met in that interval
-    (every shape of the interval when none was new), the backend's counter changes, and the interval's time beyond
-    a steady step's."""
+    (every shape of the interval when none was new), the backend's counter changes, the interval's time beyond
+    a steady step's and, where the backend names its compile-cache keys (`compile_keys`: TorchNeuron's cache-entry
+    bindings), the keys first met in the interval, each as {"key", "milliseconds" (0: loaded from the cache dir;
+    None: not told), "parts"}."""
 
     step: int
     shapes: tuple[Key, ...]
     delta: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    keys: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "seconds": round(self.seconds, 3), "counters": self.delta,
+                **({"keys": [dict(k) for k in self.keys]} if self.keys else {}),
                 "shapes": [{"phase": k[0], "batch": k[1], "seq": k[2],
                             **({"cache_len": k[3]} if k[3] is not None else {}),
                             **({"logits_to_keep": k[4]} if k[4] is not None else {}),

@@ -172,7 +172,7 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
                 shard: Any = None) -> Any:
     """Run `shapeplan warm --plan PLAN` in `count` worker processes at once, each on its share (and, on neuron, its
     own NeuronCores) of the plan or of `shard`'s share, all recording into the cache dir's (the shard's) manifest;
-    return their reports merged into one."""
+    return their reports merged into one (their warnings too, each once)."""
     import json
     import subprocess
     import sys
@@ -201,7 +201,11 @@ def run_workers(plan_path: Path, *, count: int, device: str, cache_dir: Path, co
             task = ReportedTask(r["phase"], r["batch"], r["seq"], r["key"])
             results[r["key"]] = WarmResult(task=task, status=r["status"], seconds=r["seconds"],
                                            counters=r["counters"], error=r.get("error"))
+    # what each worker found (a cache dir per rank, a cache or lock dir on NFS, verify's key findings), each once:
+    # every worker prepares the same cache dir, so most are said by all of them
+    warnings = tuple(dict.fromkeys(w for report in reports for w in report.get("warnings", ())))
     first = reports[0]
     return WarmReport(results=tuple(results.values()), cache_dir=first["cache_dir"], device=first["device"],
                       environment=first["environment"], script_lines=tuple(first["script_lines"]), shard=shard,
+                      warnings=warnings,
                       covered=tuple((c["phase"], c["batch"], c["seq"]) for c in first.get("covered", ())))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shapeplan.adapters.host import installed_versions
-from shapeplan.errors import CacheMismatchError
+from shapeplan.errors import CacheMismatchError, UnplannedShapeError
 from shapeplan.plan.model import Plan, PlanStats, Shape
 from shapeplan.testing import FakeNeuron, FakeWarmer, version_site
 from shapeplan.warm import cachedir
@@ -244,3 +244,98 @@ def test_a_cache_or_lock_dir_on_nfs_is_named(monkeypatch: pytest.MonkeyPatch, tm
     assert "flock" in lock_note
     backend.prepare(tmp_path / "local", scratch=tmp_path / "scratch")  # verify's private lock dir
     assert backend.warnings == []
+
+
+def _guarded(backend: NeuronBackend) -> Any:
+    """A ShapeGuard counting on `backend`, started as at train begin (no trainer: its step boundaries are driven)."""
+    from shapeplan import ShapeGuard
+
+    backend.watch()
+    guard = ShapeGuard(backend=backend)
+    guard._start_counting()
+    return guard
+
+
+def test_the_guard_names_the_keys_a_step_compiled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the cache-entry bindings exist, a compile event names the keys first met in its step, with their parts
+    and milliseconds (0: loaded from the cache dir), in the guard's line and in the run record."""
+    from types import SimpleNamespace
+
+    from shapeplan.guard.record import build_record
+
+    fake = FakeNeuron().install(monkeypatch)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    fake.kernel("aten::add 4x128")  # a warm-up compiled these into the cache dir
+    fake.kernel("aten::mul 4x128")
+    fake.restart()  # the training run: a fresh process on that cache
+    guard = _guarded(NeuronBackend())
+    fake.kernel("aten::add 4x128")
+    guard._boundary(SimpleNamespace(global_step=1))  # loaded, nothing compiled
+    assert guard.compiles == []
+    fake.kernel("aten::add 4x128")  # an in-process hit: no key first met here
+    fake.kernel("aten::mm 4x128")
+    fake.kernel("aten::mul 4x128")  # loaded from the cache dir: 0 ms
+    fake.kernel("aten::softmax 4x128")
+    guard._boundary(SimpleNamespace(global_step=2))
+    (event,) = guard.compiles
+    mm, mul, softmax = (fake.module.cache_key(f"aten::{op} 4x128") for op in ("mm", "mul", "softmax"))
+    assert [k["key"] for k in event.keys] == [mm, mul, softmax]
+    assert [k["milliseconds"] >= 1 for k in event.keys] == [True, False, True] and event.keys[1]["milliseconds"] == 0
+    assert event.keys[0]["parts"] == neuron.key_parts(mm) == {
+        "op or graph": "aten::mm 4x128", "target": "trn2", "logical cores": "2", "opt level": "O1",
+        "NEURON_CC_FLAGS": "<unset>"}
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "compiled" in line]
+    assert line.startswith("shapeplan: step 2 compiled 2 key(s) (no new shape): 'aten::mm 4x128' (target trn2, "
+                           "logical cores 2, opt level O1, NEURON_CC_FLAGS <unset>, ")
+    assert "'aten::softmax 4x128'" in line and line.endswith("; 1 more loaded from the cache dir")
+    record = build_record(SimpleNamespace(), _plan(128), (), guard.compiles, {}, steps=2)
+    assert record["compiles"][0]["keys"] == [{"key": k, "milliseconds": e["milliseconds"], "parts": neuron.key_parts(k)}
+                                             for k, e in zip((mm, mul, softmax), event.keys, strict=True)]
+    json.dumps(record)  # the record stays JSON
+    guard.no_compile = True  # the run after a bake: the error names the key too
+    fake.kernel("aten::gelu 4x128")
+    with pytest.raises(UnplannedShapeError, match=r"counters moved: .*; keys: 'aten::gelu 4x128' \(target trn2, "):
+        guard._boundary(SimpleNamespace(global_step=3))
+
+
+def test_without_the_bindings_the_guard_counts_as_before(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    fake = FakeNeuron("no_cache_entries").install(monkeypatch)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    guard = _guarded(NeuronBackend())
+    fake.kernel("aten::mm 4x128")
+    guard._boundary(SimpleNamespace(global_step=1))
+    (event,) = guard.compiles
+    assert event.keys == () and event.delta["total_compilations"] == 1
+    assert "keys" not in event.to_dict()
+    assert "compiled" not in capsys.readouterr().err
+
+
+def test_cache_ls_prints_the_other_build_warning_as_text(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from shapeplan.cli.cache import cache_group
+
+    fake = FakeNeuron().install(monkeypatch)
+    cache = tmp_path / "cache"
+    backend = NeuronBackend()
+    backend.prepare(cache)
+    warm(_plan(128), _warmer(fake.kernel), backend, cache)
+    listed = CliRunner().invoke(cache_group, ["ls", "--cache-dir", str(cache)])
+    assert listed.exit_code == 0 and "warning" not in listed.output  # this machine's build
+    monkeypatch.syspath_prepend(str(version_site(tmp_path / "site", "2.13.3.1")))
+    listed = CliRunner().invoke(cache_group, ["ls", "--cache-dir", str(cache)])
+    assert listed.exit_code == 0, listed.output
+    (plan,) = scan_plans(cache)
+    (line,) = [line for line in listed.output.splitlines() if "warning" in line]
+    assert line == f"  warning: plan {plan.plan or '-'} ({plan.model}, {plan.method}): {plan.warning}"
+    assert "torch-neuronx 2.13.3.0 and 2.13.3.1 are two builds" in line
+
+
+def scan_plans(cache: Path) -> Any:
+    from shapeplan.cache.listing import scan_cache_dir
+
+    return scan_cache_dir(cache).plans

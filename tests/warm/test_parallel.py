@@ -258,3 +258,29 @@ def test_kill_9_of_warm_with_workers_then_resume(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     statuses = {r["key"]: r["status"] for r in json.loads(resumed.stdout)["results"]}
     assert statuses == {key: "skipped" if key in done else "eager" for key in planned}
+
+
+def test_workers_warnings_reach_the_merged_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each worker's report warnings (a per-rank cache dir, NFS, verify's key findings) are carried into the merged
+    report, each once."""
+    shared = "cache dir /fsx/rank_0/neff holds a rank (rank_0): ...; use one dir for every rank"
+    said = [[shared, "cache dir /efs/c is on nfs4 (mounted at /efs): ..."],
+            [shared, "verify: train (2, 256) compiled again a key the warm-up compiled ('k', 5 ms): ..."]]
+
+    class Worker:
+        def __init__(self, command: list[str], **kwargs: object) -> None:
+            index = int(kwargs["env"][parallel.WORKER_ENV].partition("/")[0])  # type: ignore[index]
+            self.returncode, self.report = 0, {
+                "cache_dir": str(tmp_path), "device": "cpu", "environment": {}, "script_lines": [],
+                "warnings": said[index],
+                "results": [{"phase": "train", "batch": 2, "seq": 128 * (index + 1),
+                             "key": f"train 2x{128 * (index + 1)}", "status": "compiled", "seconds": 1.0,
+                             "counters": {}}]}
+
+        def communicate(self) -> tuple[str, None]:
+            return json.dumps(self.report), None
+
+    monkeypatch.setattr(subprocess, "Popen", Worker)
+    report = parallel.run_workers(tmp_path / "plan.json", count=2, device="cpu", cache_dir=tmp_path)
+    assert [r.task.key for r in report.results] == ["train 2x128", "train 2x256"]
+    assert list(report.warnings) == [shared, said[0][1], said[1][1]]

@@ -566,6 +566,7 @@ class NeuronBackend:
         return dict.fromkeys(map(str, keys()))
 
     check_keys = staticmethod(check_keys)
+    key_parts = staticmethod(key_parts)  # what the guard names of a key a training step compiled
     explain_failure = staticmethod(explain_failure)
 
     def compiled(self, delta: Mapping[str, int]) -> bool:
