@@ -23,6 +23,7 @@ from .generation import (
     tool_loop_warnings,
     train_order,
 )
+from .grpo import refuse_tools_on_plain_prompts
 from .loop import sharding
 from .trl_args import TrainingArgs
 
@@ -45,6 +46,7 @@ def plan(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None,
     config = args.training
     generation = generation_settings(config)
     data = load_run_data(args, eval_source=eval_source)
+    refuse_tools_on_plain_prompts(args, data)  # TRL's tool loop reads completions as chat messages
     trainer = bare_trainer(args.spec, data.tokenizer, config, args.agentic)
     accumulation = config.gradient_accumulation_steps
     round_size = config.per_device_train_batch_size * args.num_processes * accumulation

@@ -85,7 +85,8 @@ class FixedSizes:
 
     @property
     def label(self) -> str:
-        shown = ", ".join(f"{w}x{h}" for h, w in self.sizes)
+        """The sizes as height x width, the order of the (height, width) pairs `shapeplan.resize_images` takes."""
+        shown = ", ".join(f"{h}x{w}" for h, w in self.sizes)
         return f"{len(self.sizes)} fixed size{'s' if len(self.sizes) > 1 else ''} ({shown})"
 
 

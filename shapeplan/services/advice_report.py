@@ -15,7 +15,7 @@ from ..plan.model import Plan
 from .advise import Advice
 from .report import table
 from .trainers import trainer_spec
-from .vision_advice import VisionAdvice, VisionOption, apply_line, vision_advice_to_dict
+from .vision_advice import VisionAdvice, apply_line, vision_advice_to_dict
 
 WIDTH = 80
 _MAX_BINS = 24
@@ -175,20 +175,10 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
     }
 
 
-def vision_label(option: VisionOption) -> str:
-    """A vision what-if as the advice names it: its fixed sizes as height x width (the (height, width) pairs
-    `shapeplan.resize_images` takes), or its pixel limits."""
-    if option.sizes is None:
-        return option.label
-    sizes = option.sizes.sizes
-    shown = ", ".join(f"{h}x{w}" for h, w in sizes)
-    return f"{len(sizes)} fixed size{'s' if len(sizes) > 1 else ''} ({shown})"
-
-
 def render_vision_advice(advice: VisionAdvice) -> str:
     """Vision advice for people: the vision graphs as given and under each what-if, and how to apply the best."""
     plan = advice.baseline.plan
-    rows = [[vision_label(option), str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
+    rows = [[option.label, str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
              f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
             for option in (advice.baseline, *advice.options)]
     lines = [
@@ -206,7 +196,7 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     if best is None:
         lines.append("no fixed sizes compile less than the images as given")
     else:
-        lines += [f"fewest compiles: {vision_label(best)}, {best.plan.vision_graphs} vision graphs instead of "
+        lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
                   f"{plan.vision_graphs}, keeping {best.pixels_kept:.1%} of the pixels; "
                   + ("set the processor's limits:" if best.limits is not None else
                      "resize the dataset before training with (height, width) pairs:"),
@@ -216,11 +206,6 @@ def render_vision_advice(advice: VisionAdvice) -> str:
 
 
 def vision_advice_dict(advice: VisionAdvice) -> dict[str, Any]:
-    """Vision advice for machines: `vision_advice_to_dict`'s, each option named as `vision_label` names it (sizes:
-    [height, width] pairs)."""
-    out = vision_advice_to_dict(advice)
-    for entry, option in zip([out["baseline"], *out["options"]], [advice.baseline, *advice.options], strict=True):
-        entry["option"] = vision_label(option)
-    if advice.best is not None:
-        out["recommended"]["option"] = vision_label(advice.best)
-    return out
+    """Vision advice for machines: each option named by its label, fixed sizes as height x width (sizes: [height,
+    width] pairs)."""
+    return vision_advice_to_dict(advice)

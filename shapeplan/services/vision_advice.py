@@ -102,38 +102,6 @@ def apply_line(option: VisionOption) -> str:
     return f"dataset = shapeplan.resize_images(dataset, [{pairs}])"
 
 
-def render_vision_advice(advice: VisionAdvice) -> str:
-    from .report import table
-
-    plan = advice.baseline.plan
-    rows = [[option.label, str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
-             f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
-            for option in (advice.baseline, *advice.options)]
-    lines = [
-        f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
-        "",
-        f"as given: {plan.vision_graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
-        "distinct set of image sizes in a batch is a compile of the vision tower",
-        "",
-        "what-if: every image resized to the fixed size (width x height) nearest its aspect ratio, or resized by the "
-        "processor within other pixel limits",
-        table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
-        "",
-    ]
-    best = advice.best
-    if best is None:
-        lines.append("no fixed sizes compile less than the images as given")
-    else:
-        lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
-                  f"{plan.vision_graphs}, "
-                  f"keeping {best.pixels_kept:.1%} of the pixels; "
-                  + ("set the processor's limits:" if best.limits is not None else
-                     "resize the dataset before training with:"),
-                  f"  {apply_line(best)}"]
-    lines += [f"warning: {w}" for w in plan.warnings]
-    return "\n".join(lines)
-
-
 def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
     def option(o: VisionOption) -> dict[str, Any]:
         return {"option": o.label, "sizes": [list(size) for size in o.sizes.sizes] if o.sizes else None,

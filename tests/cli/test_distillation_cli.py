@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shapeplan.cli import main
+from tests import console
 from tests.conftest import CAPYBARA, TINY_MODEL, TLDR
 
 TEACHER = ["--teacher_model_name_or_path", str(TINY_MODEL)]
@@ -32,3 +33,13 @@ def test_bad_input_is_one_line(name: str, capsys: pytest.CaptureFixture[str]) ->
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.splitlines()[-1] == message
+
+
+def test_tools_on_plain_string_prompts_are_refused_at_analyze_in_one_line() -> None:
+    """Through the console script: DistillationTrainer's tool loop reads each completion as chat messages, as
+    GRPO's does, so `--tools` on plain-string prompts is refused before any trainer is built (exit 2)."""
+    refused = console.run(["analyze", "--method", "distillation", TLDR, "--model", TINY_MODEL, *TEACHER,
+                           "--tools", "tests.oracle.agentic_tools:get_weather"])
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("Error: --tools needs conversational prompts, and the train dataset's are plain "
+                                     "strings") and '[{"role": "user", "content": "..."}]' in refused.stderr

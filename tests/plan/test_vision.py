@@ -85,6 +85,14 @@ def test_a_vision_shape_round_trips_through_the_plan_file() -> None:
         plan_from_dict(data)
 
 
+def test_fixed_sizes_are_labelled_height_x_width() -> None:
+    """A fixed size reads height x width, the order of the (height, width) pairs `resize_images` takes."""
+    from shapeplan.plan.vision import FixedSizes
+
+    assert FixedSizes(((224, 448),)).label == "1 fixed size (224x448)"
+    assert FixedSizes(((448, 224), (224, 448))).label == "2 fixed sizes (448x224, 224x448)"
+
+
 def test_fixed_sizes_are_kept_by_the_processor_and_chosen_by_aspect() -> None:
     """Each fixed size is one the processor leaves as it is (so a resized image has exactly that grid); an image
     goes to the size of nearest aspect ratio; pixels kept count downscaling only."""
