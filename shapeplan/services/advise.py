@@ -171,7 +171,8 @@ def advise_script(command: Sequence[str], *, calibrate: Path | None = None,
         return plan_parsed(args if candidate is None else with_options(args, candidate.flags))
 
     with shared_tokenization():
-        lengths = lengths_of(with_options(args, UNTRUNCATED) if kind == "rows" else args)
+        # never through the length cache, as a script's plans are not: its data's fingerprints come from code
+        lengths = lengths_of(with_options(args, UNTRUNCATED) if kind == "rows" else args, use_cache=False)
         return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
                         argv=(), eval_source=None, command=TrlCommand(words=tuple(command), notes=()),
                         script=tuple(command))
