@@ -284,14 +284,16 @@ class ShapeGuard(TrainerCallback):
 
     def _first_met_keys(self) -> tuple[dict[str, Any], ...]:
         """The compile-cache keys first met since the last boundary, with their milliseconds and parts."""
+        from ..warm.backends.base import new_keys
+
         if self._read_keys is None:
             return ()
         held = self._keys_now()
-        new = [(key, ms) for key, ms in held.items() if key not in self._held_keys]
+        new = new_keys(self._held_keys, held)
         self._held_keys = held
         parts = getattr(self.backend, "key_parts", None)
         return tuple({"key": key, "milliseconds": ms, "parts": parts(key) if parts is not None else {"key": key}}
-                     for key, ms in new)
+                     for key, ms in new.items())
 
     def _boundary(self, state: Any) -> dict[str, float]:
         """Close the interval since the last boundary: attribute its compiles and seconds."""

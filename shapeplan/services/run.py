@@ -64,9 +64,8 @@ def unwrap_command(method: str | None, words: Sequence[str]) -> tuple[str | None
     return wrapped, tuple(argv)
 
 
-def script_command(words: Sequence[str], *, method: str | None = None, dataset: bool = False,
-                   model: str | None = None, eval_dataset: str | None = None, split: str | None = None
-                   ) -> ScriptCommand | None:
+def script_command(words: Sequence[str], *, method: str | None = None, model: str | None = None,
+                   eval_dataset: str | None = None, split: str | None = None) -> ScriptCommand | None:
     """The user's training script `words` run (after `unwrap_command`: no TRL command), or None. The script names
     its data, model and trainer: options that would name them too are refused."""
     from ..adapters.script.command import is_script_command, parse_command

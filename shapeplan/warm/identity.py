@@ -21,9 +21,9 @@ def load_run_tokenizer(args: TrainingArgs) -> Any:
     where it hands the trainer one)."""
     from ..adapters.data import load_tokenizer
 
-    if args.objects is not None and args.objects.processing_class is not None:
-        return args.objects.processing_class
-
+    given = script_objects(args).get("processing_class")
+    if given is not None:
+        return given
     return load_tokenizer(args.model.model_name_or_path, revision=args.model.model_revision,
                           trust_remote_code=bool(args.training.trust_remote_code))
 

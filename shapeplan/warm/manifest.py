@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..adapters.host import installed_versions
+from ..adapters.host import installed_only, installed_versions
 from ..errors import CacheError, CacheMismatchError, UsageError
 from ..plan.io import write_atomic
 from .model import ManifestEntry, Task
@@ -208,7 +208,7 @@ def other_build(environment: dict[str, Any]) -> list[str]:
     compiler = environment.get("compiler") or {}
     if compiler.get("backend") != "neuron":
         return []
-    return version_notes(compiler, {k: v for k, v in installed_versions(("torch-neuronx", "neuronx-cc")).items() if v})
+    return version_notes(compiler, installed_only(("torch-neuronx", "neuronx-cc")))
 
 
 def refuse_other_environment(cache_dir: Path, device: str) -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from ..errors import CacheError
-from .backends.base import Backend, counter_delta
+from .backends.base import Backend, counter_delta, new_keys
 from .manifest import Manifest, environment_key
 from .model import ManifestEntry, Task, WarmResult
 
@@ -82,7 +82,7 @@ class Tracker:
         self._mark = (now, counters)
         if self._read_keys is not None:
             held = self._keys_now()
-            new = {k: v for k, v in held.items() if k not in self._held}
+            new = new_keys(self._held, held)
             self._held = held
             if new:
                 self.keys.setdefault(task.key, {}).update(new)

@@ -49,6 +49,11 @@ class Backend(Protocol):
         ...
 
 
+def new_keys(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> dict[str, int | None]:
+    """The compile-cache keys (with their compile milliseconds) in `after` that `before` did not hold."""
+    return {key: ms for key, ms in after.items() if key not in before}
+
+
 def counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
     """Non-zero changes of every counter seen before or after."""
     keys = set(before) | set(after)

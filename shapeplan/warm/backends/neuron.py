@@ -300,7 +300,7 @@ def key_differences(key: str, warmed: Mapping[str, Any]) -> str:
         return "the warm-up met this same key"
     parts = key_parts(key)
     graph = parts.get("op or graph", parts.get("key", ""))
-    same = [key_parts(k) for k in warmed if key_parts(k).get("op or graph") == graph]
+    same = [other for other in map(key_parts, warmed) if other.get("op or graph") == graph]
     if "key" in parts or not same:
         return f"no key the warm-up recorded has its op or graph ({graph[:160]})"
 
