@@ -54,11 +54,11 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     from ..adapters.trl_args import split_run_arguments
     from ..plan.io import write_atomic
     from ..services.advice_page import render_html
-    from ..services.advice_report import advice_to_dict, render_advice, render_vision_advice, vision_advice_dict
+    from ..services.advice_report import advice_to_dict, render_advice, render_vision_advice
     from ..services.advise import advise, advise_script
     from ..services.analyze import dataset_progress_bars
     from ..services.trainers import trainer_spec
-    from ..services.vision_advice import VisionAdvice
+    from ..services.vision_advice import VisionAdvice, vision_advice_to_dict
 
     dataset_progress_bars(sys.stderr.isatty() and not quiet())
     advice: Any
@@ -71,7 +71,7 @@ def advise_command(method: str, model: str | None, eval_dataset: str | None, spl
     if isinstance(advice, VisionAdvice):
         if html_file is not None:
             raise UsageError("--html draws the text advice; vision advice is printed (or --json): drop --html")
-        click.echo(json.dumps(vision_advice_dict(advice), indent=2) if as_json else render_vision_advice(advice))
+        click.echo(json.dumps(vision_advice_to_dict(advice), indent=2) if as_json else render_vision_advice(advice))
         return
     if html_file is not None:
         try:

@@ -15,7 +15,7 @@ from ..plan.model import Plan
 from .advise import Advice
 from .report import table
 from .trainers import trainer_spec
-from .vision_advice import VisionAdvice, apply_line, vision_advice_to_dict
+from .vision_advice import VisionAdvice, apply_line
 
 WIDTH = 80
 _MAX_BINS = 24
@@ -204,8 +204,3 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 
-
-def vision_advice_dict(advice: VisionAdvice) -> dict[str, Any]:
-    """Vision advice for machines: each option named by its label, fixed sizes as height x width (sizes: [height,
-    width] pairs)."""
-    return vision_advice_to_dict(advice)

@@ -81,7 +81,7 @@ def advise(method: str, argv: Sequence[str], *, eval_source: str | None = None, 
     from ..adapters.lengths import shared_tokenization
 
     _check_cache_pin(method, argv)
-    images = _vision_run(method, kind, argv, eval_source)
+    images = _vision_run(method, argv, eval_source)
     if images is not None:
         if calibrate is not None:
             raise UsageError("--calibrate costs text shapes; vision advice counts vision graphs, drop --calibrate")
@@ -102,14 +102,12 @@ def _check_cache_pin(method: str, argv: Sequence[str]) -> None:
         check_cache_pin(parse_training_args(spec, list(argv)).training)
 
 
-def _vision_run(method: str, kind: LengthKind, argv: Sequence[str], eval_source: str | None) -> ImageRun | None:
+def _vision_run(method: str, argv: Sequence[str], eval_source: str | None) -> ImageRun | None:
     """The run read once where its train set has images (SFT, GRPO, RLOO); None for a text run."""
     from ..adapters.trl_args import parse_training_args
 
     spec = trainer_spec(method)
-    if not spec.images:
-        return None
-    return _images_of(parse_training_args(spec, list(argv)), list(argv), eval_source)
+    return _images_of(parse_training_args(spec, list(argv)), list(argv), eval_source) if spec.images else None
 
 
 def _images_of(args: TrainingArgs, argv: Sequence[str] = (), eval_source: str | None = None) -> ImageRun | None:

@@ -49,12 +49,8 @@ class ScriptCommand:
         """Run the script in this process as `python` would: as `__main__`, with its own `sys.argv`, its folder (or,
         for `-m`, the working directory) first on `sys.path`, so that it imports its neighbours."""
         saved_argv, saved_path = sys.argv, list(sys.path)
-        if self.module:
-            sys.argv = [self.target, *self.args]
-            sys.path.insert(0, os.getcwd())
-        else:
-            sys.argv = [self.target, *self.args]
-            sys.path.insert(0, str(Path(self.target).resolve().parent))
+        sys.argv = [self.target, *self.args]
+        sys.path.insert(0, os.getcwd() if self.module else str(Path(self.target).resolve().parent))
         try:
             if self.module:
                 runpy.run_module(self.target, run_name="__main__", alter_sys=True)
