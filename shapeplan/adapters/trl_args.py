@@ -370,6 +370,12 @@ def _launch_num_processes(spec: TrainerSpec, leftovers: list[str]) -> int:
     if known.training_script != "shapeplan":
         raise UsageError(f"unexpected argument {known.training_script!r}: `shapeplan analyze` takes one DATASET; "
                          "pass TRL options as --name value")
+    return launch_processes(known)
+
+
+def launch_processes(known: Any) -> int:
+    """The processes `accelerate launch` starts, from its parsed options (`known`): --num_processes, else its
+    --config_file's, else the default config's, else one."""
     if known.num_processes is not None:
         if known.num_processes < 1:
             raise UsageError(f"--num_processes must be at least 1, got {known.num_processes}")

@@ -141,18 +141,10 @@ def _accelerate(words: tuple[str, ...], usage: str) -> ScriptCommand:
 
     parser.error = error  # argparse's hook, on this instance only
     known = parser.parse_args(list(words[2:]))
-    if known.num_processes is not None:
-        processes = int(known.num_processes)
-    else:
-        from ..config_file import read_config
+    from ..trl_args import launch_processes
 
-        config = known.config_file or str(Path.home() / ".cache" / "huggingface" / "accelerate" /
-                                          "default_config.yaml")
-        processes = int(read_config(config).get("num_processes", 1) or 1) if Path(config).is_file() else 1
-    if processes < 1:
-        raise UsageError(f"--num_processes must be at least 1, got {processes}")
     rest = (["-m"] if known.module else []) + [known.training_script, *known.training_script_args]
-    return _plain(words, rest, processes, usage)
+    return _plain(words, rest, launch_processes(known), usage)
 
 
 def _torchrun(words: tuple[str, ...], options: Sequence[str], usage: str) -> ScriptCommand:
