@@ -1,7 +1,4 @@
-"""Images as a Qwen2-VL / Qwen2.5-VL processor turns them into vision-tower inputs: a grid per image, image tokens
-in the text, patch rows in `pixel_values`. Pure arithmetic over image sizes, equal to transformers' own
-(`smart_resize` and the patchify of `image_processing_pil_qwen2_vl.py`; tests/plan/test_vision.py proves it).
-"""
+"""Image what-ifs: fewer image sizes, other pixel limits; what each keeps of the pixels the processor would feed."""
 
 from __future__ import annotations
 
@@ -9,67 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`
+from .qwen2_vl import ImageProcessing
 
-
-class ImageSizeError(ValueError):
-    """An image the processor refuses (its aspect ratio is over 200)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ImageProcessing:
-    """The processor settings an image's grid depends on (`preprocessor_config.json`)."""
-
-    min_pixels: int
-    max_pixels: int
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
-
-    @property
-    def pixel_dim(self) -> int:
-        """The width D of `pixel_values [N, D]`: one flattened patch (3 channels x temporal x patch x patch)."""
-        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
-
-    def resized(self, height: int, width: int) -> tuple[int, int]:
-        """`smart_resize`: both sides a multiple of `factor`, the area within [min_pixels, max_pixels], the aspect
-        ratio kept as closely as that allows."""
-        factor = self.factor
-        if max(height, width) / min(height, width) > 200:
-            raise ImageSizeError(f"an aspect ratio over 200 ({width}x{height}), which the processor refuses")
-        h = round(height / factor) * factor
-        w = round(width / factor) * factor
-        if h * w > self.max_pixels:
-            beta = math.sqrt((height * width) / self.max_pixels)
-            h = max(factor, math.floor(height / beta / factor) * factor)
-            w = max(factor, math.floor(width / beta / factor) * factor)
-        elif h * w < self.min_pixels:
-            beta = math.sqrt(self.min_pixels / (height * width))
-            h = math.ceil(height * beta / factor) * factor
-            w = math.ceil(width * beta / factor) * factor
-        return h, w
-
-    def grid(self, height: int, width: int) -> Grid:
-        """An image's `image_grid_thw` row (a still image is one temporal patch)."""
-        h, w = self.resized(height, width)
-        return (1, h // self.patch_size, w // self.patch_size)
-
-    def tokens(self, grid: Grid) -> int:
-        """The image tokens one image puts in the text: its patches merged `merge_size`**2 to one."""
-        t, h, w = grid
-        return t * h * w // (self.merge_size * self.merge_size)
-
-
-def pixel_rows(grids: Sequence[Grid]) -> int:
-    """N of `pixel_values [N, D]`: every image's patches, concatenated (TRL pads neither N nor the grids)."""
-    return sum(t * h * w for t, h, w in grids)
-
-
-# -- fewer sizes ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class FixedSizes:

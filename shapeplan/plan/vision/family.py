@@ -1,0 +1,47 @@
+"""What a vision-language family is to the planner: one image's device inputs from its size, the text one image
+placeholder becomes, and the tensors a batch of images is padded into.
+
+Each family is one module beside this one (`qwen2_vl`, `gemma3`, `idefics3`, `llava`, `llava_next`), as transformers
+keeps one `image_processing_<family>.py` per family: its settings (read from the run's image processor), the
+arithmetic of its `_preprocess` and its processor's text expansion, each proven equal to transformers' own by the
+family's test. `FAMILIES` maps each `config.model_type` shapeplan plans to its module's family class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+# What one image feeds the device, as its family defines it: for Qwen-VL its `image_grid_thw` row (t, h, w); for a
+# tiling family its tile counts; () for a family whose images are all one fixed size. Two images with one key give
+# the same tensors and the same tokens.
+ImageKey = tuple[int, ...]
+
+# The tensors a batch feeds the model besides input_ids, attention_mask and labels: name -> shape (image_sizes and
+# image_grid_thw hold values the forward reads; their shapes stand for them here, the keys carry the values).
+Inputs = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+class ImageFamily(Protocol):
+    """One family's image arithmetic under one processor's settings (a frozen dataclass per family)."""
+
+    def image(self, height: int, width: int) -> ImageKey:
+        """The key of an image of this size, as the processor receives it (ImageSizeError where it refuses it)."""
+        ...
+
+    def expansion(self, key: ImageKey, processor: Any) -> str:
+        """The text the processor puts where the image's placeholder was (its special tokens read from `processor`,
+        as the processor's `__call__` reads them)."""
+        ...
+
+    def pixel_values(self, rows: Sequence[Sequence[ImageKey]]) -> tuple[int, ...]:
+        """The shape of the batch's `pixel_values`: `rows` holds each row's images' keys, in row order."""
+        ...
+
+    def inputs(self, rows: Sequence[Sequence[ImageKey]], seq: int) -> Inputs:
+        """Every other tensor of the batch that images add (its `pixel_values` not among them), by name."""
+        ...
+
+    def picture(self, key: ImageKey) -> tuple[int, int]:
+        """A (height, width) that the processor turns into `key`: the size of a warm-up's synthetic image."""
+        ...
