@@ -11,7 +11,8 @@ from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..plan.rows import Rows
-from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
+from ..plan.vision import FixedSizes, PixelLimits
+from ..plan.vision.family import ImageFamily
 from ..plan.vision_rows import ImageRow, image_rows
 from . import generation_stream, vision
 from .agentic import AgenticArguments, tool_loop
@@ -142,10 +143,10 @@ class GenerationRun:
     prompts: VisionPrompts | None
 
     @property
-    def processing(self) -> ImageProcessing:
+    def processing(self) -> ImageFamily:
         if self.prompts is None:
             raise ValueError("a text run has no image processing")
-        return self.prompts.processor.images
+        return self.prompts.processor.family
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -217,9 +218,11 @@ class VisionPrompts:
 
     def rows(self, resize: FixedSizes | None, limits: PixelLimits | None) -> tuple[Rows, Rows | None]:
         """The prompts' lengths with their image tokens, and their grids (under a what-if's sizes or limits)."""
-        processing = self.processor.images if limits is None else limits.applied(self.processor.images)
-        evaluated = None if self.eval is None else image_rows(self.eval, processing, None, resize)
-        return image_rows(self.train, processing, None, resize), evaluated
+        processor = self.processor if limits is None else self.processor.with_family(
+            limits.applied(vision.qwen_family(self.processor.family)))
+        evaluated = None if self.eval is None else image_rows(self.eval, processor.family, processor.tokens, None,
+                                                              resize)
+        return image_rows(self.train, processor.family, processor.tokens, None, resize), evaluated
 
 
 def read(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> GenerationRun:

@@ -11,7 +11,8 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
+from ..plan.vision import FixedSizes, PixelLimits
+from ..plan.vision.family import ImageFamily
 from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
 from .common import (
@@ -234,8 +235,8 @@ class VisionRun:
     warnings: tuple[str, ...]
 
     @property
-    def processing(self) -> ImageProcessing:
-        return self.processor.images
+    def processing(self) -> ImageFamily:
+        return self.processor.family
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -283,7 +284,8 @@ def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelL
     `resize`: as if every image were first resized to one of those sizes; `limits`: as if the processor had those
     pixel limits."""
     if limits is not None:
-        run = replace(run, processor=replace(run.processor, images=limits.applied(run.processor.images)))
+        limited = limits.applied(vision.qwen_family(run.processor.family))
+        run = replace(run, processor=run.processor.with_family(limited))
     args, config = run.args, run.args.training
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)

@@ -22,12 +22,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import DatasetError, ModelError, UsageError, first_line
 from ..plan.rows import Rows
 from ..plan.vision import FixedSizes, ImageProcessing, PixelLimits
+from ..plan.vision.family import ImageFamily, ImageKey
 from ..plan.vision_rows import CutImageTokens, ImageRow, image_rows
 
 # The processors whose image arithmetic `plan.vision` reproduces (Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image
@@ -55,18 +56,33 @@ def is_vision(dataset: Any) -> bool:
 
 @dataclass(frozen=True)
 class VisionProcessor:
-    """The run's processor, as far as shapes go: the image settings and the text side that renders the rows."""
+    """The run's processor, as far as shapes go: its family's image arithmetic under its settings, and the text
+    side that renders the rows and expands each image's placeholder."""
 
-    images: ImageProcessing
+    family: ImageFamily
     processor: Any  # the model's processor without its video processor (it needs torchvision, which planning does not)
+    _tokens: dict[ImageKey, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def tokens(self, key: ImageKey) -> int:
+        """The tokens an image of this key puts in the text: its expansion as the processor writes it, tokenized
+        (once per key)."""
+        if key not in self._tokens:
+            text = self.family.expansion(key, self.processor)
+            self._tokens[key] = len(self.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._tokens[key]
+
+    def with_family(self, family: ImageFamily) -> VisionProcessor:
+        """This processor under other image settings (a what-if)."""
+        return replace(self, family=family, _tokens={})
 
     @property
-    def image_token(self) -> str:
-        return str(self.processor.image_token)
+    def placeholder(self) -> str:
+        """The token the chat template writes for an image, which the processor expands."""
+        return str(getattr(self.processor, self.family.PLACEHOLDER))
 
     @property
-    def image_token_id(self) -> int:
-        return int(self.processor.image_token_id)
+    def placeholder_id(self) -> int:
+        return int(self.processor.tokenizer.convert_tokens_to_ids(self.placeholder))
 
 
 def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, trust_remote_code: bool = False,
@@ -81,7 +97,7 @@ def load_processor(model: str, tokenizer: Any, *, revision: str | None = None, t
     template = tokenizer.chat_template if chat_template_path else _processor_template(model, revision)
     processor = _image_only(model_type)(image_processor=image_processor, tokenizer=tokenizer,
                                         chat_template=template or tokenizer.chat_template)
-    return VisionProcessor(images=settings, processor=processor)
+    return VisionProcessor(family=settings, processor=processor)
 
 
 def image_processing(model: str, *, revision: str | None = None, trust_remote_code: bool = False
@@ -121,6 +137,15 @@ def image_processing(model: str, *, revision: str | None = None, trust_remote_co
                          f"{values['max_pixels']}, which no image can be resized within; fix its "
                          "preprocessor_config.json")
     return model_type, image_processor, ImageProcessing(**values)
+
+
+def qwen_family(family: ImageFamily) -> ImageProcessing:
+    """The family of a what-if on Qwen-VL's pixel limits (`smart_resize`'s min_pixels and max_pixels), which other
+    families do not have."""
+    if not isinstance(family, ImageProcessing):
+        raise UsageError("pixel-limit what-ifs resize images as Qwen-VL's processor does (min_pixels, max_pixels); "
+                         "this model's processor has no such limits")
+    return family
 
 
 def _whole(model: str, name: str, value: Any) -> int:
@@ -424,7 +449,7 @@ def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: A
                   resize: FixedSizes | None = None) -> Rows:
     """The rows as the collator pads them (`resize`: with every image resized to one of those sizes first)."""
     try:
-        return image_rows(rows, vision.images, config.max_length, resize)
+        return image_rows(rows, vision.family, vision.tokens, config.max_length, resize)
     except CutImageTokens as exc:
         raise DatasetError(f"row {exc.row} of the {name} dataset has {exc.length} tokens with its image tokens, and "
                            f"max_length={config.max_length} cuts into them (TRL's forward then fails); raise "
@@ -434,7 +459,7 @@ def collated_rows(rows: tuple[ImageRow, ...], vision: VisionProcessor, config: A
 def _size(vision: VisionProcessor, image: Any, index: int, name: str) -> tuple[int, int]:
     try:
         height, width = image_size(image)
-        vision.images.grid(height, width)  # refused here, with the row and the file, if the processor refuses it
+        vision.family.image(height, width)  # refused here, with the row and the file, if the processor refuses it
         return height, width
     except ValueError as exc:  # ImageSizeError among them
         shown = image if isinstance(image, str) and len(image) < 200 else (
@@ -490,10 +515,10 @@ def _image_row(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int
     tokens, one placeholder per image, and the placeholders' positions."""
     tokenizer = vision.processor.tokenizer
     ids = [token for text in texts for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    positions = [i for i, token in enumerate(ids) if token == vision.image_token_id]
+    positions = [i for i, token in enumerate(ids) if token == vision.placeholder_id]
     if len(positions) != len(sizes):
         raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
-                           f"{vision.image_token} tokens in its text; give each image one")
+                           f"{vision.placeholder} tokens in its text; give each image one")
     return ImageRow(tokens=len(ids), placeholders=tuple(positions), sizes=sizes)
 
 

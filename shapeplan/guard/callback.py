@@ -22,6 +22,7 @@ from ..errors import UnplannedShapeError, UsageError
 from ..plan.counter import ShapeCounter
 from ..plan.io import load_plan
 from ..plan.model import Plan, Shape
+from ..plan.rows import BatchImages
 from .modes import MODES
 from .record import CompileEvent, build_record, gather, write_record
 from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
@@ -232,7 +233,7 @@ class ShapeGuard(TrainerCallback):
                          logits_to_keep=forward.logits_to_keep, cu_seq_lens=forward.cu_seq_lens,
                          max_length_q=forward.max_length_q, unpadded=forward.unpadded,
                          completion_tokens=forward.completion_tokens, chosen_rows=forward.chosen_rows,
-                         pixel_values=forward.pixel_values, image_grid_thw=forward.image_grid_thw)
+                         vision=BatchImages(pixel_values=forward.pixel_values, images=forward.images))
 
     def _max_new_tokens(self, forward: Forward) -> int | None:
         if not forward.phase.endswith("generate"):
@@ -249,7 +250,7 @@ class ShapeGuard(TrainerCallback):
         if forward.logits_to_keep is not None:
             where += f" logits_to_keep {forward.logits_to_keep}"
         if forward.pixel_values is not None:
-            where += f" with pixel_values {list(forward.pixel_values)} of {len(forward.image_grid_thw)} images"
+            where += f" with pixel_values {list(forward.pixel_values)} of {len(forward.images)} images"
         if key is not None:
             where += f" with cu_seq_lens of {forward.cu_seq_lens} and max_length_q {forward.max_length_q}"
         compiles = self.backend.compiles(torch_compile=bool(getattr(self.trainer.args, "torch_compile", False)))

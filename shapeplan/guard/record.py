@@ -127,7 +127,7 @@ def build_record(trainer: Any, plan: Plan | None, shapes: tuple[Shape, ...], com
         config=config, versions=versions(), fingerprint=dict(plan.fingerprint) if plan is not None else {},
         observed=True)
     data = plan_to_dict(record)
-    data["shapes"] = [{**shape_to_dict(s), **({"seconds": round(median(seconds[shape_key(s)]), 6)}
+    data["shapes"] = [{**shape_to_dict(s, record.config), **({"seconds": round(median(seconds[shape_key(s)]), 6)}
                                               if seconds.get(shape_key(s)) else {})} for s in shapes]
     data["compiles"] = [e.to_dict() for e in compiles]
     return data

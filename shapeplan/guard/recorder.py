@@ -52,12 +52,12 @@ class Forward:
     chosen_rows: int | None = None  # KTO policy forwards: the desirable rows of the batch
     turn: int | None = None  # GRPO's tool loop: the turn (1, 2, ...) of a round whose `generate` this is
     pixel_values: tuple[int, int] | None = None  # vision batches: the (N, D) the vision tower received
-    image_grid_thw: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image
+    images: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image
 
     @property
     def key(self) -> tuple[Any, ...]:
         """What the plan's `Shape.key` holds for this input (max_new_tokens is a generate's setting, not seen)."""
-        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep, self.image_grid_thw)
+        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep, self.images)
 
 
 def _tool_turn() -> int | None:
@@ -73,7 +73,7 @@ def _tool_turn() -> int | None:
 
 def shape_key(shape: Any) -> tuple[Any, ...]:
     """A planned `Shape` under `Forward.key`."""
-    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep, shape.image_grid_thw)
+    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep, shape.images)
 
 
 def trainer_method(trainer: Any) -> Method:
@@ -125,7 +125,7 @@ def vision_inputs(kwargs: dict[str, Any], *, sort: bool = False) -> dict[str, An
         return {}
     rows = [(int(t), int(h), int(w)) for t, h, w in grids.tolist()]
     return {"pixel_values": (int(pixels.shape[0]), int(pixels.shape[1])),
-            "image_grid_thw": tuple(sorted(rows) if sort else rows)}
+            "images": tuple(sorted(rows) if sort else rows)}
 
 
 def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -103,5 +103,4 @@ def _add(counter: ShapeCounter, phase: Phase, shape: BatchShape, step: int, coun
     counter.add(phase, shape.batch, shape.seq, step, count=count,
                 cu_seq_lens=shape.cu_seq_lens, max_length_q=shape.max_length_q,
                 completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows, unpadded=shape.unpadded,
-                pixel_values=shape.pixel_values, image_grid_thw=shape.image_grid_thw,
-                text_runs=shape.text_runs)
+                vision=shape.vision, text_runs=shape.text_runs)

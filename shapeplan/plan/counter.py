@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .model import PHASES, Phase, Shape, ShapeKey
+from .rows import NO_IMAGES, BatchImages
 
 
 @dataclass(slots=True)
@@ -18,7 +19,7 @@ class _Entry:
     unpadded: int = 0
     completion_tokens: set[int] = field(default_factory=set)
     chosen_rows: set[int] = field(default_factory=set)
-    pixel_values: tuple[int, int] | None = None  # follows from the key's grids
+    vision_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()  # follows from the key's images and seq
     text_runs: dict[tuple[tuple[int, ...], ...], None] = field(default_factory=dict)  # distinct layouts, in order
 
 
@@ -45,14 +46,13 @@ class ShapeCounter:
         completion_tokens: tuple[int, ...] = (),
         chosen_rows: int | None = None,
         unpadded: bool = False,
-        pixel_values: tuple[int, int] | None = None,
-        image_grid_thw: tuple[tuple[int, int, int], ...] = (),
+        vision: BatchImages = NO_IMAGES,
         text_runs: tuple[tuple[int, ...], ...] = (),
     ) -> None:
-        key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep, image_grid_thw)
+        key = ShapeKey(phase, batch, seq, cache_len, max_new_tokens, logits_to_keep, vision.images, vision.pixel_values)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(count=0, first_step=step, pixel_values=pixel_values)
+            entry = self._entries[key] = _Entry(count=0, first_step=step, vision_inputs=vision.inputs)
         if certain:
             entry.first_step = step if entry.count == 0 else min(entry.first_step, step)
             entry.count += count
@@ -93,8 +93,9 @@ class ShapeCounter:
                 unpadded=e.unpadded,
                 completion_tokens=tuple(sorted(e.completion_tokens)),
                 chosen_rows=tuple(sorted(e.chosen_rows)),
-                pixel_values=e.pixel_values,
-                image_grid_thw=key.image_grid_thw,
+                pixel_values=key.pixel_values,
+                images=key.images,
+                vision_inputs=e.vision_inputs,
                 text_runs=tuple(e.text_runs),
             )
             for key, e in self._entries.items()
@@ -105,4 +106,4 @@ class ShapeCounter:
 def shape_sort_key(shape: Shape) -> tuple[object, ...]:
     order = PHASES.index(shape.phase) if shape.phase in PHASES else len(PHASES)
     return (order, shape.batch, shape.seq, shape.cache_len or 0, shape.max_new_tokens or 0, shape.logits_to_keep or 0,
-            shape.image_grid_thw)
+            shape.images)

@@ -29,15 +29,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
 
 from .batches import RankBatches
 from .buckets import round_up
 from .counter import ShapeCounter
 from .model import GENERATE_PHASES, Method, Phase, Plan, PlanStats, Shape
-from .rows import Rows
+from .rows import NO_IMAGES, BatchImages, Rows
 from .schedule import TrainLoop, micro_batches
-from .vision import Grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,22 +172,10 @@ def _chunks(rows: Sequence[int], size: int) -> list[Sequence[int]]:
     return [rows[start:start + size] for start in range(0, len(rows), size)]
 
 
-class Vision(TypedDict, total=False):
-    """ShapeCounter.add's pixel_values and image_grid_thw for a batch (empty without images)."""
-
-    pixel_values: tuple[int, int]
-    image_grid_thw: tuple[Grid, ...]
-
-
-def _vision(images: Rows | None, rows: Sequence[int], *, shuffled: bool = False) -> Vision:
-    """What a batch of these prompts' rows feeds the vision tower (nothing without images); `shuffled`: the grids
-    in sorted order, the key of every order a shuffle of the rows gives."""
-    if images is None:
-        return Vision()
-    pixels, grids = images.vision(rows)
-    if pixels is None:
-        return Vision()
-    return Vision(pixel_values=pixels, image_grid_thw=tuple(sorted(grids)) if shuffled else grids)
+def _vision(images: Rows | None, rows: Sequence[int], *, shuffled: bool = False) -> BatchImages:
+    """What a batch of these prompts' rows feeds the vision tower (nothing without images); `shuffled`: the keys in
+    sorted order, the key of every order a shuffle of the rows gives."""
+    return NO_IMAGES if images is None else images.vision(rows, shuffled=shuffled)
 
 
 @dataclass
@@ -197,7 +183,7 @@ class _Rank:
     cache: CacheLength
     prompt_bucket: int = 0  # P of the round being trained on
     train_rows: int = 0  # rows of each slice of the round being trained on
-    train_vision: Vision | None = None  # the pixel batch of each slice of the round being trained on
+    train_vision: BatchImages = NO_IMAGES  # the pixel batch of each slice of the round being trained on
     completions: tuple[int, ...] | None = None  # the round's completion buckets, where a rollout function sets them
 
 
@@ -209,21 +195,21 @@ class _Counting:
         self.layout = layout
         self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
 
-    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: Vision | None = None,
+    def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: BatchImages = NO_IMAGES,
                  buckets: Sequence[int] | None = None) -> None:
         """The forwards over a round's completions: one per completion bucket (`buckets`, default every one
         max_new_tokens can give)."""
         buckets = self.buckets if buckets is None else buckets
         for completion in buckets:
             self.counter.add(phase, rows, prompt_bucket + completion, step, certain=len(buckets) == 1,
-                             logits_to_keep=completion, **(vision or Vision()))
+                             logits_to_keep=completion, vision=vision)
 
     def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int,
-                 vision: Vision | None = None) -> None:
+                 vision: BatchImages = NO_IMAGES) -> None:
         lengths = cache.next(prompt_bucket)
         for cache_len in lengths:
             self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len, certain=len(lengths) == 1,
-                             max_new_tokens=self.layout.max_new_tokens, **(vision or Vision()))
+                             max_new_tokens=self.layout.max_new_tokens, vision=vision)
 
     def rollout(self, phase: Phase, rollout: Rollout, cache: CacheLength, step: int) -> None:
         """A rollout function's `generate` calls: the first at its one bucket (certain), each later one at any

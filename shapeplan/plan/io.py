@@ -14,17 +14,19 @@ from typing import Any
 
 from ..errors import PlanFileError
 from .model import METHODS, PHASES, Plan, PlanStats, Shape
+from .vision.family import ImageKey
 
 PLAN_SCHEMA = 1
 
 # Optional shape fields, written only when not their default.
 _OPTIONAL = ("max_count", "cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
-             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "image_grid_thw",
-             "text_runs")
+             "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "text_runs")
+QWEN_FIELD = "image_grid_thw"  # Qwen-VL's image keys are its image_grid_thw rows, and its plans name them so
 _DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
-def shape_to_dict(shape: Shape) -> dict[str, Any]:
+def shape_to_dict(shape: Shape, config: dict[str, Any]) -> dict[str, Any]:
+    """`shape` as the plan file holds it; `config`: its plan's (which names the image keys' field)."""
     out: dict[str, Any] = {
         "phase": shape.phase,
         "batch": shape.batch,
@@ -38,6 +40,10 @@ def shape_to_dict(shape: Shape) -> dict[str, Any]:
         value = getattr(shape, name)
         if value != _DEFAULTS[name]:
             out[name] = _listed(value)
+    if shape.images:
+        out[images_field(config)] = _listed(shape.images)
+    if shape.vision_inputs:
+        out["vision_inputs"] = {name: list(dims) for name, dims in shape.vision_inputs}
     return out
 
 
@@ -68,7 +74,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "eval_rows": stats.eval_rows,
             "padding_waste": round(stats.padding_waste, 6),
         },
-        "shapes": [shape_to_dict(s) for s in plan.shapes],
+        "shapes": [shape_to_dict(s, plan.config) for s in plan.shapes],
         "warnings": list(plan.warnings),
     }
 
@@ -110,7 +116,7 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
+def _shape_from_dict(s: Any, where: str, multiple: int | None, field: str) -> Shape:
     _typed(s, dict, where)
     for name in ("phase", "batch", "seq", "count", "first_step"):
         if name not in s:
@@ -124,7 +130,7 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
     pairs = s.get("varlen_pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
         raise _malformed(f"{where}.varlen_pairs", "must be a list of [len(cu_seq_lens), max_length_q] pairs")
-    pixels, grids = _vision(s, where)
+    pixels, images, others = _vision(s, where, field)
     cache_len = _optional_int(s.get("cache_len"), f"{where}.cache_len", 1)
     if cache_len is not None and cache_len < seq:  # a static cache holds the prompt it is filled with, at least
         raise _malformed(f"{where}.cache_len", f"is {cache_len}, below the shape's prompt length (seq) {seq}",
@@ -148,15 +154,16 @@ def _shape_from_dict(s: Any, where: str, multiple: int | None) -> Shape:
         completion_tokens=_ints(s.get("completion_tokens", []), f"{where}.completion_tokens", 0),
         chosen_rows=_ints(s.get("chosen_rows", []), f"{where}.chosen_rows", 0),
         pixel_values=pixels,
-        image_grid_thw=grids,
-        text_runs=_text_runs(s, where, grids, seq),
+        images=images,
+        vision_inputs=others,
+        text_runs=_text_runs(s, where, images, seq),
     )
 
 
-def _text_runs(s: dict[str, Any], where: str, grids: tuple[tuple[int, int, int], ...],
+def _text_runs(s: dict[str, Any], where: str, images: tuple[ImageKey, ...],
                seq: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """A vision batch's layouts: each a list of `batch` rows, each row's text runs (one more than its images), the
-    rows' images together as many as `image_grid_thw` holds."""
+    rows' images together as many as the shape has."""
     layouts = s.get("text_runs", [])
     where = f"{where}.text_runs"
     if not isinstance(layouts, list) or not all(
@@ -165,28 +172,41 @@ def _text_runs(s: dict[str, Any], where: str, grids: tuple[tuple[int, int, int],
         raise _malformed(where, "must be a list of layouts, each a list of the batch's rows' text runs")
     out = tuple(tuple(_ints(row, where, 0, seq) for row in layout) for layout in layouts)
     for layout in out:
-        if sum(len(row) - 1 for row in layout) != len(grids):
-            raise _malformed(where, "has a layout whose rows hold another number of images than image_grid_thw")
+        if sum(len(row) - 1 for row in layout) != len(images):
+            raise _malformed(where, "has a layout whose rows hold another number of images than the shape")
     return out
 
 
-def _vision(s: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tuple[tuple[int, int, int], ...]]:
-    """A vision batch's `pixel_values` [N, D] and `image_grid_thw` [[t, h, w], ...]: both or neither, and N the
-    grids' patches."""
-    if "pixel_values" not in s and "image_grid_thw" not in s:
-        return None, ()
-    value, triples = s.get("pixel_values"), s.get("image_grid_thw")
-    if not (isinstance(value, list) and len(value) == 2):
-        raise _malformed(f"{where}.pixel_values", "must be [N, D] where image_grid_thw is given")
-    if not (isinstance(triples, list) and triples and all(isinstance(g, list) and len(g) == 3 for g in triples)):
-        raise _malformed(f"{where}.image_grid_thw", "must be a list of [t, h, w] where pixel_values is given")
-    grids = tuple((_int(t, f"{where}.image_grid_thw[{i}]", 1, MAX_SEQ), _int(h, f"{where}.image_grid_thw[{i}]", 1,
-                   MAX_SEQ), _int(w, f"{where}.image_grid_thw[{i}]", 1, MAX_SEQ))
-                  for i, (t, h, w) in enumerate(triples))
-    rows = _int(value[0], f"{where}.pixel_values[0]", 1, _MAX_COUNT)
-    if rows != sum(t * h * w for t, h, w in grids):
-        raise _malformed(f"{where}.pixel_values[0]", "is not the number of patches its image_grid_thw holds", rows)
-    return (rows, _int(value[1], f"{where}.pixel_values[1]", 1, MAX_SEQ)), grids
+def _vision(s: dict[str, Any], where: str, field: str) -> tuple[tuple[int, ...] | None, tuple[ImageKey, ...],
+                                                                 tuple[tuple[str, tuple[int, ...]], ...]]:
+    """A vision batch's `pixel_values` shape, its images' keys (`field`: their JSON name) and its other vision
+    inputs: the first two both or neither; Qwen-VL's pixel_values [N, D] with N the patches its grids hold."""
+    inputs = s.get("vision_inputs", {})
+    if not isinstance(inputs, dict):
+        raise _malformed(f"{where}.vision_inputs", "must be an object of tensor names and shapes")
+    others = tuple((str(name), _ints(shape, f"{where}.vision_inputs.{name}", 1)) for name, shape in inputs.items())
+    if "pixel_values" not in s and field not in s:
+        return None, (), others
+    value, keys = s.get("pixel_values"), s.get(field)
+    if not (isinstance(value, list) and value):
+        raise _malformed(f"{where}.pixel_values", f"must be the pixel tensor's shape where {field} is given")
+    if not (isinstance(keys, list) and keys and all(isinstance(k, list) for k in keys)):
+        raise _malformed(f"{where}.{field}", "must be a list of each image's key where pixel_values is given")
+    images = tuple(_ints(key, f"{where}.{field}[{i}]", 1, MAX_SEQ) for i, key in enumerate(keys))
+    pixels = _ints(value, f"{where}.pixel_values", 1, _MAX_COUNT)
+    if field == QWEN_FIELD:
+        if len(pixels) != 2 or any(len(grid) != 3 for grid in images):
+            raise _malformed(f"{where}", "must have pixel_values [N, D] and image_grid_thw rows [t, h, w]")
+        if pixels[0] != sum(t * h * w for t, h, w in images):
+            raise _malformed(f"{where}.pixel_values[0]", "is not the number of patches its image_grid_thw holds",
+                             pixels[0])
+    return pixels, images, others
+
+
+def images_field(config: dict[str, Any]) -> str:
+    """The JSON name of a plan's image keys: Qwen-VL's own tensor name for its plans (and plans made before other
+    families were planned, which record no family); `images` for every other family."""
+    return QWEN_FIELD if config.get("vision_family", "qwen2_vl") == "qwen2_vl" else "images"
 
 
 def plan_from_dict(data: Any) -> Plan:
@@ -215,7 +235,8 @@ def plan_from_dict(data: Any) -> Plan:
     shape_list = _typed(data["shapes"], list, "shapes")
     if not shape_list:
         raise _malformed("shapes", "is empty: a plan lists at least one shape")
-    shapes = tuple(_shape_from_dict(s, f"shapes[{i}]", multiple) for i, s in enumerate(shape_list))
+    field = images_field(config)
+    shapes = tuple(_shape_from_dict(s, f"shapes[{i}]", multiple, field) for i, s in enumerate(shape_list))
     seen: dict[tuple[Any, ...], int] = {}
     for i, shape in enumerate(shapes):
         if shape.key in seen:

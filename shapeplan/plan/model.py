@@ -35,7 +35,8 @@ class ShapeKey(NamedTuple):
     cache_len: int | None = None
     max_new_tokens: int | None = None
     logits_to_keep: int | None = None
-    image_grid_thw: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image, in row order
+    images: tuple[tuple[int, ...], ...] = ()  # vision batches: each image's key (plan/vision), in row order
+    pixel_values: tuple[int, ...] | None = None  # vision batches: the pixel tensor's shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,13 @@ class Shape:
     half of the batches met with this shape. TRL's metrics select those tokens with a boolean mask, so each count
     is an op input of its own size (a compile each on an eager device). KTO's carry them too (desirable and
     undesirable rows), and `chosen_rows`: the numbers of desirable rows its batches had, which KTO's loss selects.
-    Batches with images (vision-language runs) carry what the vision tower receives: `pixel_values` (N, D), every
-    image's patch rows concatenated, and `image_grid_thw`, one (t, h, w) per image in the batch's row order; the
-    grids are part of the key (the tower's attention windows depend on each image's grid, not only on N).
+    Batches with images (vision-language runs) carry what the vision tower receives: `images`, each image's key
+    in the batch's row order, as its family defines it (`shapeplan.plan.vision`: Qwen-VL's `image_grid_thw` row,
+    a tiling family's tile counts); the shape of `pixel_values` (Qwen-VL: (N, D), every image's patch rows
+    concatenated); and `vision_inputs`, every other tensor the images add (name and shape). Keys and pixel shape
+    are part of the shape's key (Qwen-VL's tower windows attention by each image's grid, not only by N).
     Vision SFT batches also carry `text_runs`: each distinct layout the shape's batches had, as every row's text
-    tokens before, between and after its images (the row's grids being the next ones of `image_grid_thw`).
+    tokens before, between and after its images (the row's images being the next ones of `images`).
     Qwen-VL's forward builds each row's position ids from these runs op by op on the device, so every layout is
     ops of its own sizes on an eager device.
     """
@@ -82,14 +85,20 @@ class Shape:
     unpadded: int = 0
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
-    pixel_values: tuple[int, int] | None = None
-    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    pixel_values: tuple[int, ...] | None = None
+    images: tuple[tuple[int, ...], ...] = ()
+    vision_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
     text_runs: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
     def key(self) -> ShapeKey:
         return ShapeKey(self.phase, self.batch, self.seq, self.cache_len, self.max_new_tokens, self.logits_to_keep,
-                        self.image_grid_thw)
+                        self.images, self.pixel_values)
+
+    @property
+    def image_grid_thw(self) -> tuple[tuple[int, ...], ...]:
+        """Qwen-VL's name for its images' keys (each its `image_grid_thw` row), as plans name them."""
+        return self.images
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,4 +151,4 @@ class Plan:
     @property
     def vision_graphs(self) -> int:
         """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
-        return len({s.image_grid_thw for s in self.shapes if s.image_grid_thw})
+        return len({s.images for s in self.shapes if s.images})

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import overload
 
 from .buckets import round_up
-from .vision import Grid, pixel_rows
+from .vision.family import ImageFamily, ImageKey, Inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,15 +15,16 @@ class Rows:
     """Token lengths of the prepared dataset's rows, in dataset order.
 
     `documents` holds, for packed rows, the lengths of the documents packed into each row (`seq_lengths`);
-    None means each row is one document. Rows with images (vision-language data) hold each row's image grids in
-    `images`, the processor's patch width in `pixel_dim`, and in `text_runs` each row's text tokens before, between
-    and after its images: Qwen-VL's forward builds each row's position ids from these runs, op by op on the device.
+    None means each row is one document. Rows with images (vision-language data) hold each row's images' keys in
+    `images`, the family that made them (`shapeplan.plan.vision`) in `family`, and in `text_runs` each row's text
+    tokens before, between and after its images: Qwen-VL's forward builds each row's position ids from these runs,
+    op by op on the device.
     """
 
     lengths: tuple[int, ...]
     documents: tuple[tuple[int, ...], ...] | None = None
-    images: tuple[tuple[Grid, ...], ...] | None = None
-    pixel_dim: int = 0
+    images: tuple[tuple[ImageKey, ...], ...] | None = None
+    family: ImageFamily | None = None
     text_runs: tuple[tuple[int, ...], ...] | None = None
 
     def __len__(self) -> int:
@@ -32,15 +33,32 @@ class Rows:
     def documents_of(self, row: int) -> tuple[int, ...]:
         return self.documents[row] if self.documents is not None else (self.lengths[row],)
 
-    def vision(self, batch: Sequence[int]) -> tuple[tuple[int, int] | None, tuple[Grid, ...]]:
-        """What a batch of these rows feeds the vision tower: `pixel_values` (N, D) and `image_grid_thw`, in row
-        order (None and () for text rows, or a batch without images)."""
-        grids = () if self.images is None else tuple(grid for i in batch for grid in self.images[i])
-        return ((pixel_rows(grids), self.pixel_dim) if grids else None), grids
+    def vision(self, batch: Sequence[int], *, shuffled: bool = False) -> BatchImages:
+        """What a batch of these rows feeds the model besides its text (nothing for text rows, or a batch without
+        images); `shuffled`: the images' keys in sorted order, the key of every order a shuffle of the rows gives."""
+        if self.images is None or self.family is None or not any(self.images[i] for i in batch):
+            return NO_IMAGES
+        rows = [self.images[i] for i in batch]
+        keys = tuple(key for row in rows for key in row)
+        return BatchImages(pixel_values=self.family.pixel_values(rows),
+                           images=tuple(sorted(keys)) if shuffled else keys, inputs=self.family.inputs(rows))
 
     def runs(self, batch: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         """Each row's text runs, in row order (() for text rows)."""
         return () if self.text_runs is None else tuple(self.text_runs[i] for i in batch)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchImages:
+    """What a batch's images feed the model: the pixel tensor's shape, each image's key in row order, and the other
+    tensors the images add (none of them for a batch without images)."""
+
+    pixel_values: tuple[int, ...] | None = None
+    images: tuple[ImageKey, ...] = ()
+    inputs: Inputs = ()
+
+
+NO_IMAGES = BatchImages()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +71,7 @@ class BatchShape:
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: chosen and rejected completion-token counts
     chosen_rows: int | None = None  # KTO policy forwards: desirable rows in the batch
     unpadded: bool = False  # no pad token: attention runs without a mask
-    pixel_values: tuple[int, int] | None = None  # vision batches: (N, D) of the batch's images
-    image_grid_thw: tuple[Grid, ...] = ()  # vision batches: each image's grid, in row order
+    vision: BatchImages = NO_IMAGES  # vision batches: what the batch's images feed the model
     text_runs: tuple[tuple[int, ...], ...] = ()  # vision batches: each row's text runs around its images
 
 
@@ -103,9 +120,8 @@ def padded_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> Batc
     """`DataCollatorForLanguageModeling` with padding: (rows, longest row rounded up)."""
     lengths = [rows.lengths[i] for i in batch]
     seq = collated_seq(batch, lambda part: round_up(max(rows.lengths[i] for i in part), multiple))
-    pixels, grids = rows.vision(batch)
     return BatchShape(batch=len(batch), seq=seq, tokens=sum(lengths), unpadded=sum(lengths) == len(batch) * seq,
-                      pixel_values=pixels, image_grid_thw=grids, text_runs=rows.runs(batch))
+                      vision=rows.vision(batch), text_runs=rows.runs(batch))
 
 
 def padding_free_batch(rows: Rows, batch: Sequence[int], multiple: int | None) -> BatchShape:

@@ -1,14 +1,15 @@
 """A vision dataset's rows as the collator pads them: each row's length with its image tokens expanded (truncated to
-max_length), and its images' grids."""
+max_length), and its images' keys."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from .rows import Rows
-from .vision import FixedSizes, Grid, ImageProcessing
+from .vision import FixedSizes
+from .vision.family import ImageFamily, ImageKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,17 +37,17 @@ class CutImageTokens(ValueError):
         self.row, self.length = row, length
 
 
-def image_rows(rows: Sequence[ImageRow], processing: ImageProcessing, max_length: int | None,
-               resize: FixedSizes | None = None) -> Rows:
-    """The rows' collated lengths (each placeholder expanded to its image's tokens, truncated to max_length), grids
-    and text runs; `resize`: every image first resized to one of those fixed sizes (a what-if)."""
+def image_rows(rows: Sequence[ImageRow], family: ImageFamily, tokens: Callable[[ImageKey], int],
+               max_length: int | None, resize: FixedSizes | None = None) -> Rows:
+    """The rows' collated lengths (each placeholder expanded to its image's `tokens`, truncated to max_length),
+    image keys and text runs; `resize`: every image first resized to one of those fixed sizes (a what-if)."""
     lengths: list[int] = []
-    grids: list[tuple[Grid, ...]] = []
+    keys: list[tuple[ImageKey, ...]] = []
     runs: list[tuple[int, ...]] = []
     for index, row in enumerate(rows):
         sizes = row.sizes if resize is None else tuple(resize.target(h, w) for h, w in row.sizes)
-        row_grids = tuple(processing.grid(h, w) for h, w in sizes)
-        added = sum(processing.tokens(grid) - 1 for grid in row_grids)
+        row_keys = tuple(family.image(h, w) for h, w in sizes)
+        added = sum(tokens(key) - 1 for key in row_keys)
         length = row.tokens + added
         cut = 0
         if max_length is not None and length > max_length:
@@ -54,6 +55,6 @@ def image_rows(rows: Sequence[ImageRow], processing: ImageProcessing, max_length
                 raise CutImageTokens(index, length)
             length, cut = max_length, length - max_length
         lengths.append(length)
-        grids.append(row_grids)
+        keys.append(row_keys)
         runs.append(row.text_runs(cut))
-    return Rows(lengths=tuple(lengths), images=tuple(grids), pixel_dim=processing.pixel_dim, text_runs=tuple(runs))
+    return Rows(lengths=tuple(lengths), images=tuple(keys), family=family, text_runs=tuple(runs))

@@ -148,7 +148,7 @@ def _option_dict(option: Option, base_total: float) -> dict[str, Any]:
         "change_seconds": round(c.total_s - base_total, 3),
         "data_lost": {**asdict(option.loss), "loses_data": option.loss.loses_data},
         "kv_cache_peak_bytes": peak_bytes(option.plan),
-        "shapes": [shape_to_dict(s) for s in option.plan.shapes],
+        "shapes": [shape_to_dict(s, option.plan.config) for s in option.plan.shapes],
     }
 
 

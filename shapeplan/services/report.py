@@ -53,7 +53,7 @@ def shape_notes(shape: Shape) -> str:
         parts.append(f"chosen rows {_span(shape.chosen_rows)}")
     if shape.pixel_values is not None:
         parts.append(f"pixel_values {shape.pixel_values[0]}x{shape.pixel_values[1]}, "
-                     f"{len(shape.image_grid_thw)} image{'s' if len(shape.image_grid_thw) > 1 else ''}")
+                     f"{len(shape.images)} image{'s' if len(shape.images) > 1 else ''}")
     if not shape.certain:
         parts.append("possible")
     if shape.max_count is not None:
@@ -98,7 +98,7 @@ def _vision_lines(plan: Plan) -> list[str]:
     """How many vision-tower graphs the run needs: one per distinct set of grids a batch feeds it."""
     if not plan.vision_graphs:
         return []
-    lines = [f"vision graphs: {plan.vision_graphs} distinct pixel batches (image_grid_thw sets); TRL pads neither, "
+    lines = [f"vision graphs: {plan.vision_graphs} distinct pixel batches (images sets); TRL pads neither, "
              "so each is a compile of the vision tower"]
     layouts = sum(len(s.text_runs) for s in plan.shapes)
     if layouts:

@@ -21,6 +21,7 @@ from ..plan.vision import (
     pixels_kept,
     pixels_kept_under,
 )
+from ..plan.vision.family import ImageFamily
 
 SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
 
@@ -59,7 +60,7 @@ class ImageRun(Protocol):
     """A vision-language run read once (`adapters.sft.VisionRun`, `adapters.grpo.GenerationRun`)."""
 
     @property
-    def processing(self) -> ImageProcessing: ...
+    def processing(self) -> ImageFamily: ...
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -76,6 +77,8 @@ def advise_vision(method: str, run: ImageRun, counts: Sequence[int] = SIZE_COUNT
     processing, sizes, plan = run.processing, run.sizes, run.plan
     baseline = VisionOption(sizes=None, plan=plan(), pixels_kept=1.0)
     options: list[VisionOption] = []
+    if not isinstance(processing, ImageProcessing):  # the size what-ifs below resize as Qwen-VL's processor does
+        return VisionAdvice(method=method, baseline=baseline, options=())
     for count in counts:
         fixed = fixed_sizes(sizes, count, processing)
         if not fixed.sizes or any(option.sizes == fixed for option in options):
@@ -109,7 +112,7 @@ def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
                                                                "max_pixels": o.limits.max_pixels},
                 "vision_graphs": o.plan.vision_graphs, "distinct_shapes": o.plan.distinct_shapes,
                 "compile_minutes": round(o.compile_minutes, 3), "pixels_kept": round(o.pixels_kept, 6),
-                "shapes": [shape_to_dict(s) for s in o.plan.shapes]}
+                "shapes": [shape_to_dict(s, o.plan.config) for s in o.plan.shapes]}
 
     best = advice.best
     return {"method": advice.method, "vision": True, "baseline": option(advice.baseline),

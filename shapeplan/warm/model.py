@@ -6,8 +6,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..plan.vision import pixel_rows
-
 if TYPE_CHECKING:
     from .shards import Shard
 
@@ -48,8 +46,8 @@ class WarmTask:
     KTO's numbers of desirable rows (each value needs a batch).
     `per_pass` (eval only) is how many batches of this shape one eval pass runs: the eval loop's concatenations
     grow with every batch, so a warm eval pass runs as many batches as the real one.
-    Vision batches carry their `image_grid_thw` and every planned layout of their rows' `text_runs` (each gets a
-    batch: see shapeplan/warm/vision.py).
+    Vision batches carry their images' keys, their `pixel_values` shape and every planned layout of their rows'
+    `text_runs` (each gets a batch: see shapeplan/warm/vision.py).
     """
 
     phase: str
@@ -61,7 +59,8 @@ class WarmTask:
     completion_tokens: tuple[int, ...] = ()
     chosen_rows: tuple[int, ...] = ()
     per_pass: int = 1
-    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    images: tuple[tuple[int, ...], ...] = ()
+    pixel_values: tuple[int, ...] | None = None
     text_runs: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
@@ -78,18 +77,18 @@ class WarmTask:
             parts.append("chosen=" + ",".join(map(str, self.chosen_rows)))
         if self.phase == "eval":
             parts.append(f"per_pass={self.per_pass}")
-        if self.image_grid_thw:
-            parts.append("grids=" + ",".join("x".join(map(str, grid)) for grid in self.image_grid_thw))
+        if self.images:
+            parts.append("grids=" + ",".join("x".join(map(str, grid)) for grid in self.images))
             layouts = repr(self.text_runs).encode()
             parts.append(f"layouts={len(self.text_runs)}:{hashlib.sha256(layouts).hexdigest()[:12]}")
         return " ".join(parts)
 
     @property
     def label(self) -> str:
-        if self.image_grid_thw:
-            images = len(self.image_grid_thw)
+        if self.images:
+            images = len(self.images)
             return (f"{self.phase} ({self.batch}, {self.seq}) {images} image{'s' if images > 1 else ''}, "
-                    f"{pixel_rows(self.image_grid_thw)} patches")
+                    f"pixel_values {'x'.join(map(str, self.pixel_values or ()))}")
         return f"{self.phase} ({self.batch}, {self.seq})"
 
 

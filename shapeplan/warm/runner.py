@@ -76,7 +76,8 @@ def tasks_from_plan(plan: Plan, *, eval_passes: int, inner_phases: dict[str, str
         tasks.append(WarmTask(phase=shape.phase, batch=shape.batch, seq=shape.seq, varlen_pairs=shape.varlen_pairs,
                               padded=shape.unpadded < shape.count, unpadded=shape.unpadded > 0,
                               completion_tokens=shape.completion_tokens, chosen_rows=shape.chosen_rows,
-                              per_pass=per_pass, image_grid_thw=shape.image_grid_thw, text_runs=shape.text_runs))
+                              per_pass=per_pass, images=shape.images, pixel_values=shape.pixel_values,
+                              text_runs=shape.text_runs))
     return tuple(tasks)
 
 

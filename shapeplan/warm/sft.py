@@ -30,10 +30,10 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
 
     def bind(self, plan: Plan) -> None:
         super().bind(plan)
-        self.vision = any(s.image_grid_thw or s.text_runs for s in plan.shapes)
+        self.vision = any(s.images or s.text_runs for s in plan.shapes)
         for task in self.tasks(plan) if self.vision else ():
-            check_layouts(task.image_grid_thw, task.text_runs, task.seq, self.config.pad_to_multiple_of,
-                          self.processor.images, task.label)
+            check_layouts(task.images, task.text_runs, task.seq, self.config.pad_to_multiple_of,
+                          self.processor, task.label)
 
     def _padding_free(self) -> bool:
         return bool(self.config.padding_free or (
@@ -60,7 +60,7 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
         """The synthetic batches that reproduce `task`: one per planned layout (padding-free pair; padded, unpadded;
         a vision batch's row layout)."""
         if self.vision:
-            return list(vision_batches(task.image_grid_thw, task.text_runs))
+            return list(vision_batches(task.images, task.text_runs))
         multiple = self.config.pad_to_multiple_of
         if self.padding_free:
             batches, problems = padding_free_batches(task.seq, task.varlen_pairs, multiple)
@@ -73,7 +73,7 @@ class SFTWarmer(TrainerLoopWarmer[SyntheticBatch | VisionBatch]):
         the row indices of each batch."""
         if self.vision:
             vision = self.processor
-            return vision_rows([b for b in batches if isinstance(b, VisionBatch)], vision.processor, vision.images,
+            return vision_rows([b for b in batches if isinstance(b, VisionBatch)], vision,
                                self.config.dataset_text_field)
         return dataset_rows([b for b in batches if isinstance(b, SyntheticBatch)], self.tokenizer.vocab_size,
                             seq_lengths=self.padding_free and bool(self.config.packing))

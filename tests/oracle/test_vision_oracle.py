@@ -106,7 +106,7 @@ def test_the_guard_names_an_unplanned_pixel_batch(images: list[str], tmp_path: P
     guard = ShapeGuard(dataclasses.replace(plan, shapes=tuple(s for s in plan.shapes if s != dropped)),
                        on_unplanned="warn")
     run_sft_vision(train, ["--pad_to_multiple_of", "128", *argv], guard=guard)
-    assert [f.image_grid_thw for f in guard.unplanned.values()] == [dropped.image_grid_thw]
+    assert [f.images for f in guard.unplanned.values()] == [dropped.images]
     lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
     assert len(lines) == 1 and f"with pixel_values {list(dropped.pixel_values or ())}" in lines[0], lines
 

@@ -114,8 +114,8 @@ def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *,
 
 
 def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int, Any]]:
-    """(phase, batch, seq, cache_len, image_grid_thw) -> (count, first step, pixel_values)."""
-    keys = [(s.phase, s.batch, s.seq, s.cache_len, s.image_grid_thw) for s in seen]
+    """(phase, batch, seq, cache_len, images) -> (count, first step, pixel_values)."""
+    keys = [(s.phase, s.batch, s.seq, s.cache_len, s.images) for s in seen]
     counts = Counter(keys)
     out: dict[Key, tuple[int, int, Any]] = {}
     for key, s in zip(keys, seen, strict=True):
@@ -125,5 +125,5 @@ def observed(seen: Sequence[Forward]) -> dict[Key, tuple[int, int, Any]]:
 
 
 def planned(plan: Any) -> dict[Key, tuple[int, int, Any]]:
-    return {(s.phase, s.batch, s.seq, s.cache_len, s.image_grid_thw): (s.count, s.first_step, s.pixel_values)
+    return {(s.phase, s.batch, s.seq, s.cache_len, s.images): (s.count, s.first_step, s.pixel_values)
             for s in plan.shapes}

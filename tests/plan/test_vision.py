@@ -20,7 +20,7 @@ SIDES = [1, 13, 27, 28, 29, 55, 56, 100, 224, 333, 448, 1000, 1023, 4096]
 @pytest.mark.parametrize(("min_pixels", "max_pixels"), [(3136, 1003520), (12544, 50176), (3136, 12845056)])
 def test_grids_equal_the_image_processor(min_pixels: int, max_pixels: int) -> None:
     """Every (height, width) of SIDES: transformers' `smart_resize`, and for the small ones the image processor
-    itself, its image_grid_thw row, its pixel_values rows and width, and the image tokens its processor writes."""
+    itself, its images row, its pixel_values rows and width, and the image tokens its processor writes."""
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
@@ -73,7 +73,7 @@ def test_image_sizes_are_read_as_the_run_reads_them(tmp_path: Path) -> None:
 def test_a_vision_shape_round_trips_through_the_plan_file() -> None:
     grids = ((1, 4, 6), (1, 22, 34))
     shape = Shape(phase="train", batch=2, seq=256, count=3, first_step=1, pixel_values=(pixel_rows(grids), 1176),
-                  image_grid_thw=grids)
+                  images=grids)
     plan = Plan(method="sft", exact=True, pad_to_multiple_of=128, shapes=(shape,),
                 stats=PlanStats(rows=6, dropped_rows=0, micro_batches=3, optimizer_steps=3, tokens=1, padded_tokens=1))
     data = plan_to_dict(plan)

@@ -44,7 +44,7 @@ def test_warm_dispatches_exactly_the_ops_of_a_real_vision_run(images: list[str],
     lengths = []  # each planned row's collated length: its text runs and its images' tokens (2x2 patches merged)
     for shape in plan.shapes:
         for layout in shape.text_runs:
-            grids = iter(shape.image_grid_thw)
+            grids = iter(shape.images)
             lengths += [sum(runs) + sum(t * h * w // 4 for t, h, w in (next(grids) for _ in runs[1:]))
                         for runs in layout]
     assert max(lengths) == 512 and min(lengths) < 256  # some row cut at max_length, others far shorter

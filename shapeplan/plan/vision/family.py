@@ -10,7 +10,7 @@ family's test. `FAMILIES` maps each `config.model_type` shapeplan plans to its m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 # What one image feeds the device, as its family defines it: for Qwen-VL its `image_grid_thw` row (t, h, w); for a
 # tiling family its tile counts; () for a family whose images are all one fixed size. Two images with one key give
@@ -25,6 +25,10 @@ Inputs = tuple[tuple[str, tuple[int, ...]], ...]
 class ImageFamily(Protocol):
     """One family's image arithmetic under one processor's settings (a frozen dataclass per family)."""
 
+    MODEL_TYPES: ClassVar[tuple[str, ...]]  # the `config.model_type`s whose processor this is
+    TEXT_INPUTS: ClassVar[tuple[str, ...]]  # tensors the images add shaped as input_ids (Gemma 3's token_type_ids)
+    PLACEHOLDER: ClassVar[str]  # the processor attribute naming the token a chat template writes for an image
+
     def image(self, height: int, width: int) -> ImageKey:
         """The key of an image of this size, as the processor receives it (ImageSizeError where it refuses it)."""
         ...
@@ -38,8 +42,8 @@ class ImageFamily(Protocol):
         """The shape of the batch's `pixel_values`: `rows` holds each row's images' keys, in row order."""
         ...
 
-    def inputs(self, rows: Sequence[Sequence[ImageKey]], seq: int) -> Inputs:
-        """Every other tensor of the batch that images add (its `pixel_values` not among them), by name."""
+    def inputs(self, rows: Sequence[Sequence[ImageKey]]) -> Inputs:
+        """Every other tensor of the batch that images add, by name (not `pixel_values`, nor the TEXT_INPUTS)."""
         ...
 
     def picture(self, key: ImageKey) -> tuple[int, int]:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`
+from .family import ImageKey, Inputs
+
+Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`, the image's key
 
 
 class ImageSizeError(ValueError):
@@ -18,7 +21,12 @@ class ImageSizeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ImageProcessing:
-    """The processor settings an image's grid depends on (`preprocessor_config.json`)."""
+    """The processor settings an image's grid depends on (`preprocessor_config.json`): Qwen2-VL, Qwen2.5-VL and
+    Qwen3-VL's `ImageFamily`, an image's key its grid."""
+
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    TEXT_INPUTS: ClassVar[tuple[str, ...]] = ()
+    PLACEHOLDER: ClassVar[str] = "image_token"
 
     min_pixels: int
     max_pixels: int
@@ -62,6 +70,31 @@ class ImageProcessing:
         """The image tokens one image puts in the text: its patches merged `merge_size`**2 to one."""
         t, h, w = grid
         return t * h * w // (self.merge_size * self.merge_size)
+
+    # -- ImageFamily -------------------------------------------------------------------------------------------------
+
+    def image(self, height: int, width: int) -> ImageKey:
+        return self.grid(height, width)
+
+    def expansion(self, key: ImageKey, processor: Any) -> str:
+        """The processor's `image_token` repeated once per merged patch (its own tokens are one token each)."""
+        return str(processor.image_token) * self.tokens(_grid(key))
+
+    def pixel_values(self, rows: Sequence[Sequence[ImageKey]]) -> tuple[int, ...]:
+        return (pixel_rows([_grid(key) for row in rows for key in row]), self.pixel_dim)
+
+    def inputs(self, rows: Sequence[Sequence[ImageKey]]) -> Inputs:
+        return ()  # its image_grid_thw rows are the images' keys themselves
+
+    def picture(self, key: ImageKey) -> tuple[int, int]:
+        """The grid's own pixel size, which smart_resize keeps (where it is within the processor's limits)."""
+        _, h, w = _grid(key)
+        return h * self.patch_size, w * self.patch_size
+
+
+def _grid(key: ImageKey) -> Grid:
+    t, h, w = key
+    return t, h, w
 
 
 def pixel_rows(grids: Sequence[Grid]) -> int:
