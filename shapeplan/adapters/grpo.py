@@ -193,7 +193,7 @@ class GenerationRun:
         recorded = recorded_config(args, self.argv)
         recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                         num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset,
-                        **vision.whatif_config(resize, limits))
+                        **(vision.vision_config(self.prompts.processor, resize, limits) if self.prompts else {}))
         return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop,
                         epoch_batches=epoch_batches, evals=evals, config=recorded, warnings=warnings,
                         images=images[0] if images else None, eval_images=images[1] if images else None,

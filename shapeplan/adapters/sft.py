@@ -290,7 +290,7 @@ def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelL
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)
     epoch_batches, loop = train_schedule(args, len(train_rows))
-    recorded = {**recorded_config(args, run.argv), **vision.whatif_config(resize, limits)}
+    recorded = {**recorded_config(args, run.argv), **vision.vision_config(run.processor, resize, limits)}
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded, versions=versions(), fingerprint=run_fingerprint(run.data),
                    warnings=run.warnings)

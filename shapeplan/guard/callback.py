@@ -20,12 +20,12 @@ from transformers import Trainer, TrainerCallback
 
 from ..errors import UnplannedShapeError, UsageError
 from ..plan.counter import ShapeCounter
-from ..plan.io import load_plan
-from ..plan.model import Plan, Shape
+from ..plan.io import keys_tensor, load_plan
+from ..plan.model import Plan, Shape, shape_key
 from ..plan.rows import BatchImages
 from .modes import MODES
 from .record import CompileEvent, build_record, gather, write_record
-from .recorder import Forward, ShapeRecorder, shape_key, trainer_method
+from .recorder import Forward, ShapeRecorder, trainer_method
 
 
 def _say(line: str) -> None:
@@ -122,8 +122,10 @@ class ShapeGuard(TrainerCallback):
         self.backend = backend
         self.on_forward = on_forward
         self.no_compile = no_compile
+        # a family whose batches do not hold their images' keys is checked by its pixel tensor's shape
+        self._keyed = self.plan is not None and keys_tensor(self.plan.config) is not None
         self.planned: dict[tuple[Any, ...], Shape] = {} if self.plan is None else {
-            shape_key(s): s for s in self.plan.shapes}
+            shape_key(s, images=self._keyed): s for s in self.plan.shapes}
         self.trainer: Any = None
         self.recorder: ShapeRecorder | None = None
         self.counter = ShapeCounter()
@@ -406,10 +408,11 @@ class ShapeGuard(TrainerCallback):
         expected = {key: s for key, s in self.planned.items() if self._expected(s)}
         certain = [s for s in expected.values() if s.certain]
         possible = [s for s in expected.values() if not s.certain]
-        hit = sum(1 for s in certain if shape_key(s) in met)
+        hit = sum(1 for s in certain if shape_key(s, images=self._keyed) in met)
         line = f"{hit}/{len(certain)} planned shapes met"
         if possible:  # shapes only sampling can produce (GRPO completion buckets): a run meets some of them
-            line += f" (and {sum(1 for s in possible if shape_key(s) in met)}/{len(possible)} possible ones)"
+            line += (f" (and {sum(1 for s in possible if shape_key(s, images=self._keyed) in met)}/{len(possible)} "
+                     "possible ones)")
         line += f", {unplanned} unplanned, {compiled}"
         if not self.plan.exact:
             return line + ", counts not compared (the plan is a bound)"

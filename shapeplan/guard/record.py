@@ -18,9 +18,9 @@ from typing import Any
 from ..errors import PlanFileError
 from ..plan.counter import shape_sort_key
 from ..plan.io import plan_to_dict, shape_to_dict
-from ..plan.model import Plan, PlanStats, Shape
+from ..plan.model import Plan, PlanStats, Shape, shape_key
 from ..plan.targets import write_output
-from .recorder import shape_key, trainer_method
+from .recorder import trainer_method
 
 Key = tuple[Any, ...]
 

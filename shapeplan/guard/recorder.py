@@ -31,7 +31,11 @@ from typing import Any
 from ..adapters.lora import adapters_off, inner_model
 from ..errors import UsageError
 from ..plan.model import Method, Phase
+from ..plan.vision import FAMILIES
 from ..services.trainers import TRAINERS
+
+# The batch tensors in which a family's batches hold their images' keys (Qwen-VL's image_grid_thw).
+KEYS_TENSORS = tuple(sorted({f.KEYS_TENSOR for f in FAMILIES.values() if f.KEYS_TENSOR is not None}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +55,13 @@ class Forward:
     completion_tokens: tuple[int, ...] = ()  # DPO/KTO policy forwards: the token counts the loss selects by mask
     chosen_rows: int | None = None  # KTO policy forwards: the desirable rows of the batch
     turn: int | None = None  # GRPO's tool loop: the turn (1, 2, ...) of a round whose `generate` this is
-    pixel_values: tuple[int, int] | None = None  # vision batches: the (N, D) the vision tower received
-    images: tuple[tuple[int, int, int], ...] = ()  # vision batches: one (t, h, w) per image
+    pixel_values: tuple[int, ...] | None = None  # vision batches: the shape of the pixel tensor the model received
+    images: tuple[tuple[int, ...], ...] = ()  # vision batches: each image's key, where the batch holds them
 
     @property
     def key(self) -> tuple[Any, ...]:
         """What the plan's `Shape.key` holds for this input (max_new_tokens is a generate's setting, not seen)."""
-        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep, self.images)
+        return (self.phase, self.batch, self.seq, self.cache_len, self.logits_to_keep, self.images, self.pixel_values)
 
 
 def _tool_turn() -> int | None:
@@ -69,11 +73,6 @@ def _tool_turn() -> int | None:
             return int(frame.f_locals.get("iteration_num", 0)) + 1
         frame = frame.f_back
     return None
-
-
-def shape_key(shape: Any) -> tuple[Any, ...]:
-    """A planned `Shape` under `Forward.key`."""
-    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep, shape.images)
 
 
 def trainer_method(trainer: Any) -> Method:
@@ -117,15 +116,19 @@ def loss_mask_sizes(inputs: dict[str, Any], kind: str | None) -> dict[str, Any]:
 
 
 def vision_inputs(kwargs: dict[str, Any], *, sort: bool = False) -> dict[str, Any]:
-    """What a forward's vision tower receives: `pixel_values` (N, D) and the `image_grid_thw` rows (a copy of a few
-    integers to the host, which the model's own rope and window index make of the same tensor anyway); `sort`: the
-    grids in sorted order."""
-    pixels, grids = kwargs.get("pixel_values"), kwargs.get("image_grid_thw")
-    if pixels is None or grids is None:
+    """What a forward's images feed the model: the shape of `pixel_values`, and the images' keys where the batch
+    holds them (Qwen-VL's `image_grid_thw` rows: a copy of a few integers to the host, which the model's own rope
+    and window index make of the same tensor anyway); `sort`: the keys in sorted order."""
+    pixels = kwargs.get("pixel_values")
+    if pixels is None:
         return {}
-    rows = [(int(t), int(h), int(w)) for t, h, w in grids.tolist()]
-    return {"pixel_values": (int(pixels.shape[0]), int(pixels.shape[1])),
-            "images": tuple(sorted(rows) if sort else rows)}
+    out: dict[str, Any] = {"pixel_values": tuple(int(d) for d in pixels.shape)}
+    for name in KEYS_TENSORS:
+        keys = kwargs.get(name)
+        if keys is not None:
+            rows = [tuple(int(v) for v in row) for row in keys.tolist()]
+            out["images"] = tuple(sorted(rows) if sort else rows)
+    return out
 
 
 def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

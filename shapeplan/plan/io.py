@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import PlanFileError
 from .model import METHODS, PHASES, Plan, PlanStats, Shape
+from .vision import FAMILIES
 from .vision.family import ImageKey
 
 PLAN_SCHEMA = 1
@@ -21,7 +22,6 @@ PLAN_SCHEMA = 1
 # Optional shape fields, written only when not their default.
 _OPTIONAL = ("max_count", "cache_len", "max_new_tokens", "logits_to_keep", "cu_seq_lens", "max_length_q",
              "varlen_pairs", "unpadded", "completion_tokens", "chosen_rows", "pixel_values", "text_runs")
-QWEN_FIELD = "image_grid_thw"  # Qwen-VL's image keys are its image_grid_thw rows, and its plans name them so
 _DEFAULTS = {f.name: f.default for f in fields(Shape)}
 
 
@@ -194,7 +194,7 @@ def _vision(s: dict[str, Any], where: str, field: str) -> tuple[tuple[int, ...] 
         raise _malformed(f"{where}.{field}", "must be a list of each image's key where pixel_values is given")
     images = tuple(_ints(key, f"{where}.{field}[{i}]", 1, MAX_SEQ) for i, key in enumerate(keys))
     pixels = _ints(value, f"{where}.pixel_values", 1, _MAX_COUNT)
-    if field == QWEN_FIELD:
+    if field == "image_grid_thw":  # Qwen-VL's: pixel_values [N, D], N the patches its grids hold
         if len(pixels) != 2 or any(len(grid) != 3 for grid in images):
             raise _malformed(f"{where}", "must have pixel_values [N, D] and image_grid_thw rows [t, h, w]")
         if pixels[0] != sum(t * h * w for t, h, w in images):
@@ -203,10 +203,16 @@ def _vision(s: dict[str, Any], where: str, field: str) -> tuple[tuple[int, ...] 
     return pixels, images, others
 
 
+def keys_tensor(config: dict[str, Any]) -> str | None:
+    """The batch tensor that holds a plan's image keys, where its family has one (Qwen-VL's image_grid_thw; plans
+    made before other families were planned record no family, and are Qwen-VL's)."""
+    family = FAMILIES.get(str(config.get("vision_family", "qwen2_vl")))
+    return family.KEYS_TENSOR if family is not None else None
+
+
 def images_field(config: dict[str, Any]) -> str:
-    """The JSON name of a plan's image keys: Qwen-VL's own tensor name for its plans (and plans made before other
-    families were planned, which record no family); `images` for every other family."""
-    return QWEN_FIELD if config.get("vision_family", "qwen2_vl") == "qwen2_vl" else "images"
+    """The JSON name of a plan's image keys: the batch tensor that holds them, else `images`."""
+    return keys_tensor(config) or "images"
 
 
 def plan_from_dict(data: Any) -> Plan:

@@ -152,3 +152,11 @@ class Plan:
     def vision_graphs(self) -> int:
         """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
         return len({s.images for s in self.shapes if s.images})
+
+
+def shape_key(shape: Shape, *, images: bool = True) -> tuple[Any, ...]:
+    """What a run shows of a shape (the guard's key of a forward): its key without max_new_tokens (a generate's
+    setting, not seen); `images=False`: without its images' keys, for a family whose batches do not hold them (its
+    pixel tensor's shape then stands for them)."""
+    return (shape.phase, shape.batch, shape.seq, shape.cache_len, shape.logits_to_keep,
+            shape.images if images else (), shape.pixel_values)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
 from ..plan.grpo import cache_pin
-from ..plan.model import GENERATE_PHASES, Plan, Shape
+from ..plan.io import keys_tensor
+from ..plan.model import GENERATE_PHASES, Plan, Shape, shape_key
 from ..warm.model import WarmReport, WarmResult
 
 if TYPE_CHECKING:
@@ -210,8 +211,9 @@ def render_comparison(plan: Plan, observed: Plan) -> str:
     """The plan against a run record (`shapeplan guard --record`): each shape's planned and met counts and first
     steps, and whether it held (`as planned`, `count differs`, `not met`, `unplanned`; a bound's shapes are only met
     or not)."""
-    met = {s.key[:4] + s.key[5:]: s for s in observed.shapes}  # max_new_tokens is a setting, not seen by the run
-    planned = {s.key[:4] + s.key[5:]: s for s in plan.shapes}
+    keyed = keys_tensor(plan.config) is not None  # else the run's images show only in their tensors' shapes
+    met = {shape_key(s): s for s in observed.shapes}  # max_new_tokens is a setting, not seen by the run
+    planned = {shape_key(s, images=keyed): s for s in plan.shapes}
     rows = []
     for key in [*planned, *(k for k in met if k not in planned)]:
         p, m = planned.get(key), met.get(key)

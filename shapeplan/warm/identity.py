@@ -68,23 +68,27 @@ def check_plan_fits_model(plan: Plan, args: Any) -> None:
 
 
 def _check_pixel_rows(plan: Plan, args: Any) -> None:
-    """A vision batch's `pixel_values` [N, D] must have the D of the run's processor: the warm-up feeds images its
-    processor patchifies, so a plan naming another D (hand-edited, or made for another model) would record as warmed
-    a shape the run never meets."""
+    """A vision batch's `pixel_values` must be the shape the run's processor makes of its images (each layout's rows
+    taking the batch's images in turn): the warm-up feeds images that processor processes, so a plan naming another
+    shape (hand-edited, or made for another model) would record as warmed a shape the run never meets."""
     if all(s.pixel_values is None for s in plan.shapes):
         return
-    from ..adapters.vision import image_processing
+    from ..adapters.vision import run_processor
 
-    model = args.model.model_name_or_path
-    _, _, images = image_processing(model, revision=args.model.model_revision,
-                                    trust_remote_code=bool(getattr(args.training, "trust_remote_code", False)))
+    family = run_processor(args, load_run_tokenizer(args)).family
     for shape in plan.shapes:
-        rows, width = shape.pixel_values or (0, images.pixel_dim)
-        if width != images.pixel_dim:
-            raise PlanFileError(f"the plan's {shape.phase} {shape.batch}x{shape.seq} batch has pixel_values [{rows}, "
-                                f"{width}], and {model}'s processor makes rows of {images.pixel_dim} values (3 "
-                                f"channels x temporal_patch_size {images.temporal_patch_size} x patch_size "
-                                f"{images.patch_size}^2); re-create the plan with `shapeplan analyze` for this model")
+        if shape.pixel_values is None:
+            continue
+        for layout in shape.text_runs:
+            keys, rows = iter(shape.images), []
+            for runs in layout:
+                rows.append([next(keys) for _ in runs[1:]])
+            made = family.pixel_values(rows)
+            if made != shape.pixel_values:
+                model = args.model.model_name_or_path
+                raise PlanFileError(f"the plan's {shape.phase} {shape.batch}x{shape.seq} batch has pixel_values "
+                                    f"{list(shape.pixel_values)}, and {model}'s processor makes {list(made)} of its "
+                                    "images; re-create the plan with `shapeplan analyze` for this model")
 
 
 def beyond_position_embeddings(plan: Plan, args: Any) -> str | None:

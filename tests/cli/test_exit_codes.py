@@ -24,6 +24,7 @@ import pytest
 
 from shapeplan.cache.archive import ARCHIVE_META
 from shapeplan.plan.io import write_plan
+from shapeplan.plan.vision import FAMILIES
 from tests import console
 from tests.cache.test_archive import _rewrite, _warmed_cache
 from tests.conftest import CAPYBARA, ROOT, TINY_MODEL, TLDR, WarmedSFT
@@ -120,8 +121,8 @@ def test_analyze_refuses_vision_language_data(tmp_path: Path) -> None:
             continue
         refused(shapeplan("analyze", "--method", method, data, "--model", TINY_MODEL, "--no-cache"), 2,
                 "the dataset has images, and " + str(TINY_MODEL) + " is a 'qwen3' model, whose processor shapeplan "
-                "does not plan images for (it plans qwen2_vl, qwen2_5_vl, qwen3_vl); plan a Qwen2-VL, Qwen2.5-VL or "
-                "Qwen3-VL model, or drop the image columns")
+                f"does not plan images for (it plans {', '.join(FAMILIES)}); plan one of those, or drop the image "
+                "columns")
         if method != "sft":
             continue
         refused(shapeplan("analyze", CAPYBARA, "--model", TINY_MODEL, "--no-cache", "--eval-dataset", data,

@@ -1193,7 +1193,7 @@ def test_vision_plan_of_another_pixel_width_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_bytes(_text(_vision_plan(pixel_values=[24, 1000])))
     for command, cache in (("warm", "cache"), ("verify", "warmed")):
         line = _one_line([command, "--plan", "plan.json", "--device", "cpu", "--cache-dir", cache], tmp_path, 1)
-        assert "pixel_values [24, 1000]" in line and "rows of 1176 values" in line and "re-create the plan" in line
+        assert "pixel_values [24, 1000]" in line and "makes [24, 1176]" in line and "re-create the plan" in line
 
 
 def _agentic_plan() -> dict[str, Any]:

@@ -105,7 +105,7 @@ def test_removed_shape_warns_with_its_first_step(capfd: pytest.CaptureFixture[st
     assert len(warned) == 1
     assert warned[0].startswith(f"shapeplan: unplanned shape train ({removed.batch}, {removed.seq}) at step "
                                 f"{removed.first_step} (rank 0): not in the plan")
-    assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None, ())]
+    assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None, (), None)]
     assert guard.summary.startswith(f"{len(plan.shapes)}/{len(plan.shapes)} planned shapes met, 1 unplanned")
     # ... and the Trainer's logs (what TensorBoard and W&B receive) have it at that step
     history = guard.trainer.state.log_history
@@ -128,7 +128,7 @@ def test_removed_shape_is_recorded(tmp_path: Path) -> None:
     plan, removed = _without_one_train_shape(full)
     guard = ShapeGuard(plan, on_unplanned="record", record=tmp_path / "run.json")
     run_sft(CAPYBARA, SFT_64, eval_path=CAPYBARA, guard=guard)
-    assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None, ())]
+    assert list(guard.unplanned) == [("train", removed.batch, removed.seq, None, None, (), None)]
     assert _met(load_plan(tmp_path / "run.json")) == _met(full)
 
 
@@ -227,7 +227,7 @@ def test_padding_free_pairs_are_checked_before_the_forward(tmp_path: Path,
     capfd.readouterr()
     warned = ShapeGuard(plan)
     run_sft(data, argv, eval_path=eval_data, guard=warned)
-    key = (shape.phase, shape.batch, shape.seq, None, None, ())
+    key = (shape.phase, shape.batch, shape.seq, None, None, (), None)
     assert list(warned.unplanned) == [(*key, pair)]
     lines = [line for line in capfd.readouterr().err.splitlines() if "unplanned shape" in line]
     assert len(lines) == 1 and f"{shape.phase} {(shape.batch, shape.seq)} with cu_seq_lens of {pair[0]} and " \

@@ -79,3 +79,24 @@ def test_a_warmed_vision_run_misses_no_inductor_graph(images: list[str], tmp_pat
     counters = json.loads(proc.stdout.strip().splitlines()[-1])["counters"]
     assert counters.get("inductor.fxgraph_cache_hit", 0) > 0, counters
     assert counters.get("inductor.fxgraph_cache_miss", 0) == 0, counters
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma3-pan-and-scan", "llava", "smolvlm", "smolvlm-one-frame",
+                                    "idefics3", "llava_next"])
+def test_warm_dispatches_exactly_the_ops_of_a_real_run_of_each_family(family: str, images: list[str],
+                                                                      tmp_path: Path) -> None:
+    """The families beyond Qwen-VL, each on its tiny model: rows of 0 to 2 images, gradient accumulation: every op
+    signature the real run dispatches (its vision tower, its own merging of image features), and no other."""
+    from tests.oracle.test_vision_families_oracle import BUILDERS
+
+    model = BUILDERS[family](tmp_path / "model")
+    data = write_rows(tmp_path / "rows.jsonl", images, 6, seed=5)
+    argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "1",
+            "--max_length", "2048", "--pad_to_multiple_of", "64"]
+    plan = analyze("sft", ["--dataset_name", str(data), "--model_name_or_path", str(model), *BASE, *argv,
+                           "--output_dir", str(tmp_path / "out")])
+    real, _ = record(lambda: run_sft_vision(data, [*argv, "--bf16", "false"], model=model, guarded=False))
+    warmed, report = record(warm_plan, plan, tmp_path / "cache")
+    assert [r.status for r in report.results] == ["eager"] * len(plan.shapes)
+    assert real - warmed == set()
+    assert warmed - real == set()

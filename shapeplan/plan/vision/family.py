@@ -28,6 +28,19 @@ class ImageFamily(Protocol):
     MODEL_TYPES: ClassVar[tuple[str, ...]]  # the `config.model_type`s whose processor this is
     TEXT_INPUTS: ClassVar[tuple[str, ...]]  # tensors the images add shaped as input_ids (Gemma 3's token_type_ids)
     PLACEHOLDER: ClassVar[str]  # the processor attribute naming the token a chat template writes for an image
+    # whether an expansion's tokens can merge with the text around it (plain text at its ends): a row's length is
+    # then counted on its expanded text, not as its placeholders' expansions added to its own tokens
+    MERGES_WITH_TEXT: ClassVar[bool]
+    # the batch tensor that holds its images' keys (Qwen-VL's image_grid_thw), which plans name them by and the guard
+    # reads; None where a batch shows its images only through its tensors' shapes (the guard then checks those)
+    KEYS_TENSOR: ClassVar[str | None]
+
+    @classmethod
+    def from_processor(cls, processor: Any) -> ImageFamily:
+        """The family's settings as the run's processor (and its image processor) holds them; ValueError names a
+        setting the arithmetic cannot use, and its fix, in words that follow the model's name ("image processor has
+        do_resize false, ...": the caller writes "<model>'s image processor has ...")."""
+        ...
 
     def image(self, height: int, width: int) -> ImageKey:
         """The key of an image of this size, as the processor receives it (ImageSizeError where it refuses it)."""

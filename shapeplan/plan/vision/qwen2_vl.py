@@ -27,12 +27,31 @@ class ImageProcessing:
     MODEL_TYPES: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     TEXT_INPUTS: ClassVar[tuple[str, ...]] = ()
     PLACEHOLDER: ClassVar[str] = "image_token"
+    MERGES_WITH_TEXT: ClassVar[bool] = False
+    KEYS_TENSOR: ClassVar[str | None] = "image_grid_thw"
 
     min_pixels: int
     max_pixels: int
     patch_size: int = 14
     merge_size: int = 2
     temporal_patch_size: int = 2
+
+    @classmethod
+    def from_processor(cls, processor: Any) -> ImageProcessing:
+        """The settings of the processor's (PIL or torchvision) `Qwen2VLImageProcessor`, each checked: a whole
+        number of at least 1 (0, -5 or NaN would fail the arithmetic, blamed on the first image), and pixel limits
+        some image fits."""
+        image_processor = processor.image_processor
+        size: Any = image_processor.size  # a SizeDict once built, whichever keys the config used
+        settings = cls(min_pixels=_whole("min_pixels (size.shortest_edge)", getattr(size, "shortest_edge", None)),
+                       max_pixels=_whole("max_pixels (size.longest_edge)", getattr(size, "longest_edge", None)),
+                       **{name: _whole(name, getattr(image_processor, name, None))
+                          for name in ("patch_size", "merge_size", "temporal_patch_size")})
+        if settings.min_pixels > settings.max_pixels:
+            raise ValueError(f"image processor has min_pixels {settings.min_pixels} above max_pixels "
+                             f"{settings.max_pixels}, which no image can be resized within; fix its "
+                             "preprocessor_config.json")
+        return settings
 
     @property
     def factor(self) -> int:
@@ -90,6 +109,14 @@ class ImageProcessing:
         """The grid's own pixel size, which smart_resize keeps (where it is within the processor's limits)."""
         _, h, w = _grid(key)
         return h * self.patch_size, w * self.patch_size
+
+
+def _whole(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1 \
+            or value != int(value):
+        raise ValueError(f"image processor has {name} {value!r}, not a whole number of at least 1; fix it in "
+                         "its preprocessor_config.json")
+    return int(value)
 
 
 def _grid(key: ImageKey) -> Grid:
