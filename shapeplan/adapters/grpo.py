@@ -153,11 +153,12 @@ class GenerationRun:
         """Every train image's (height, width), as the processor receives it."""
         return [size for row in self.prompts.train for size in row.sizes] if self.prompts else []
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
+             family: ImageFamily | None = None) -> Plan:
         """The run's plan; `resize` / `limits`: as if every image were resized to one of those sizes first, or the
-        processor had those pixel limits."""
+        processor had those pixel limits, or its family other settings."""
         args, config, trainer, data = self.args, self.args.training, self.trainer, self.data
-        images = self.prompts.rows(resize, limits) if self.prompts else None
+        images = self.prompts.rows(resize, limits, family) if self.prompts else None
         warnings = list(self.warnings)
         generation = generation_settings(config)
         # Parsed with the run's process count (see trl_args), so these are the run's.
@@ -216,10 +217,13 @@ class VisionPrompts:
     train: tuple[ImageRow, ...]
     eval: tuple[ImageRow, ...] | None
 
-    def rows(self, resize: FixedSizes | None, limits: PixelLimits | None) -> tuple[Rows, Rows | None]:
-        """The prompts' lengths with their image tokens, and their grids (under a what-if's sizes or limits)."""
-        processor = self.processor if limits is None else self.processor.with_family(
-            limits.applied(vision.qwen_family(self.processor.family)))
+    def rows(self, resize: FixedSizes | None, limits: PixelLimits | None,
+             family: ImageFamily | None = None) -> tuple[Rows, Rows | None]:
+        """The prompts' lengths with their image tokens, and their images' keys (under a what-if's sizes, limits or
+        settings; GRPO is refused for a family whose expansions merge with their text, so the rows stand)."""
+        if limits is not None:
+            family = limits.applied(vision.qwen_family(self.processor.family))
+        processor = self.processor if family is None else self.processor.with_family(family)
         evaluated = None if self.eval is None else image_rows(self.eval, processor.family, processor.tokens, None,
                                                               resize)
         return image_rows(self.train, processor.family, processor.tokens, None, resize), evaluated
@@ -264,3 +268,7 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPr
     train = vision.prompt_rows(data.train, processor, trainer, name="train")
     evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
     return VisionPrompts(processor=processor, train=train, eval=evaluated)
+    refusal = processor.family.generation_refusal()
+    if refusal is not None:
+        raise UsageError(f"{args.method} with a {processor.model_type} model's images is not planned: {refusal}; "
+                         "SFT runs of it are")

@@ -243,8 +243,9 @@ class VisionRun:
         """Every train image's (height, width), as the processor receives it."""
         return [size for row in self.train for size in row.sizes]
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
-        return plan_vision(self, resize, limits)
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
+             family: ImageFamily | None = None) -> Plan:
+        return plan_vision(self, resize, limits, family)
 
 
 def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> VisionRun | None:
@@ -278,14 +279,28 @@ def _read_vision(args: TrainingArgs, argv: list[str], data: RunData, warnings: l
                      warnings=tuple(warnings))
 
 
-def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
+def _under(run: VisionRun, family: ImageFamily) -> VisionRun:
+    """The run with its processor's family under other settings (a what-if); its rows read again where the family's
+    expansions merge with their text (the merges follow the expansions)."""
+    processor = run.processor.with_family(family)
+    if not family.MERGES_WITH_TEXT:
+        return replace(run, processor=processor)
+    config = run.args.training
+    return replace(run, processor=processor, train=vision.read_rows(run.data.train, processor, config, name="train"),
+                   eval=None if run.data.eval is None else vision.read_rows(run.data.eval, processor, config,
+                                                                            name="eval"))
+
+
+def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
+                family: ImageFamily | None = None) -> Plan:
     """A vision-language run's plan: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not
     prepare the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches.
     `resize`: as if every image were first resized to one of those sizes; `limits`: as if the processor had those
     pixel limits."""
     if limits is not None:
-        limited = limits.applied(vision.qwen_family(run.processor.family))
-        run = replace(run, processor=run.processor.with_family(limited))
+        family = limits.applied(vision.qwen_family(run.processor.family))
+    if family is not None:
+        run = _under(run, family)
     args, config = run.args, run.args.training
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)

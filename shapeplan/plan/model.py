@@ -150,8 +150,8 @@ class Plan:
 
     @property
     def vision_graphs(self) -> int:
-        """Distinct vision-tower inputs: one per set of grids a batch feeds it (TRL pads neither N nor the grids)."""
-        return len({s.images for s in self.shapes if s.images})
+        """Distinct vision-tower inputs: one per image batch (its images' keys and its pixel tensor's shape)."""
+        return len({(s.images, s.pixel_values) for s in self.shapes if s.pixel_values is not None})
 
 
 def shape_key(shape: Shape, *, images: bool = True) -> tuple[Any, ...]:

@@ -181,12 +181,14 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     rows = [[option.label, str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
              f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
             for option in (advice.baseline, *advice.options)]
+    settings = any(option.setting is not None for option in advice.options)
     lines = [
         f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
         "",
-        f"as given: {plan.vision_graphs} vision graphs: TRL pads neither the pixel rows nor the grids, so each "
-        "distinct set of image sizes in a batch is a compile of the vision tower",
+        f"as given: {plan.vision_graphs} vision graphs: each distinct image batch (its images' keys and pixel "
+        "tensor) is a compile of the vision tower",
         "",
+        "what-if: the processor's setting that fixes the images' keys" if settings else
         "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio, or resized by the "
         "processor within other pixel limits",
         table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
@@ -194,12 +196,14 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     ]
     best = advice.best
     if best is None:
-        lines.append("no fixed sizes compile less than the images as given")
+        lines.append("no what-if compiles less than the images as given" if settings or not advice.options else
+                     "no fixed sizes compile less than the images as given")
     else:
+        how = ("apply it:" if best.setting is not None and not best.setting.sizes else
+               "set the processor's limits:" if best.limits is not None else
+               "resize the dataset before training with (height, width) pairs:")
         lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
-                  f"{plan.vision_graphs}, keeping {best.pixels_kept:.1%} of the pixels; "
-                  + ("set the processor's limits:" if best.limits is not None else
-                     "resize the dataset before training with (height, width) pairs:"),
+                  f"{plan.vision_graphs}, keeping {best.pixels_kept:.1%} of the pixels; {how}",
                   f"  {apply_line(best)}"]
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

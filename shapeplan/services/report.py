@@ -53,8 +53,9 @@ def shape_notes(shape: Shape) -> str:
     if shape.chosen_rows:
         parts.append(f"chosen rows {_span(shape.chosen_rows)}")
     if shape.pixel_values is not None:
-        parts.append(f"pixel_values {shape.pixel_values[0]}x{shape.pixel_values[1]}, "
+        parts.append(f"pixel_values {'x'.join(map(str, shape.pixel_values))}, "
                      f"{len(shape.images)} image{'s' if len(shape.images) > 1 else ''}")
+        parts += [f"{name} {'x'.join(map(str, dims))}" for name, dims in shape.vision_inputs]
     if not shape.certain:
         parts.append("possible")
     if shape.max_count is not None:
@@ -96,15 +97,16 @@ def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
 
 
 def _vision_lines(plan: Plan) -> list[str]:
-    """How many vision-tower graphs the run needs: one per distinct set of grids a batch feeds it."""
+    """How many vision-tower graphs the run needs: one per distinct image batch (its images' keys and pixel shape)."""
     if not plan.vision_graphs:
         return []
-    lines = [f"vision graphs: {plan.vision_graphs} distinct pixel batches (images sets); TRL pads neither, "
-             "so each is a compile of the vision tower"]
+    family = plan.config.get("vision_family", "qwen2_vl")
+    lines = [f"vision graphs: {plan.vision_graphs} distinct image batches ({family}: each batch's image keys and "
+             "pixel tensor), each a compile of the vision tower"]
     layouts = sum(len(s.text_runs) for s in plan.shapes)
     if layouts:
-        lines.append(f"row layouts: {layouts} (each row's text runs around its images, from which Qwen-VL builds "
-                     "its position ids op by op); `warm` runs one batch of each")
+        lines.append(f"row layouts: {layouts} (each row's text runs around its images; Qwen-VL builds its position "
+                     "ids from them op by op); `warm` runs one batch of each")
     return lines
 
 

@@ -19,9 +19,10 @@ from ..plan.vision import (
     fixed_sizes,
     pixel_limits,
     pixels_kept,
+    pixels_kept_by,
     pixels_kept_under,
 )
-from ..plan.vision.family import ImageFamily
+from ..plan.vision.family import ImageFamily, Setting
 
 SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
 
@@ -32,6 +33,7 @@ class VisionOption:
     plan: Plan
     pixels_kept: float  # of the pixels the processor feeds as given
     limits: PixelLimits | None = None  # the processor's pixel limits set otherwise
+    setting: Setting | None = None  # a setting of the family's that fixes its graphs
 
     @property
     def compile_minutes(self) -> float:
@@ -39,6 +41,8 @@ class VisionOption:
 
     @property
     def label(self) -> str:
+        if self.setting is not None:
+            return self.setting.label
         return self.sizes.label if self.sizes is not None else self.limits.label if self.limits is not None else \
             "(as given)"
 
@@ -67,8 +71,10 @@ class ImageRun(Protocol):
         """Every train image's (height, width), as the processor receives it."""
         ...
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None) -> Plan:
-        """Its plan, as given or under a what-if: every image resized to one of `resize`, or pixel limits."""
+    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
+             family: ImageFamily | None = None) -> Plan:
+        """Its plan, as given or under a what-if: every image resized to one of `resize`, pixel limits, or the
+        processor's family under other settings."""
         ...
 
 
@@ -78,7 +84,14 @@ def advise_vision(method: str, run: ImageRun, counts: Sequence[int] = SIZE_COUNT
     baseline = VisionOption(sizes=None, plan=plan(), pixels_kept=1.0)
     options: list[VisionOption] = []
     if not isinstance(processing, ImageProcessing):  # the size what-ifs below resize as Qwen-VL's processor does
-        return VisionAdvice(method=method, baseline=baseline, options=())
+        for setting in processing.settings():
+            resize = FixedSizes(setting.sizes) if setting.sizes else None
+            options.append(VisionOption(sizes=resize, setting=setting,
+                                        plan=plan(resize, family=setting.family if setting.family != processing
+                                                  else None),
+                                        pixels_kept=pixels_kept_by(sizes, processing, setting)))
+        options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
+        return VisionAdvice(method=method, baseline=baseline, options=tuple(options))
     for count in counts:
         fixed = fixed_sizes(sizes, count, processing)
         if not fixed.sizes or any(option.sizes == fixed for option in options):
@@ -97,6 +110,8 @@ def advise_vision(method: str, run: ImageRun, counts: Sequence[int] = SIZE_COUNT
 
 
 def apply_line(option: VisionOption) -> str:
+    if option.setting is not None:
+        return option.setting.apply
     if option.limits is not None:
         return (f'"size": {{"shortest_edge": {option.limits.min_pixels}, "longest_edge": '
                 f'{option.limits.max_pixels}}}  (in the processor\'s preprocessor_config.json)')

@@ -47,7 +47,7 @@ GRPO_ARGV = ["--dataset_name", str(TLDR), "--model_name_or_path", str(TINY_MODEL
 
 
 def _shapes(plan: Plan) -> list[dict[str, object]]:
-    return [shape_to_dict(s) for s in plan.shapes]
+    return [shape_to_dict(s, plan.config) for s in plan.shapes]
 
 
 def _check_every_row(method: str, advice: Advice) -> None:

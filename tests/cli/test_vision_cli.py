@@ -134,7 +134,7 @@ def test_the_vision_demo_plans_and_advises_sizes_as_height_x_width(tmp_path: Pat
     assert "HF_HUB_OFFLINE=1" in recipe
     planned = console.run(commands[0])
     assert planned.returncode == 0, planned.stderr
-    assert "vision graphs: 11 distinct pixel batches" in planned.stdout, planned.stdout
+    assert "vision graphs: 11 distinct image batches" in planned.stdout, planned.stdout
     advised = console.run(commands[1])
     assert advised.returncode == 0, advised.stderr
     assert "fixed size (height x width)" in advised.stdout
@@ -159,3 +159,29 @@ def test_the_vision_demo_plans_and_advises_sizes_as_height_x_width(tmp_path: Pat
     script.make_vision_demo()
     for made in [*sorted((tmp_path / "vision-demo").iterdir()), tmp_path / "vision-sample.jsonl"]:
         assert made.read_bytes() == (EXAMPLES / made.relative_to(tmp_path)).read_bytes(), made.name
+
+
+def test_other_families_plan_through_the_console_and_their_generation_runs_are_refused(tmp_path: Path) -> None:
+    """A SmolVLM plan names its images' keys `images` with its other tensors, its report counts its image batches;
+    GRPO on the families whose micro-batches the shuffle decides (SmolVLM, LLaVA-NeXT, Gemma 3 with pan-and-scan)
+    is one line, exit 2."""
+    from tests.oracle.test_vision_families_oracle import BUILDERS
+
+    images = write_images(tmp_path / "images")
+    data = write_rows(tmp_path / "train.jsonl", images, 6, seed=3)
+    model = BUILDERS["smolvlm"](tmp_path / "smolvlm")
+    plan = json.loads(console.run([*RUN, str(data), "--model", str(model), "--json"]).stdout)
+    assert plan["config"]["vision_family"] == "smolvlm"
+    vision = [s for s in plan["shapes"] if "pixel_values" in s]
+    assert vision and all(len(s["pixel_values"]) == 5 and s["images"] and "image_grid_thw" not in s
+                          and list(s["vision_inputs"]) == ["pixel_attention_mask"] for s in vision)
+    report = console.run([*RUN, str(data), "--model", str(model)])
+    assert "vision graphs: " in report.stdout and "pixel_attention_mask " in report.stdout, report.stdout
+    prompts = write_prompts(tmp_path / "prompts.jsonl", images, 4, seed=4)
+    for name, refusal in (("smolvlm", "splits the image features"), ("llava_next", "unpadding"),
+                          ("gemma3-pan-and-scan", "do_pan_and_scan")):
+        folder = model if name == "smolvlm" else BUILDERS[name](tmp_path / name)
+        result = console.run(["analyze", "--method", "grpo", str(prompts), "--model", str(folder),
+                              "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_steps", "1"])
+        assert result.returncode == 2 and refusal in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -54,3 +54,79 @@ def test_family_sft_batches_are_planned_exactly(family: str, tmp_path: Path) -> 
     assert _met(plan.shapes) == _met(seen)
     assert any(s.pixel_values for s in plan.shapes)
     assert plan.config["vision_family"] == ("smolvlm" if family.startswith("smolvlm") else family.split("-")[0])
+
+
+def _generated(shapes: Any) -> Counter[tuple[Any, ...]]:
+    out: Counter[tuple[Any, ...]] = Counter()
+    for s in shapes:
+        out[(s.phase, s.batch, s.seq, s.cache_len, s.pixel_values)] += getattr(s, "count", 1)
+    return out
+
+
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+@pytest.mark.parametrize("family", ["gemma3", "llava"])
+def test_family_generation_runs_are_planned_exactly(family: str, method: str, tmp_path: Path) -> None:
+    """GRPO and RLOO on prompts with 0 to 2 images, for the families with one pixel shape per image (the slices TRL
+    cuts per chunk by image count): each generate's and forward's (batch, seq, cache, pixel_values) and count."""
+    from shapeplan import ShapeGuard
+    from tests.oracle.vision_data import write_prompts
+    from tests.oracle.vision_harness import run_generation_vision
+
+    model = BUILDERS[family](tmp_path / "model")
+    train = write_prompts(tmp_path / "train.jsonl", write_images(tmp_path / "images"), 8, seed=10)
+    argv = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8",
+            "--max_steps", "3", "--pad_to_multiple_of", "128", "--cache_implementation", "static", "--beta", "0.04"]
+    plan = analyze(method, ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv], use_cache=False)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    assert _generated(plan.shapes) == _generated(run_generation_vision(method, train, argv, guard=guard, model=model))
+    assert not guard.unplanned
+
+
+def _applied(family: str, model: Path, data: Path, option: Any, tmp_path: Path) -> tuple[Path, Path]:
+    """The model folder and data with `option`'s setting applied as its line says."""
+    import json
+    import shutil
+
+    if option.sizes is not None:
+        import datasets
+
+        from shapeplan import resize_images
+
+        resized = tmp_path / "resized"
+        resize_images(datasets.load_dataset("json", data_files=str(data), split="train"),
+                      option.sizes.sizes).save_to_disk(str(resized))
+        return model, resized
+    changed = tmp_path / "changed"
+    shutil.copytree(model, changed)
+    name, key = (("tokenizer_config.json", "do_pan_and_scan") if family.startswith("gemma3")
+                 else ("preprocessor_config.json", "do_image_splitting"))
+    assert key in option.setting.apply and name in option.setting.apply
+    settings = json.loads((changed / name).read_text())
+    (changed / name).write_text(json.dumps({**settings, key: False}))
+    return changed, data
+
+
+@pytest.mark.parametrize("family", ["gemma3-pan-and-scan", "smolvlm", "llava_next"])
+def test_each_family_setting_advised_plans_as_its_what_if(family: str, tmp_path: Path) -> None:
+    """advise offers the family's setting that fixes its vision graphs (pan-and-scan off, one frame per image,
+    images resized to the pinpoints); applied as its line says, the run plans as the what-if did, its images of fewer
+    keys, and the real run meets exactly that plan."""
+    from shapeplan.services.advise import advise
+    from shapeplan.services.vision_advice import VisionAdvice, apply_line
+
+    model = BUILDERS[family](tmp_path / "model")
+    data = write_rows(tmp_path / "train.jsonl", write_images(tmp_path / "images"), 16, seed=11)
+    argv = ["--per_device_train_batch_size", "2", "--max_steps", "8", "--max_length", "2048",
+            "--pad_to_multiple_of", "64"]
+    advice = advise("sft", ["--dataset_name", str(data), "--model_name_or_path", str(model), *argv], use_cache=False)
+    assert isinstance(advice, VisionAdvice) and len(advice.options) == 1
+    option = advice.options[0]
+    keys = [{key for s in plan.shapes for key in s.images} for plan in (advice.baseline.plan, option.plan)]
+    assert len(keys[1]) < len(keys[0]) and option.plan.vision_graphs <= advice.baseline.plan.vision_graphs
+    assert 0 < option.pixels_kept <= 1
+    assert apply_line(option) == option.setting.apply
+    changed, resized = _applied(family, model, data, option, tmp_path)
+    replanned = analyze("sft", ["--dataset_name", str(resized), "--model_name_or_path", str(changed), *argv],
+                        use_cache=False)
+    assert _met(replanned.shapes) == _met(option.plan.shapes)
+    assert _met(run_sft_vision(resized, argv, model=changed)) == _met(option.plan.shapes)

@@ -83,7 +83,7 @@ def _load(path: Path, *, streaming: bool = False, images: str | None = None) -> 
 
 
 def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *, eval_path: Path | None = None,
-                          guard: Any = None) -> list[Forward]:
+                          guard: Any = None, model: Path = TINY_VL_MODEL) -> list[Forward]:
     """Train `method`'s trainer (GRPO, RLOO) on the tiny Qwen2.5-VL with `trl <method>`'s parser on `argv` (a length
     reward)."""
     import importlib
@@ -98,7 +98,7 @@ def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *,
     _, config, *_ = parser.parse_args_and_config([
         "--output_dir", "/tmp/shapeplan-oracle", "--report_to", "none", "--use_cpu", "true", "--save_strategy", "no",
         "--logging_steps", "1000", "--bf16", "false", "--disable_tqdm", "true", *argv], return_remaining_strings=True)
-    vlm = AutoModelForImageTextToText.from_pretrained(TINY_VL_MODEL, dtype="float32")
+    vlm = AutoModelForImageTextToText.from_pretrained(model, dtype="float32")
     seen: list[Forward] = []
     guard = guard or ShapeGuard(on_unplanned="record")
     guard.on_forward = seen.append
@@ -106,7 +106,7 @@ def run_generation_vision(method: str, train_path: Path, argv: Sequence[str], *,
     def length(completions: list[Any], **kwargs: Any) -> list[float]:
         return [float(len(c)) for c in completions]
 
-    loaded = processor()
+    loaded = processor(model)
     loaded.tokenizer.padding_side = "left"  # as the trainer loads a processor itself (AutoProcessor, padding left)
     trainer = TRAINERS[method].trainer()(model=vlm, reward_funcs=[length], args=config,
                                          train_dataset=_load(train_path),

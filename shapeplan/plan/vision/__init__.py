@@ -8,7 +8,15 @@ from .idefics3 import Idefics3Images
 from .llava import LlavaImages
 from .llava_next import LlavaNextImages
 from .qwen2_vl import Grid, ImageProcessing, ImageSizeError, pixel_rows
-from .whatif import FixedSizes, PixelLimits, fixed_sizes, pixel_limits, pixels_kept, pixels_kept_under
+from .whatif import (
+    FixedSizes,
+    PixelLimits,
+    fixed_sizes,
+    pixel_limits,
+    pixels_kept,
+    pixels_kept_by,
+    pixels_kept_under,
+)
 
 FAMILIES: dict[str, type[ImageFamily]] = {
     model_type: family
@@ -18,4 +26,4 @@ FAMILIES: dict[str, type[ImageFamily]] = {
 
 __all__ = ["FAMILIES", "FixedSizes", "Gemma3Images", "Grid", "Idefics3Images", "ImageFamily", "ImageProcessing",
            "ImageSizeError", "LlavaImages", "LlavaNextImages", "PixelLimits", "fixed_sizes", "pixel_limits",
-           "pixel_rows", "pixels_kept", "pixels_kept_under"]
+           "pixel_rows", "pixels_kept", "pixels_kept_by", "pixels_kept_under"]

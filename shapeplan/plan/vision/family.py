@@ -10,6 +10,7 @@ family's test. `FAMILIES` maps each `config.model_type` shapeplan plans to its m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 # What one image feeds the device, as its family defines it: for Qwen-VL its `image_grid_thw` row (t, h, w); for a
@@ -20,6 +21,17 @@ ImageKey = tuple[int, ...]
 # The tensors a batch feeds the model besides input_ids, attention_mask and labels: name -> shape (image_sizes and
 # image_grid_thw hold values the forward reads; their shapes stand for them here, the keys carry the values).
 Inputs = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A processor setting that fixes a family's vision graphs (`advise`'s what-if): the family under it, or
+    (`sizes`) every image first resized to one of those (height, width) sizes; and how a user applies it."""
+
+    label: str
+    family: ImageFamily
+    apply: str
+    sizes: tuple[tuple[int, int], ...] = ()
 
 
 class ImageFamily(Protocol):
@@ -40,6 +52,16 @@ class ImageFamily(Protocol):
         """The family's settings as the run's processor (and its image processor) holds them; ValueError names a
         setting the arithmetic cannot use, and its fix, in words that follow the model's name ("image processor has
         do_resize false, ...": the caller writes "<model>'s image processor has ...")."""
+        ...
+
+    def settings(self) -> tuple[Setting, ...]:
+        """The settings that would fix its vision graphs where they vary with the images (none where every image
+        gives one key already)."""
+        ...
+
+    def generation_refusal(self) -> str | None:
+        """Why GRPO and RLOO with these images cannot be planned exactly (None where they can: TRL cuts each
+        micro-batch's pixels by its own images, whatever the shuffle)."""
         ...
 
     def image(self, height: int, width: int) -> ImageKey:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Self
 
-from .family import ImageKey, Inputs
+from .family import ImageKey, Inputs, Setting
 
 
 def _setting(image_processor: Any, overrides: Mapping[str, Any], name: str) -> Any:
@@ -113,6 +113,19 @@ class Gemma3Images:
         if min(math.ceil(long / count), short) < self.min_crop_size:
             return 0
         return count
+
+    def settings(self) -> tuple[Setting, ...]:
+        if not self.pan_and_scan:
+            return ()
+        return (Setting("pan-and-scan off", replace(self, pan_and_scan=False),
+                        "AutoProcessor.from_pretrained(model, do_pan_and_scan=False), or \"do_pan_and_scan\": false "
+                        "in the model's tokenizer_config.json (where the processor reads it at call)"),)
+
+    def generation_refusal(self) -> str | None:
+        if self.pan_and_scan:
+            return ("TRL 1.16's GRPO and RLOO take another model's branch for Gemma 3's pan-and-scan crops and fail on "
+                    "them (its image processor has no crop_to_patches); load the processor without do_pan_and_scan")
+        return None
 
     def image(self, height: int, width: int) -> ImageKey:
         return (self.crops(height, width),) if self.pan_and_scan else ()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Self
 
-from .family import ImageKey, Inputs
+from .family import ImageKey, Inputs, Setting
 
 MAX_IMAGE_SIZE = 4096  # the processor's cap on either side after its first resize
 
@@ -104,6 +104,18 @@ class Idefics3Images:
             height = MAX_IMAGE_SIZE
             width = int(height * aspect)
         return max(height, 1), max(width, 1)
+
+    def settings(self) -> tuple[Setting, ...]:
+        if not self.splitting or self.fixed is not None:
+            return ()
+        return (Setting("one frame per image", replace(self, splitting=False),
+                        "\"do_image_splitting\": false in the model's preprocessor_config.json "
+                        "(AutoProcessor.from_pretrained(model, do_image_splitting=False) in Python)"),)
+
+    def generation_refusal(self) -> str | None:
+        return ("its pixel tensor is padded per row to the round's most frames and its forward splits the image "
+                "features by each row's frames in the order TRL's shuffle gives the rows, so a micro-batch's ops "
+                "depend on the shuffle (and TRL 1.16 misaligns the pixels of rows with mixed image counts)")
 
     def image(self, height: int, width: int) -> ImageKey:
         """(rows, cols) of the tiles, as `resize_for_vision_encoder` (both sides rounded up to multiples of the

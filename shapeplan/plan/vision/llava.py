@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from .family import ImageKey, Inputs
+from .family import ImageKey, Inputs, Setting
 
 
 def _setting(image_processor: Any, overrides: Mapping[str, Any], name: str) -> Any:
@@ -77,6 +77,12 @@ class LlavaImages:
         """The settings a `LlavaProcessor` uses at call: its image processor's, under its merged images kwargs."""
         merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
         return cls.from_image_processor(processor.image_processor, merged["images_kwargs"])
+
+    def settings(self) -> tuple[Setting, ...]:
+        return ()  # every image gives one key already
+
+    def generation_refusal(self) -> str | None:
+        return None  # one pixel tensor row (block) per image: TRL slices a micro-batch's by its images
 
     def image(self, height: int, width: int) -> ImageKey:
         return ()

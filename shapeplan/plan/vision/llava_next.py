@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from .family import ImageKey, Inputs
+from .family import ImageKey, Inputs, Setting
 
 
 def best_resolution(height: int, width: int, pinpoints: Sequence[tuple[int, int]]) -> tuple[int, int]:
@@ -107,6 +107,17 @@ class LlavaNextImages:
         merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
         return cls.from_image_processor(processor.image_processor, merged["images_kwargs"],
                                          patch_size=processor.patch_size)
+
+    def settings(self) -> tuple[Setting, ...]:
+        """Every image resized to a pinpoint first: it then picks that pinpoint and unpads to its whole grid, so
+        the images have at most one key a pinpoint."""
+        pairs = ", ".join(f"({h}, {w})" for h, w in self.pinpoints)
+        return (Setting(f"images resized to the {len(self.pinpoints)} pinpoints", self,
+                        f"dataset = shapeplan.resize_images(dataset, [{pairs}])", sizes=self.pinpoints),)
+
+    def generation_refusal(self) -> str | None:
+        return ("its forward runs each image's patches and unpadding in the order TRL's shuffle gives the rows, and "
+                "pads patches to the round's most, so a micro-batch's ops depend on the shuffle")
 
     def image(self, height: int, width: int) -> ImageKey:
         """The pinpoint and the unpadded feature grid of `_get_unpadded_features` (= the model's `unpad_image`)."""

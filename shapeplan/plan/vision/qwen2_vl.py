@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .family import ImageKey, Inputs
+from .family import ImageKey, Inputs, Setting
 
 Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`, the image's key
 
@@ -91,6 +91,12 @@ class ImageProcessing:
         return t * h * w // (self.merge_size * self.merge_size)
 
     # -- ImageFamily -------------------------------------------------------------------------------------------------
+
+    def settings(self) -> tuple[Setting, ...]:
+        return ()  # its what-ifs resize as smart_resize does (`whatif`)
+
+    def generation_refusal(self) -> str | None:
+        return None  # one pixel tensor row (block) per image: TRL slices a micro-batch's by its images
 
     def image(self, height: int, width: int) -> ImageKey:
         return self.grid(height, width)

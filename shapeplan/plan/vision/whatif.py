@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from .family import ImageFamily, Setting
 from .qwen2_vl import ImageProcessing
 
 
@@ -100,3 +101,17 @@ def pixels_kept_under(sizes: Sequence[tuple[int, int]], processing: ImageProcess
     of its own and gains none)."""
     limited = limits.applied(processing)
     return _kept([processing.resized(h, w) for h, w in sizes], [limited.resized(h, w) for h, w in sizes])
+
+
+def pixels_kept_by(sizes: Sequence[tuple[int, int]], family: ImageFamily, setting: Setting) -> float:
+    """The share of the pixel values the vision tower receives that a setting keeps, image by image (an image that
+    would receive more keeps all of its own): each image's pixel tensor on its own, under the family as given and
+    under the setting (its family, its images resized to one of its sizes)."""
+    fixed = FixedSizes(setting.sizes) if setting.sizes else None
+    before = after = 0
+    for h, w in sizes:
+        given = math.prod(family.pixel_values([[family.image(h, w)]]))
+        th, tw = fixed.target(h, w) if fixed is not None else (h, w)
+        before += given
+        after += min(given, math.prod(setting.family.pixel_values([[setting.family.image(th, tw)]])))
+    return after / before if before else 1.0
