@@ -192,11 +192,12 @@ def _vision(s: dict[str, Any], where: str, field: str) -> tuple[tuple[int, ...] 
         raise _malformed(f"{where}.pixel_values", f"must be the pixel tensor's shape where {field} is given")
     if not (isinstance(keys, list) and keys and all(isinstance(k, list) for k in keys)):
         raise _malformed(f"{where}.{field}", "must be a list of each image's key where pixel_values is given")
-    images = tuple(_ints(key, f"{where}.{field}[{i}]", 1, MAX_SEQ) for i, key in enumerate(keys))
+    images = tuple(_ints(key, f"{where}.{field}[{i}]", 0, MAX_SEQ) for i, key in enumerate(keys))
     pixels = _ints(value, f"{where}.pixel_values", 1, _MAX_COUNT)
     if field == "image_grid_thw":  # Qwen-VL's: pixel_values [N, D], N the patches its grids hold
-        if len(pixels) != 2 or any(len(grid) != 3 for grid in images):
-            raise _malformed(f"{where}", "must have pixel_values [N, D] and image_grid_thw rows [t, h, w]")
+        if len(pixels) != 2 or any(len(grid) != 3 or 0 in grid for grid in images):
+            raise _malformed(f"{where}", "must have pixel_values [N, D] and image_grid_thw rows [t, h, w] of whole "
+                                         "numbers of at least 1")
         if pixels[0] != sum(t * h * w for t, h, w in images):
             raise _malformed(f"{where}.pixel_values[0]", "is not the number of patches its image_grid_thw holds",
                              pixels[0])

@@ -211,6 +211,25 @@ SFTTrainer(model={str(TINY_VL_MODEL)!r}, args=config, train_dataset=rows).train(
     assert planned.shapes == plan_from_dict(json.loads(restated.stdout)).shapes
     assert any(s.pixel_values for s in planned.shapes)
 
+    # a processor the script loads with settings of its own (Gemma 3's pan-and-scan, which the processor's call
+    # settings decide) plans as the model whose files hold them
+    from tests.oracle.vision_families import write_gemma3
+
+    plain, scanning = write_gemma3(tmp_path / "gemma3"), write_gemma3(tmp_path / "gemma3-scan", pan_and_scan=True)
+    restated = _run("analyze", "--json", data, "--model", scanning, *options, cwd=tmp_path)
+    assert restated.returncode == 0, restated.stderr[-2000:]
+    (tmp_path / "gemma.py").write_text(vision.replace("SFTTrainer(model=", f"""from transformers import AutoProcessor
+
+processor = AutoProcessor.from_pretrained({str(plain)!r}, do_pan_and_scan=True, pan_and_scan_min_crop_size=32,
+                                          pan_and_scan_max_num_crops=4, pan_and_scan_min_ratio_to_activate=1.2)
+SFTTrainer(processing_class=processor, model=""").replace(repr(str(TINY_VL_MODEL)), repr(str(plain))),
+                                         encoding="utf-8")
+    result = _run("analyze", "--json", "--", "python", "gemma.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    crops = {key for s in plan_from_dict(json.loads(result.stdout)).shapes for key in s.images}
+    assert plan_from_dict(json.loads(result.stdout)).shapes == plan_from_dict(json.loads(restated.stdout)).shapes
+    assert any(key and key[0] > 0 for key in crops), crops
+
     rollout = f"""from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation

@@ -4,6 +4,7 @@ train and eval batch's (batch, seq), pixel tensor shape and count, as planned.""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shapeplan.plan.io import plan_from_dict, plan_to_dict
 from shapeplan.services.analyze import analyze
 from tests.oracle.vision_data import write_images, write_rows
 from tests.oracle.vision_families import write_gemma3, write_llava
@@ -54,6 +56,7 @@ def test_family_sft_batches_are_planned_exactly(family: str, tmp_path: Path) -> 
     assert _met(plan.shapes) == _met(seen)
     assert any(s.pixel_values for s in plan.shapes)
     assert plan.config["vision_family"] == ("smolvlm" if family.startswith("smolvlm") else family.split("-")[0])
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(plan)))) == plan  # the plan file holds every field
 
 
 def _generated(shapes: Any) -> Counter[tuple[Any, ...]]:
@@ -84,7 +87,6 @@ def test_family_generation_runs_are_planned_exactly(family: str, method: str, tm
 
 def _applied(family: str, model: Path, data: Path, option: Any, tmp_path: Path) -> tuple[Path, Path]:
     """The model folder and data with `option`'s setting applied as its line says."""
-    import json
     import shutil
 
     if option.sizes is not None:

@@ -39,7 +39,8 @@ def main() -> None:
     if spec.get("vision"):
         from tests.oracle.vision_harness import run_sft_vision
 
-        run_sft_vision(Path(spec["data"]), spec["argv"], guarded=False)
+        model = {"model": Path(spec["model"])} if spec.get("model") else {}  # else the bundled tiny Qwen2.5-VL
+        run_sft_vision(Path(spec["data"]), spec["argv"], guarded=False, **model)
     else:
         real_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
     out = {"counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()},

@@ -119,10 +119,23 @@ def qwen_family(family: ImageFamily) -> ImageProcessing:
 
 def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
     """`load_processor` for a run's parsed arguments (`TrainingArgs`): its model, revision, trust_remote_code and,
-    where the method has one, chat_template_path."""
+    where the method has one, chat_template_path. A script that hands its trainer a processor of its own (script
+    mode) is planned with that one, its settings as it holds them (pan-and-scan, image splitting)."""
     config = args.training
-    return load_processor(args.model.model_name_or_path or "", tokenizer, revision=args.model.model_revision,
-                          trust_remote_code=bool(getattr(config, "trust_remote_code", False)),
+    model = args.model.model_name_or_path or ""
+    trust = bool(getattr(config, "trust_remote_code", False))
+    given = args.objects.processing_class if getattr(args, "objects", None) is not None else None
+    if given is not None and getattr(given, "image_processor", None) is not None:
+        model_type = _model_type(model, revision=args.model.model_revision, trust_remote_code=trust)
+        family = FAMILIES.get(model_type or "")
+        if family is None:
+            raise UsageError(f"the dataset has images, and {model} is a {model_type!r} model, whose processor "
+                             f"shapeplan does not plan images for (it plans {', '.join(FAMILIES)})")
+        try:
+            return VisionProcessor(model_type=model_type or "", family=family.from_processor(given), processor=given)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ModelError(f"the script's processor cannot be planned: {first_line(exc)}") from None
+    return load_processor(model, tokenizer, revision=args.model.model_revision, trust_remote_code=trust,
                           chat_template_path=getattr(config, "chat_template_path", None))
 
 
