@@ -185,3 +185,17 @@ def test_other_families_plan_through_the_console_and_their_generation_runs_are_r
                               "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_steps", "1"])
         assert result.returncode == 2 and refusal in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # processor settings the arithmetic cannot use: one line naming the setting, exit 1
+    for name, key, value, said in (("gemma3", "do_resize", False, "do_resize false"),
+                                   ("llava_next", "patch_size", None, "no patch_size")):
+        folder = tmp_path / name
+        if not folder.exists():
+            BUILDERS[name](folder)
+        settings = json.loads((folder / "processor_config.json").read_text())
+        # transformers 5 saves the image processor's settings inside processor_config.json
+        held = settings["image_processor"] if key in settings.get("image_processor", {}) else settings
+        held[key] = value
+        (folder / "processor_config.json").write_text(json.dumps(settings))
+        result = console.run([*RUN, str(data), "--model", str(folder)])
+        assert result.returncode == 1 and said in result.stderr and str(folder) in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
