@@ -19,25 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Self
 
 from .family import ImageKey, Inputs, Setting
-
-
-def _setting(image_processor: Any, overrides: Mapping[str, Any], name: str) -> Any:
-    """A setting as the image processor's `preprocess` resolves it: the processor's call kwargs first."""
-    return overrides[name] if name in overrides else getattr(image_processor, name, None)
-
-
-def _side(size: Any, key: str) -> Any:
-    """A key of the processor's `size`: a SizeDict (attributes) or a plain dict (as call kwargs give it)."""
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+from .settings import call_settings, setting, size_key, whole
 
 
 def _whole(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        # pan-and-scan settings are the processor's call kwargs (preprocessor_config.json's are overridden)
-        fix = (f"load the processor with {name}=N (AutoProcessor.from_pretrained, kept in tokenizer_config.json)"
-               if name.startswith("pan_and_scan") else "set it in preprocessor_config.json")
-        raise ValueError(f"Gemma 3 image processor's {name} is {value!r}, not a whole number of at least 1; {fix}")
-    return value
+    # pan-and-scan settings are the processor's call kwargs (preprocessor_config.json's are overridden)
+    fix = (f"load the processor with {name}=N (AutoProcessor.from_pretrained, kept in tokenizer_config.json)"
+           if name.startswith("pan_and_scan") else "set it in preprocessor_config.json")
+    return whole("Gemma 3 image processor", name, value, fix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,39 +55,38 @@ class Gemma3Images:
         processor passes it at call (`processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
         ["images_kwargs"]`), which is where pan-and-scan is decided."""
         overrides = images_kwargs or {}
-        if not _setting(image_processor, overrides, "do_resize"):
+        if not setting(image_processor, overrides, "do_resize"):
             raise ValueError("Gemma 3 image processor has do_resize false, which leaves each image its own size "
                              "(pixel_values of mixed sizes cannot be batched); set do_resize true in "
                              "preprocessor_config.json")
-        if _setting(image_processor, overrides, "do_convert_rgb") is False:
+        if setting(image_processor, overrides, "do_convert_rgb") is False:
             raise ValueError("Gemma 3 image processor has do_convert_rgb false, which keeps a grayscale or RGBA "
                              "image's channels (pixel_values that do not batch with RGB ones); set it true")
-        size = _setting(image_processor, overrides, "size")
-        height, width = _side(size, "height"), _side(size, "width")
+        size = setting(image_processor, overrides, "size")
+        height, width = size_key(size, "height"), size_key(size, "width")
         # the backend's resize takes shortest_edge or max_height before height and width: sizes of aspect kept
-        if height is None or width is None or any(_side(size, key) for key in
+        if height is None or width is None or any(size_key(size, key) for key in
                                                   ("shortest_edge", "longest_edge", "max_height", "max_width")):
             raise ValueError(f"Gemma 3 image processor's size {size!r} is not a height and width alone (only "
                              "those resize every image to one size); set size={'height': N, 'width': N} in "
                              "preprocessor_config.json")
-        if not _setting(image_processor, overrides, "do_pan_and_scan"):
+        if not setting(image_processor, overrides, "do_pan_and_scan"):
             return cls(height=_whole("size.height", height), width=_whole("size.width", width))
-        ratio = _setting(image_processor, overrides, "pan_and_scan_min_ratio_to_activate")
+        ratio = setting(image_processor, overrides, "pan_and_scan_min_ratio_to_activate")
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < math.inf:
             raise ValueError(f"Gemma 3 image processor's pan_and_scan_min_ratio_to_activate is {ratio!r}, not a "
                              "positive number; load the processor with pan_and_scan_min_ratio_to_activate=1.2")
         return cls(height=_whole("size.height", height), width=_whole("size.width", width), pan_and_scan=True,
                    min_crop_size=_whole("pan_and_scan_min_crop_size",
-                                        _setting(image_processor, overrides, "pan_and_scan_min_crop_size")),
+                                        setting(image_processor, overrides, "pan_and_scan_min_crop_size")),
                    max_crops=_whole("pan_and_scan_max_num_crops",
-                                    _setting(image_processor, overrides, "pan_and_scan_max_num_crops")),
+                                    setting(image_processor, overrides, "pan_and_scan_max_num_crops")),
                    min_ratio=float(ratio))
 
     @classmethod
     def from_processor(cls, processor: Any) -> Self:
         """The settings a `Gemma3Processor` uses at call: its image processor's, under its merged images kwargs."""
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return cls.from_image_processor(processor.image_processor, merged["images_kwargs"])
+        return cls.from_image_processor(processor.image_processor, call_settings(processor))
 
     def crops(self, height: int, width: int) -> int:
         """`pan_and_scan`: the crops of an image of this size (0: the image alone)."""

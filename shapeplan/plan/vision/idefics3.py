@@ -14,19 +14,9 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Self
 
 from .family import ImageKey, Inputs, Setting
+from .settings import call_settings, size_key, whole
 
 MAX_IMAGE_SIZE = 4096  # the processor's cap on either side after its first resize
-
-
-def _whole(name: str, value: Any, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image processor's {name} is {value!r}, not a whole number of at least 1; {fix}")
-    return value
-
-
-def _size_value(size: Any, key: str) -> Any:
-    """A key of the processor's `size` / `max_image_size`: a SizeDict (attributes) or a plain dict."""
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,19 +44,20 @@ class Idefics3Images:
         def setting(name: str) -> Any:
             return overrides[name] if name in overrides else getattr(image_processor, name, None)
 
-        tile = _whole("max_image_size.longest_edge", _size_value(setting("max_image_size"), "longest_edge"),
-                      "set max_image_size={'longest_edge': N} in preprocessor_config.json")
+        tile = whole("image processor", "max_image_size.longest_edge",
+                     size_key(setting("max_image_size"), "longest_edge"),
+                     "set max_image_size={'longest_edge': N} in preprocessor_config.json")
         if setting("do_pad") is False:
             raise ValueError("image processor has do_pad false, which leaves each row's frames unpadded (a "
                              "ragged pixel_values the model cannot take); set do_pad true in preprocessor_config.json")
         longest, fixed = None, None
         if setting("do_resize") is not False:
             size = setting("size")
-            if _size_value(size, "longest_edge"):
-                longest = _whole("size.longest_edge", _size_value(size, "longest_edge"), "fix its size")
-            elif _size_value(size, "height") and _size_value(size, "width"):
-                fixed = (_whole("size.height", _size_value(size, "height"), "fix its size"),
-                         _whole("size.width", _size_value(size, "width"), "fix its size"))
+            if size_key(size, "longest_edge"):
+                longest = whole("image processor", "size.longest_edge", size_key(size, "longest_edge"), "fix its size")
+            elif size_key(size, "height") and size_key(size, "width"):
+                fixed = (whole("image processor", "size.height", size_key(size, "height"), "fix its size"),
+                         whole("image processor", "size.width", size_key(size, "width"), "fix its size"))
             else:
                 raise ValueError(f"image processor's size {size!r} has neither longest_edge nor height and "
                                  "width, which it refuses; set size={'longest_edge': N} in preprocessor_config.json")
@@ -76,8 +67,7 @@ class Idefics3Images:
     def from_processor(cls, processor: Any) -> Self:
         """The settings an `Idefics3Processor` / `SmolVLMProcessor` uses at call: its image processor's, under its
         merged images kwargs."""
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return cls.from_image_processor(processor.image_processor, merged["images_kwargs"])
+        return cls.from_image_processor(processor.image_processor, call_settings(processor))
 
     def resized(self, height: int, width: int) -> tuple[int, int]:
         """The size after the first resize (`size`): the longest edge scaled to `longest_edge` (up or down, the

@@ -12,23 +12,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from .family import ImageKey, Inputs, Setting
-
-
-def _setting(image_processor: Any, overrides: Mapping[str, Any], name: str) -> Any:
-    """A setting as the image processor's `preprocess` resolves it: the processor's call kwargs first."""
-    return overrides[name] if name in overrides else getattr(image_processor, name, None)
-
-
-def _side(size: Any, key: str) -> Any:
-    """A key of the processor's `size` / `crop_size`: a SizeDict (attributes) or a plain dict (call kwargs)."""
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+from .settings import call_settings, setting, size_key, whole
 
 
 def _whole(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"LLaVA image processor's {name} is {value!r}, not a whole number of at least 1; set it "
-                         "in preprocessor_config.json")
-    return value
+    return whole("LLaVA image processor", name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,33 +38,32 @@ class LlavaImages:
         """The settings of a (PIL or torchvision) `LlavaImageProcessor` or `CLIPImageProcessor`, `images_kwargs`
         over them (what the processor passes it at call: `processor._merge_kwargs(...)["images_kwargs"]`)."""
         overrides = images_kwargs or {}
-        if _setting(image_processor, overrides, "do_convert_rgb") is False:
+        if setting(image_processor, overrides, "do_convert_rgb") is False:
             raise ValueError("LLaVA image processor has do_convert_rgb false, which keeps a grayscale or RGBA "
                              "image's channels (pixel_values that do not batch with RGB ones); set it true")
-        if _setting(image_processor, overrides, "do_pad") and _setting(image_processor, overrides, "pad_size"):
+        if setting(image_processor, overrides, "do_pad") and setting(image_processor, overrides, "pad_size"):
             raise ValueError("LLaVA image processor pads to pad_size, which shapeplan does not plan; drop "
                              "pad_size from preprocessor_config.json")
-        if _setting(image_processor, overrides, "do_center_crop"):
-            crop = _setting(image_processor, overrides, "crop_size")
-            return cls(height=_whole("crop_size.height", _side(crop, "height")),
-                       width=_whole("crop_size.width", _side(crop, "width")))
-        size = _setting(image_processor, overrides, "size")
+        if setting(image_processor, overrides, "do_center_crop"):
+            crop = setting(image_processor, overrides, "crop_size")
+            return cls(height=_whole("crop_size.height", size_key(crop, "height")),
+                       width=_whole("crop_size.width", size_key(crop, "width")))
+        size = setting(image_processor, overrides, "size")
         # without the crop, only a height and width resize every image to one size (shortest_edge keeps the aspect)
-        if not _setting(image_processor, overrides, "do_resize") or any(
-                _side(size, key) for key in ("shortest_edge", "longest_edge", "max_height", "max_width")) or not (
-                _side(size, "height") and _side(size, "width")):
+        if not setting(image_processor, overrides, "do_resize") or any(
+                size_key(size, key) for key in ("shortest_edge", "longest_edge", "max_height", "max_width")) or not (
+                size_key(size, "height") and size_key(size, "width")):
             raise ValueError(f"LLaVA image processor has do_center_crop false and resizes to {size!r} "
-                             f"(do_resize {_setting(image_processor, overrides, 'do_resize')}), which gives images "
+                             f"(do_resize {setting(image_processor, overrides, 'do_resize')}), which gives images "
                              "of other sizes other pixel shapes and token counts; set do_center_crop true in "
                              "preprocessor_config.json")
-        return cls(height=_whole("size.height", _side(size, "height")),
-                   width=_whole("size.width", _side(size, "width")))
+        return cls(height=_whole("size.height", size_key(size, "height")),
+                   width=_whole("size.width", size_key(size, "width")))
 
     @classmethod
     def from_processor(cls, processor: Any) -> Self:
         """The settings a `LlavaProcessor` uses at call: its image processor's, under its merged images kwargs."""
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return cls.from_image_processor(processor.image_processor, merged["images_kwargs"])
+        return cls.from_image_processor(processor.image_processor, call_settings(processor))
 
     def settings(self) -> tuple[Setting, ...]:
         return ()  # every image gives one key already

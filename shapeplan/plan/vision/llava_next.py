@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from .family import ImageKey, Inputs, Setting
+from .settings import call_settings, size_key, whole
 
 
 def best_resolution(height: int, width: int, pinpoints: Sequence[tuple[int, int]]) -> tuple[int, int]:
@@ -27,14 +28,7 @@ def best_resolution(height: int, width: int, pinpoints: Sequence[tuple[int, int]
 
 
 def _side(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image processor's {name} is {value!r}, not a whole number of at least 1; fix it in "
-                         "preprocessor_config.json")
-    return value
-
-
-def _get(size: Any, key: str) -> Any:
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+    return whole("image processor", name, value, "fix it in preprocessor_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +66,13 @@ class LlavaNextImages:
                              "processor_config.json")
         size, crop = setting("size"), setting("crop_size")
         # `_preprocess` cuts patches of this side, then resizes and crops each to the frame
-        cut = _get(crop, "height") or _get(size, "height") or _get(size, "shortest_edge")
+        cut = size_key(crop, "height") or size_key(size, "height") or size_key(size, "shortest_edge")
         if setting("do_center_crop"):
-            sides = (_get(crop, "height"), _get(crop, "width"))
-        elif setting("do_resize") and _get(size, "shortest_edge"):
-            sides = (_get(size, "shortest_edge"),) * 2
+            sides = (size_key(crop, "height"), size_key(crop, "width"))
+        elif setting("do_resize") and size_key(size, "shortest_edge"):
+            sides = (size_key(size, "shortest_edge"),) * 2
         elif setting("do_resize"):
-            sides = (_get(size, "height"), _get(size, "width"))
+            sides = (size_key(size, "height"), size_key(size, "width"))
         else:
             sides = (cut, cut)
         frame = _side(sides[0], "crop_size.height")
@@ -104,8 +98,7 @@ class LlavaNextImages:
     def from_processor(cls, processor: Any) -> Self:
         """The settings a `LlavaNextProcessor` uses at call: its image processor's under its merged images kwargs
         (which pad), and its patch size."""
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return cls.from_image_processor(processor.image_processor, merged["images_kwargs"],
+        return cls.from_image_processor(processor.image_processor, call_settings(processor),
                                          patch_size=processor.patch_size)
 
     def settings(self) -> tuple[Setting, ...]:
