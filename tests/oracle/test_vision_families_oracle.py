@@ -57,6 +57,7 @@ def test_family_sft_batches_are_planned_exactly(family: str, tmp_path: Path) -> 
     assert any(s.pixel_values for s in plan.shapes)
     assert plan.config["vision_family"] == ("smolvlm" if family.startswith("smolvlm") else family.split("-")[0])
     assert plan_from_dict(json.loads(json.dumps(plan_to_dict(plan)))) == plan  # the plan file holds every field
+    assert plan.config.get("text_inputs") == (["token_type_ids"] if family.startswith("gemma3") else None)
 
 
 def _generated(shapes: Any) -> Counter[tuple[Any, ...]]:

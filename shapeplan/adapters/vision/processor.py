@@ -140,9 +140,12 @@ def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
 
 
 def vision_config(vision: VisionProcessor, resize: FixedSizes | None, limits: PixelLimits | None) -> dict[str, Any]:
-    """What a plan records of its images: the model type whose family made its keys (`plan.vision.FAMILIES`), and
-    of an image what-if the fixed sizes every image is resized to, the pixel limits."""
+    """What a plan records of its images: the model type whose family made its keys (`plan.vision.FAMILIES`), the
+    tensors its processor adds to every batch shaped as input_ids (Gemma 3's token_type_ids), and of an image
+    what-if the fixed sizes every image is resized to, the pixel limits."""
     recorded: dict[str, Any] = {"vision_family": vision.model_type}
+    if vision.family.TEXT_INPUTS:  # on every batch, images or not, shaped as its input_ids
+        recorded["text_inputs"] = list(vision.family.TEXT_INPUTS)
     if resize is not None:
         recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
     if limits is not None:
