@@ -5,6 +5,7 @@ for a stream, `shapeplan.adapters.generation_stream`), and the call into `plan_g
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,30 @@ def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
         raise UsageError("generation_kwargs with num_beams, num_return_sequences or prefill_chunk_size is not "
                          "planned; drop them from --generation_kwargs")
     return generation
+
+
+def generation_configs(args: TrainingArgs, tokenizer: Any) -> tuple[Any, Any]:
+    """The run's model's config and generation config, as the trainer's model has them (the pad token the trainer
+    mirrors onto it from the tokenizer), which size a rollout function's own `generate` calls; (None, None) where
+    they are not readable here."""
+    from transformers import AutoConfig, GenerationConfig
+
+    model = args.objects.model if args.objects is not None else None
+    if model is not None:  # the script's model object, as loaded
+        config, generation = model.config, copy.deepcopy(model.generation_config)
+    else:
+        path, revision = args.model.model_name_or_path, args.model.model_revision
+        try:
+            config = AutoConfig.from_pretrained(path or "", revision=revision,
+                                                trust_remote_code=bool(args.training.trust_remote_code))
+        except (OSError, ValueError):
+            return None, None
+        try:  # as from_pretrained loads it: the model's generation_config.json, else from its config
+            generation = GenerationConfig.from_pretrained(path, revision=revision)
+        except OSError:
+            generation = GenerationConfig.from_model_config(config)
+    generation.pad_token_id = tokenizer.pad_token_id
+    return config, generation
 
 
 def static_cache(generation: GenerationConfig) -> bool:

@@ -21,6 +21,7 @@ from .common import RunData, load_run_data, recorded_config, streamed
 from .generation import (
     bare_trainer,
     eval_loop,
+    generation_configs,
     generation_settings,
     plan_run,
     refuse_unplannable,
@@ -206,7 +207,9 @@ class GenerationRun:
         if func is None:
             return None
         prompts = {"train": data.train["prompt"], "eval": data.eval["prompt"] if data.eval is not None else []}
-        return RolloutProbe(func, self.trainer, prompts, config=self.args.training, max_new_tokens=max_new_tokens)
+        model_config, model_generation = generation_configs(self.args, data.tokenizer)
+        return RolloutProbe(func, self.trainer, prompts, config=self.args.training, max_new_tokens=max_new_tokens,
+                            model_config=model_config, model_generation=model_generation)
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,29 @@ def read(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None)
                          prompts=_vision_prompts(args, data, trainer))
 
 
+# The trainer shuffles a vision round's rows before cutting its micro-batches, so each can hold any of the round's
+# rows (plan/grpo.py, `_slices`): beyond this many choices of how many rows of each prompt a micro-batch holds, a
+# round is refused rather than planned.
+MAX_SLICES = 10_000
+
+
+def _check_slices(args: TrainingArgs) -> None:
+    """Refuse a vision run whose rounds' micro-batches can hold more choices of prompts than MAX_SLICES."""
+    config = args.training
+    rows, size = config.per_device_train_batch_size * config.steps_per_generation, config.per_device_train_batch_size
+    # a rank's round holds its rows' prompts, num_generations rows each (one more, partly, where ranks split them)
+    prompts = -(-rows // config.num_generations) + (args.num_processes > 1)
+    ways = [1] + [0] * size  # ways[n]: the choices of how many rows of each prompt make n rows
+    for _ in range(prompts):
+        ways = [sum(ways[n - k] for k in range(min(n, config.num_generations) + 1)) for n in range(size + 1)]
+    if config.steps_per_generation > 1 and ways[size] > MAX_SLICES:
+        raise UsageError(f"steps_per_generation={config.steps_per_generation} on a vision-language {args.method} run: "
+                         "the trainer shuffles each round's rows before cutting its micro-batches, so each can hold "
+                         f"any {size} of its {rows} rows, {ways[size]:,} choices of prompts to plan a round (more "
+                         f"than {MAX_SLICES:,}); lower per_device_train_batch_size or steps_per_generation "
+                         "(gradient_accumulation_steps)")
+
+
 def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPrompts | None:
     """A vision-language GRPO or RLOO run's train and eval prompts, after what shapeplan does not plan on images is
     refused; None for a text run."""
@@ -248,27 +274,18 @@ def _vision_prompts(args: TrainingArgs, data: RunData, trainer: Any) -> VisionPr
         if data.eval is not None and vision.is_vision(data.eval):
             raise UsageError("the eval dataset has images and the train dataset has none; plan them apart")
         return None
-    config = args.training
     if streamed(args):
         raise UsageError(f"vision-language {args.method} runs are planned from map-style datasets; drop "
                          "--dataset_streaming")
     if args.agentic:
         raise UsageError(f"tools and environments on vision-language {args.method} runs are not planned yet (tool "
                          "images take another path); drop --tools / --environment_factory")
-    rows = config.per_device_train_batch_size * config.steps_per_generation
-    if config.steps_per_generation > 1 and rows != config.num_generations:
-        # the trainer shuffles a round's rows (the global RNG) before cutting it into steps_per_generation slices:
-        # which prompts' images a micro-batch holds is random
-        raise UsageError(f"steps_per_generation={config.steps_per_generation} on a vision-language {args.method} run "
-                         f"whose round holds {rows // config.num_generations} prompts: the trainer shuffles each "
-                         "round's rows before cutting its micro-batches, so which images each one holds is random; "
-                         "use steps_per_generation 1 (gradient_accumulation_steps 1), or rounds of one prompt "
-                         f"(per_device_train_batch_size x steps_per_generation = {config.num_generations})")
+    _check_slices(args)
     processor = vision.run_processor(args, data.tokenizer)
-    train = vision.prompt_rows(data.train, processor, trainer, name="train")
-    evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
-    return VisionPrompts(processor=processor, train=train, eval=evaluated)
     refusal = processor.family.generation_refusal()
     if refusal is not None:
         raise UsageError(f"{args.method} with a {processor.model_type} model's images is not planned: {refusal}; "
                          "SFT runs of it are")
+    train = vision.prompt_rows(data.train, processor, trainer, name="train")
+    evaluated = None if data.eval is None else vision.prompt_rows(data.eval, processor, trainer, name="eval")
+    return VisionPrompts(processor=processor, train=train, eval=evaluated)

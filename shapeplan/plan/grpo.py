@@ -9,14 +9,19 @@ for every P; those entries are `certain` only when there is a single bucket.
 With images (`images`: the prompts' grids, vision-language GRPO), each `generate` carries its rows' image encode
 and each forward its rows' pixel batch, in row order, but for the train forwards: the trainer shuffles a round's
 rows (with the global RNG) before cutting its micro-batches, so a train entry's grids are keyed in sorted order, one
-entry for every order of the same images (a micro-batch holds the whole round, or one prompt's rows; the adapter
-refuses random subsets).
+entry for every order of the same images; where a micro-batch is a slice of the round (steps_per_generation > 1),
+it can hold any of its rows, so each choice of prompts' images it can hold is a possible entry (`_slices`; certain
+where every choice holds the same images).
 
 With tools (`ToolLoop`), each round's first `generate` is followed by up to `turns` more, each on the rows whose
 last completion called a tool (num_generations 1), over prompt + completion + tool response: what the model
 writes decides them, so they are planned as a bound (`certain` False), and so is every cache length they can grow.
 Which rows call is the model's choice too, so a turn's batch is any of 1..R, unless the run pads each turn to the
-round's R rows (`ToolLoop.padded`: `shapeplan.pad_tool_turns`).
+round's R rows (`ToolLoop.padded`: `shapeplan.pad_tool_turns`). The bound is what each turn can reach from the
+turns before it (`ToolLoop.reach`): turn t meets a bucket only where some row, t turns grown, can round up to it,
+and k rows only where k rows fit in it; turn 1 meets the cache the round's first `generate` left, grown by its own
+bucket, and a later turn also any an earlier turn of the round can have left (a row that reached a higher bucket
+may leave the loop). An entry's count is the number of turns that can meet it.
 
 With a `rollout_func` (`Rollout`), the user's function makes a round's `generate` calls and returns its prompt and
 completion ids: each round is what the function does with its prompts when every completion is as short as it can
@@ -81,28 +86,57 @@ class ToolLoop:
     max_completion_length: int
     padded: bool = False
 
-    def batches(self, rows: int) -> range:
-        """The batch sizes a turn after a first `generate` on `rows` rows can have."""
-        return range(rows, rows + 1) if self.padded else range(1, rows + 1)
-
     def buckets(self, prompt_lengths: Sequence[int], multiple: int | None) -> tuple[int, ...]:
         """The padded prompt lengths a turn can meet for a round of these prompts."""
         low = min(prompt_lengths) + self.min_growth
         high = max(prompt_lengths) + self.max_completion_length
         return () if low > high else _spanned(low, high, multiple)
 
+    def reach(self, prompt_lengths: Sequence[int], multiple: int | None) -> dict[int, tuple[int, ...]]:
+        """Each padded prompt length the turns of a round of these prompts can meet, with, for k = 1..R (index
+        k - 1), the number of turns that can meet it on k rows. A row in turn t is its prompt grown by at least
+        t x `min_growth` tokens and at most `max_completion_length`: the bucket is met in turn t where some row can
+        round up to it, on k rows where the k shortest prompts, t turns grown, fit in it."""
+        step = multiple or 1
+        ordered = sorted(prompt_lengths)
+        out = {}
+        for bucket in self.buckets(ordered, multiple):
+            # the row that sets the bucket is longer than the bucket below; the others only fit in it
+            most = min(self.turns, max(((bucket - length) // self.min_growth for length in ordered
+                                        if length + self.max_completion_length > bucket - step), default=0))
+            if most >= 1:
+                out[bucket] = tuple(max(0, min(most, (bucket - length) // self.min_growth)) for length in ordered)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class OwnGenerate:
+    """A rollout function's call of the model's `generate` itself (not through `trainer._generate_single_turn`): the
+    settings that size its static cache, and the multiple it pads its prompts to (None: to their longest row)."""
+
+    max_new_tokens: int
+    static_cache: bool
+    max_cache_len: int | None
+    multiple: int | None
+
 
 @dataclass(frozen=True, slots=True)
 class RolloutCall:
     """One `generate` call of a rollout function: `rows` prompts whose longest is `shortest` tokens when every
-    earlier completion is as short as it can be, `longest` when every one is as long."""
+    earlier completion is as short as it can be, `longest` when every one is as long; for a call of the model's own
+    `generate` (`own`), the widths of the padded prompts it passed."""
 
     rows: int
     shortest: int
     longest: int
+    own: OwnGenerate | None = None
 
     def buckets(self, multiple: int | None) -> tuple[int, ...]:
-        return _spanned(self.shortest, self.longest, multiple)
+        if self.own is None:
+            return _spanned(self.shortest, self.longest, multiple)
+        if self.shortest == self.longest:  # a width that does not follow the prompts (padding="max_length")
+            return (self.shortest,)
+        return _spanned(self.shortest, self.longest, self.own.multiple)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,23 +180,29 @@ class CacheLength:
         self._layout = layout
         self._possible: frozenset[int] = frozenset({-1})
 
-    def _after(self, prompt_bucket: int) -> frozenset[int]:
-        pinned = self._layout.max_cache_len if self._layout.max_cache_len is not None else -1
-        return frozenset(max(prompt_bucket + self._layout.max_new_tokens - 1, pinned, p) for p in self._possible)
+    def _after(self, prompt_bucket: int, own: OwnGenerate | None) -> frozenset[int]:
+        new, pin = (self._layout.max_new_tokens, self._layout.max_cache_len) if own is None \
+            else (own.max_new_tokens, own.max_cache_len)
+        return frozenset(max(prompt_bucket + new - 1, -1 if pin is None else pin, p) for p in self._possible)
 
-    def next(self, prompt_bucket: int) -> tuple[int | None, ...]:
-        """The lengths a call at `prompt_bucket` can have (one, unless tool turns came before)."""
-        if not self._layout.static_cache:
+    def _static(self, own: OwnGenerate | None) -> bool:
+        return self._layout.static_cache if own is None else own.static_cache
+
+    def next(self, prompt_bucket: int, own: OwnGenerate | None = None) -> tuple[int | None, ...]:
+        """The lengths a call at `prompt_bucket` can have (one, unless tool turns came before); `own`: a rollout
+        function's call of the model's `generate` with its own settings (a dynamic cache leaves the length as it
+        is)."""
+        if not self._static(own):
             return (None,)
-        self._possible = self._after(prompt_bucket)
+        self._possible = self._after(prompt_bucket, own)
         return tuple(sorted(self._possible))
 
-    def turns(self, prompt_buckets: Sequence[int]) -> dict[int, tuple[int | None, ...]]:
+    def turns(self, prompt_buckets: Sequence[int], own: OwnGenerate | None = None) -> dict[int, tuple[int | None, ...]]:
         """Tool turns that may run at any of `prompt_buckets`, or not at all: the lengths each bucket's call can
         have. The lengths any number of turns can leave are those one can (each is a running maximum)."""
-        if not self._layout.static_cache:
+        if not self._static(own):
             return {bucket: (None,) for bucket in prompt_buckets}
-        each = {bucket: self._after(bucket) for bucket in prompt_buckets}
+        each = {bucket: self._after(bucket, own) for bucket in prompt_buckets}
         self._possible = self._possible.union(*each.values())
         return {bucket: tuple(sorted(lengths)) for bucket, lengths in each.items()}
 
@@ -178,12 +218,36 @@ def _vision(images: Rows | None, rows: Sequence[int], *, shuffled: bool = False)
     return NO_IMAGES if images is None else images.vision(rows, shuffled=shuffled)
 
 
+def _slices(images: Rows | None, batch: Sequence[int], rows: int) -> tuple[BatchImages, ...]:
+    """What a micro-batch the trainer cuts from a round can feed the vision tower: it shuffles the round's rows (the
+    global RNG) and trains on slices of `rows`, so any `rows` of them (one batch, keys sorted, where the slice is the
+    whole round or every choice holds the same images)."""
+    if images is None or images.images is None or rows == len(batch):
+        return (_vision(images, batch[:rows], shuffled=True),)
+    kinds: dict[tuple[object, ...], list[int]] = {}  # rows whose images are alike are interchangeable
+    for row in batch:
+        kinds.setdefault(tuple(images.images[row]), []).append(row)
+    groups = list(kinds.values())
+    out: dict[BatchImages, None] = {}
+
+    def choose(group: int, left: int, chosen: list[int]) -> None:
+        if group == len(groups):
+            if left == 0:
+                out[_vision(images, chosen, shuffled=True)] = None
+            return
+        for taken in range(min(left, len(groups[group])) + 1):
+            choose(group + 1, left - taken, chosen + groups[group][:taken])
+
+    choose(0, rows, [])
+    return tuple(out)
+
+
 @dataclass
 class _Rank:
     cache: CacheLength
     prompt_bucket: int = 0  # P of the round being trained on
     train_rows: int = 0  # rows of each slice of the round being trained on
-    train_vision: BatchImages = NO_IMAGES  # the pixel batch of each slice of the round being trained on
+    train_vision: tuple[BatchImages, ...] = (NO_IMAGES,)  # the pixel batches a slice of the round can have
     completions: tuple[int, ...] | None = None  # the round's completion buckets, where a rollout function sets them
 
 
@@ -194,52 +258,65 @@ class _Counting:
         self.counter = counter
         self.layout = layout
         self.buckets = completion_buckets(layout.max_new_tokens, layout.pad_to_multiple_of)
+        self.unpadded_calls = False  # a rollout function's own generate calls pass prompts padded to their longest
 
     def forwards(self, phase: Phase, rows: int, prompt_bucket: int, step: int, vision: BatchImages = NO_IMAGES,
-                 buckets: Sequence[int] | None = None) -> None:
+                 buckets: Sequence[int] | None = None, *, alone: bool = True) -> None:
         """The forwards over a round's completions: one per completion bucket (`buckets`, default every one
-        max_new_tokens can give)."""
+        max_new_tokens can give); `alone`: the forward's images are these, not one of several it can have."""
         buckets = self.buckets if buckets is None else buckets
         for completion in buckets:
-            self.counter.add(phase, rows, prompt_bucket + completion, step, certain=len(buckets) == 1,
+            self.counter.add(phase, rows, prompt_bucket + completion, step, certain=len(buckets) == 1 and alone,
                              logits_to_keep=completion, vision=vision)
 
     def generate(self, phase: Phase, rows: int, prompt_bucket: int, cache: CacheLength, step: int,
-                 vision: BatchImages = NO_IMAGES) -> None:
-        lengths = cache.next(prompt_bucket)
+                 vision: BatchImages = NO_IMAGES, own: OwnGenerate | None = None) -> None:
+        lengths = cache.next(prompt_bucket, own)
+        new = self.layout.max_new_tokens if own is None else own.max_new_tokens
         for cache_len in lengths:
             self.counter.add(phase, rows, prompt_bucket, step, cache_len=cache_len, certain=len(lengths) == 1,
-                             max_new_tokens=self.layout.max_new_tokens, vision=vision)
+                             max_new_tokens=new, vision=vision)
 
     def rollout(self, phase: Phase, rollout: Rollout, cache: CacheLength, step: int) -> None:
         """A rollout function's `generate` calls: the first at its one bucket (certain), each later one at any
-        bucket it can reach, and every cache length those can grow."""
+        bucket it can reach (met once), and every cache length those can grow."""
         for index, call in enumerate(rollout.calls):
             buckets = call.buckets(self.layout.pad_to_multiple_of)
             if index == 0 and len(buckets) == 1:
-                self.generate(phase, call.rows, buckets[0], cache, step)
+                self.generate(phase, call.rows, buckets[0], cache, step, own=call.own)
                 continue
-            self._possible(phase, (call.rows,), buckets, cache, step, count=1)
+            self.unpadded_calls |= call.own is not None and call.own.multiple is None and len(buckets) > 1
+            new = self.layout.max_new_tokens if call.own is None else call.own.max_new_tokens
+            for bucket, lengths in cache.turns(buckets, call.own).items():
+                for cache_len in lengths:
+                    self.counter.add(phase, call.rows, bucket, step, cache_len=cache_len, certain=False,
+                                     max_new_tokens=new)
 
     def tool_turns(self, phase: Phase, rows: int, prompt_lengths: Sequence[int], cache: CacheLength,
                    step: int) -> None:
         """The bound of the tool loop's `generate` calls after a first one on `rows` prompts of these lengths:
-        each (k rows, bucket, cache length) it can meet, counted once per turn it can meet it in."""
+        each (k rows, bucket, cache length) a turn can meet, counted once per turn that can meet it."""
         loop = self.layout.tool_loop
         if loop is None or loop.turns == 0:
             return
-        self._possible(phase, loop.batches(rows), loop.buckets(prompt_lengths, self.layout.pad_to_multiple_of), cache,
-                       step, count=loop.turns)
-
-    def _possible(self, phase: Phase, batches: Sequence[int], buckets: Sequence[int], cache: CacheLength, step: int,
-                  *, count: int) -> None:
-        """`generate` calls the model's writing decides (`certain` False), each met at most `count` times: any of
-        these batch sizes at any of these buckets, with every cache length each can grow."""
-        for bucket, lengths in cache.turns(buckets).items():
-            for cache_len in lengths:
-                for rows in batches:
-                    self.counter.add(phase, rows, bucket, step, count=count, cache_len=cache_len, certain=False,
-                                     max_new_tokens=self.layout.max_new_tokens)
+        reach = loop.reach(prompt_lengths, self.layout.pad_to_multiple_of)
+        if not reach:
+            return
+        # turn 1 starts from the cache the round's first generate left; a later turn from any an earlier turn left
+        # (the cache then holds every length a turn can leave: each is a running maximum, so it grows no further)
+        first = cache.turns(list(reach))
+        # with one row there is no other to go on when the row that set a bucket leaves: its turns only grow
+        later = cache.turns(list(reach)) if rows > 1 else first
+        for bucket, turns in reach.items():
+            for batch in (rows,) if loop.padded else range(1, rows + 1):
+                most = turns[0] if loop.padded else turns[batch - 1]  # the turns that can meet it on these rows
+                if most < 1:
+                    continue
+                for cache_len in sorted(set(first[bucket]) | set(later[bucket]), key=lambda n: n or 0):
+                    count = (cache_len in first[bucket]) + (cache_len in later[bucket]) * (most - 1)
+                    if count:
+                        self.counter.add(phase, batch, bucket, step, count=count, cache_len=cache_len, certain=False,
+                                         max_new_tokens=self.layout.max_new_tokens)
 
 
 def plan_generation(
@@ -312,8 +389,7 @@ def plan_generation(
                 batch = rank_batches[mb.index]
                 lengths = [prompt_lengths[i] for i in batch]
                 rank_state.train_rows = len(batch) // layout.steps_per_generation
-                # a slice of the shuffled round: the whole round, or (steps_per_generation > 1) one prompt's rows
-                rank_state.train_vision = _vision(images, batch[:rank_state.train_rows], shuffled=True)
+                rank_state.train_vision = _slices(images, batch, rank_state.train_rows)
                 if rollouts is not None:
                     rollout = rollouts("train", batch)
                     counting.rollout("generate", rollout, rank_state.cache, mb.step)
@@ -331,8 +407,9 @@ def plan_generation(
                                           rank_state.completions)
                 tokens += sum(lengths)
                 padded += len(batch) * bucket
-            counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step,
-                              rank_state.train_vision, rank_state.completions)
+            for vision in rank_state.train_vision:
+                counting.forwards("train", rank_state.train_rows, rank_state.prompt_bucket, mb.step, vision,
+                                  rank_state.completions, alone=len(rank_state.train_vision) == 1)
             micro += 1
         micro_step += 1
         last_step = mb.step
@@ -342,6 +419,11 @@ def plan_generation(
 
     shapes = counting.counter.shapes()
     all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {})
+    if counting.unpadded_calls:
+        generates = sum(s.phase in GENERATE_PHASES for s in shapes)
+        all_warnings.append(f"the rollout function's own generate calls pass prompts padded to their longest row, so "
+                            f"every length is a generate shape of its own ({generates} generate entries); pad them to "
+                            "a multiple (the tokenizer's pad_to_multiple_of=128)")
     return Plan(
         method=method,
         exact=exact,

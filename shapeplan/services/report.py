@@ -96,6 +96,18 @@ def _generate_lines(plan: Plan, generate_minutes: float) -> list[str]:
     return lines
 
 
+def _agentic_lines(plan: Plan) -> list[str]:
+    """How wide the bound of an agentic run is (tools, environments, a rollout function): its possible entries, which
+    the model's calls decide, against its certain ones."""
+    if not (plan.config.get("tool_turns") or plan.config.get("rollout_func")):  # GRPO records 0 turns without tools
+        return []
+    certain = sum(s.certain for s in plan.shapes)
+    possible = len(plan.shapes) - certain
+    ratio = f" ({possible / certain:.1f} to 1)" if certain else ""
+    return [f"agentic bound: {possible} possible entries to {certain} certain{ratio}, each met only if the model's "
+            "calls lead there"]
+
+
 def _vision_lines(plan: Plan) -> list[str]:
     """How many vision-tower graphs the run needs: one per distinct image batch (its images' keys and pixel shape)."""
     if not plan.vision_graphs:
@@ -134,6 +146,7 @@ def render_plan(plan: Plan, *, generate_minutes: float = GENERATE_SHAPE_MINUTES)
         f"{'generate prompt' if generating else 'train'} tokens: {st.tokens:,} real of {st.padded_tokens:,} fed "
         f"({st.padding_waste:.1%} padding)",
         *generate_lines,
+        *_agentic_lines(plan),
         *_vision_lines(plan),
         f"distinct shapes to compile: {plan.distinct_shapes}   estimated compile time: "
         f"{_minutes(compile_minutes(plan, generate_minutes=generate_minutes))} on one NeuronCore",

@@ -14,6 +14,9 @@ RUN = ["analyze", "--method", "grpo", "--model", str(TINY_MODEL), "--per_device_
        "--num_generations", "2", "--max_completion_length", "64", "--max_steps", "2", "--cache_implementation",
        "static", "--json"]
 TOOLS = "tests.oracle.agentic_tools"
+_HOW = ("shapeplan plans a rollout_func that generates through trainer._generate_single_turn or the trainer's model's "
+        "own generate, makes the same calls whatever the model writes, and returns prompt_ids, completion_ids and "
+        "logprobs")
 
 
 def _prompts(tmp_path: Path) -> Path:
@@ -54,7 +57,16 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
                                             "[[1] * 5] * len(prompts)\n    first, _ = trainer._generate_single_turn("
                                             "ids, None, {}, 1)\n    if len(first[0]) < 2:\n        "
                                             "trainer._generate_single_turn(ids, None, {}, 1)\n    return "
-                                            "{'prompt_ids': ids, 'completion_ids': first, 'logprobs': None}\n",
+                                            "{'prompt_ids': ids, 'completion_ids': first, 'logprobs': None}\n"
+                                            "\ndef scoring(prompts, trainer):\n    import torch\n    ids = "
+                                            "torch.ones(len(prompts), 5, dtype=torch.long)\n    out = "
+                                            "trainer.model_wrapped.generate(input_ids=ids, max_new_tokens=8)\n    "
+                                            "trainer.model(out)\n\ndef lengthening(prompts, trainer):\n    import "
+                                            "torch\n    ids = torch.ones(len(prompts), 5, dtype=torch.long)\n    out "
+                                            "= trainer.model.generate(input_ids=ids, max_length=40)\n    again = "
+                                            "trainer.model.generate(input_ids=out, max_length=40)\n    return "
+                                            "{'prompt_ids': ids.tolist(), 'completion_ids': again[:, 5:].tolist(), "
+                                            "'logprobs': None}\n",
                                             encoding="utf-8")
     cases = {
         ("--tools", "bare_tools"): "--tools 'bare_tools' names no object: write module:attr (a module importable "
@@ -72,25 +84,28 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
                                                          "requires one (it is called before each rollout)",
         ("--rollout_func", "bare_tools:lookup"): "--rollout_func bare_tools:lookup, run on a batch of prompts by "
                                                  "shapeplan's dry run, raised TypeError: lookup() takes 1 positional "
-                                                 "argument but 2 were given; shapeplan plans a "
-                                                 "rollout_func that generates through trainer._generate_single_turn "
-                                                 "(the trainer's own path), runs its calls whatever the model writes, "
-                                                 "and returns prompt_ids, completion_ids and logprobs",
-        ("--rollout_func", "bare_tools:scripted"): "--rollout_func made no generate call through "
-                                                   "trainer._generate_single_turn: shapeplan plans a rollout_func "
-                                                   "that generates through trainer._generate_single_turn (the "
-                                                   "trainer's own path), runs its calls whatever the model writes, "
-                                                   "and returns prompt_ids, completion_ids and logprobs",
+                                                 "argument but 2 were given; " + _HOW,
+        ("--rollout_func", "bare_tools:scripted"): "--rollout_func made no generate call (through "
+                                                   "trainer._generate_single_turn or the model's generate): " + _HOW,
+        # the model's own generate is planned; its forward (log-probs in the function) and calls whose settings
+        # change with what the model writes are not
+        ("--rollout_func", "bare_tools:scoring"): "--rollout_func runs the trainer's model other than through "
+                                                  "generate, which shapeplan's dry run does not load: compute "
+                                                  "log-probabilities after the rollout (return logprobs None), and "
+                                                  "generate through trainer._generate_single_turn or the model's "
+                                                  "generate",
+        ("--rollout_func", "bare_tools:lengthening"): "--rollout_func's generate call 2 is made another way when the "
+                                                      "model writes more (the model's generate with 34 new tokens and "
+                                                      "a dynamic cache with the shortest completions, the model's "
+                                                      "generate with 0 new tokens and a dynamic cache with the "
+                                                      "longest): generate each call alike (the same path, "
+                                                      "max_new_tokens and cache), whatever the model writes",
         ("--pad_tool_turns", "true"): "--pad_tool_turns pads the tool loop's generate calls, and the run has no "
                                       "tool loop; pass its --tools or --environment_factory, or drop "
                                       "--pad_tool_turns",
         ("--rollout_func", "bare_tools:branching"): "--rollout_func makes other generate calls when the model writes "
                                                     "more (the rows of each call: [2, 2] with the shortest "
-                                                    "completions, [2] with the longest): shapeplan plans a "
-                                                    "rollout_func that generates through "
-                                                    "trainer._generate_single_turn (the trainer's own path), runs its "
-                                                    "calls whatever the model writes, and returns prompt_ids, "
-                                                    "completion_ids and logprobs",
+                                                    "completions, [2] with the longest): " + _HOW,
     }
     for (option, value), message in cases.items():
         result = console.run([*RUN, data, option, value], cwd=tmp_path)
@@ -155,8 +170,8 @@ def test_advise_offers_padded_tool_turns_and_says_how_to_run_them(tmp_path: Path
 
 def test_tools_keep_the_guides_example_need_conversational_prompts_and_bounds_read_as_bounds(tmp_path: Path) -> None:
     """`--tools` alone keeps the Trainium guide's example settings and says so; tools on plain-string prompts (which
-    TRL's tool loop fails on at step 1) are refused in one line; a report shows a bound's count as `<=N`, and once
-    the cache is pinned the plan no longer says to pin it."""
+    TRL's tool loop fails on at step 1) are refused in one line; a report shows a bound's count as `<=N` and how many
+    possible entries there are to certain ones, and once the cache is pinned the plan no longer says to pin it."""
     from tests.conftest import TLDR
 
     data = _prompts(tmp_path)
@@ -172,6 +187,10 @@ def test_tools_keep_the_guides_example_need_conversational_prompts_and_bounds_re
     table = console.run(["analyze", "--method", "grpo", data, "--model", TINY_MODEL, *tools]).stdout
     bounds = [line.split() for line in table.splitlines() if line.startswith("generate") and "possible" in line]
     assert bounds and all(row[3].startswith("<=") for row in bounds), table  # phase, batch, seq, count, ...
+    # how wide the bound is, beside what the run will meet for certain
+    certain = sum(s.get("certain", True) for s in plan["shapes"])
+    possible = len(plan["shapes"]) - certain
+    assert f"agentic bound: {possible} possible entries to {certain} certain ({possible / certain:.1f} to 1)" in table
     plain = console.run(["analyze", "--method", "grpo", TLDR, "--model", TINY_MODEL, *tools])
     assert plain.returncode == 2 and plain.stderr.count("\n") == 1, plain.stderr
     assert plain.stderr.startswith("Error: --tools needs conversational prompts, and the train dataset's are plain "

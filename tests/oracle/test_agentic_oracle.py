@@ -6,6 +6,7 @@ included."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from shapeplan import ShapeGuard
+from shapeplan.adapters.user_code import name_of
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL
 from tests.oracle import agentic_tools
@@ -46,6 +48,13 @@ def _plan_and_run(tmp_path: Path, argv: list[str], *, evaluate: bool = False, st
                                   eval_path=eval_data, streaming=streaming, **objects)
     assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
     return plan, observed(seen)
+
+
+def _word_prompts(path: Path, words: list[int]) -> Path:
+    """One conversational prompt per entry, of that many words: prompts of lengths the test chooses."""
+    path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": "hello " * n}]}) + "\n" for n in words),
+                    encoding="utf-8")
+    return path
 
 
 def _inside_bound(plan: Any, seen: dict) -> None:  # type: ignore[type-arg]
@@ -112,34 +121,51 @@ def test_padded_tool_turns_generate_on_the_rounds_rows(tmp_path: Path) -> None:
     and it holds at most twice the shapes the run met."""
     argv = ["--max_completion_length", "200", "--max_tool_calling_iterations", "2",
             "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "ticket", {})]
-    objects = {"tools": [agentic_tools.ticket]}
     (tmp_path / "plain").mkdir()
-    plan, seen = _plan_and_run(tmp_path / "plain", [*argv, "--pad_tool_turns", "false"], **objects)
+    plan, seen = _plan_and_run(tmp_path / "plain", [*argv, "--pad_tool_turns", "false"],
+                               tools=[agentic_tools.tickets()])
     _inside_bound(plan, seen)
     assert {key[1] for key in seen if key[0] == "generate"} > {4}
     (tmp_path / "padded").mkdir()
-    padded, seen = _plan_and_run(tmp_path / "padded", argv, **objects)
+    padded, seen = _plan_and_run(tmp_path / "padded", argv, tools=[agentic_tools.tickets()])
     _inside_bound(padded, seen)
     assert {s.batch for s in padded.shapes if s.phase == "generate"} == {key[1] for key in seen
                                                                          if key[0] == "generate"} == {4}
     assert len(padded.shapes) <= 2 * len(seen) < len(plan.shapes)
 
 
-def test_a_two_turn_rollout_func_stays_inside_the_bound(tmp_path: Path) -> None:
-    """A `rollout_func` that generates, appends a reply and generates again through the trainer's own path, in
-    training and in the eval loop: the first call of the first round is exact, the second (at a bucket the first
-    completion decides) and the train buckets its completions give are inside the bound, cache lengths included,
-    with at most twice the shapes met."""
+_ROLLOUTS = {
+    "two_turns": agentic_tools.two_turns,
+    "three_turns": agentic_tools.three_turns,
+    "model_turns": agentic_tools.model_turns,  # the model's own generate, as the trainer's path pads and sizes it
+    # prompts padded to 64 (the run's multiple is 128) and 40 new tokens of its own: its cache is P + 39
+    "model_turns_64_40": functools.partial(agentic_tools.model_turns, multiple=64, max_new_tokens=40),
+}
+
+
+@pytest.mark.parametrize("name", list(_ROLLOUTS))
+def test_a_multi_turn_rollout_func_stays_inside_the_bound(name: str, tmp_path: Path) -> None:
+    """A `rollout_func` that generates, appends a reply and generates again (three times: `three_turns`), through
+    the trainer's own path or the model's own `generate` (`model_turns`), in training and in the eval loop: the first
+    call of the first round is exact, the later ones (at buckets the completions before decide) and the train
+    buckets its completions give are inside the bound, cache lengths included; padded to the run's multiple, with
+    at most twice the shapes met."""
     argv = ["--max_completion_length", "100", "--eval_strategy", "steps", "--eval_steps", "2",
             "--per_device_eval_batch_size", "2", "--num_generations_eval", "2"]
-    plan, seen = _plan_and_run(tmp_path, argv, evaluate=True, rollout_func=agentic_tools.two_turns)
+    plan, seen = _plan_and_run(tmp_path, argv, evaluate=True, rollout_func=_ROLLOUTS[name])
     _inside_bound(plan, seen)
-    for phase in ("generate", "eval_generate"):
-        assert len({key[2] for key in seen if key[0] == phase}) == 2, phase
+    calls = 3 if name == "three_turns" else 2
+    for phase in ("generate", "eval_generate"):  # each later call at a bucket of its own (more on a finer grid)
+        assert len({key[2] for key in seen if key[0] == phase}) >= calls, phase
     # the eval loop's first calls come after the training rounds grew the cache: only training's first is exact
     assert any(s.certain for s in plan.shapes if s.phase == "generate")
-    assert len(plan.shapes) <= 2 * len(seen)
-    assert plan.config["rollout_func"] == f"{agentic_tools.__name__}:two_turns"
+    if name == "model_turns_64_40":
+        # a 64 grid (the calls' widths allow no coarser one), each call's cache its own prompt + 40 - 1
+        assert {s.seq % 128 for s in plan.shapes if s.phase == "generate"} == {0, 64}
+        assert {s.cache_len for s in plan.shapes if s.phase == "generate" and s.certain} == {128 + 39}
+    else:
+        assert len(plan.shapes) <= 2 * len(seen), (len(plan.shapes), len(seen))
+    assert plan.config["rollout_func"] == name_of(_ROLLOUTS[name])
 
 
 def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,
@@ -169,7 +195,7 @@ def test_distillation_tool_calls_stay_inside_the_bound(tmp_path: Path) -> None:
             "--cache_implementation", "static", "--max_completion_length", "200", "--max_tool_calling_iterations",
             "2", "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "ticket", {}), "--pad_tool_turns",
             "true"]
-    objects = {"tools": [agentic_tools.ticket]}
+    objects = {"tools": [agentic_tools.tickets()]}
     plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
                                     "--teacher_model_name_or_path", str(TINY_MODEL), *argv], **objects)
     guard = ShapeGuard(plan, on_unplanned="record")
@@ -179,3 +205,54 @@ def test_distillation_tool_calls_stay_inside_the_bound(tmp_path: Path) -> None:
     assert len([key for key in seen if key[0] == "generate"]) > 1 and plan.config["tool_turns"] == 2
     assert {key[1] for key in seen if key[0] == "generate"} == {s.batch for s in plan.shapes
                                                                 if s.phase == "generate"} == {2 * 2}  # a round
+
+
+def test_a_turn_after_the_longest_row_leaves_keeps_the_cache_it_grew(tmp_path: Path) -> None:
+    """#55's Distillation run, one round of four prompts (one of 50 words): turn 1 runs at a bucket past the
+    round's first generate, growing the cache; the row that set it leaves on a long reply, and turn 2 runs at the
+    lower bucket, at the grown cache. The plan lists that (bucket, cache) for turn 2 (it did not: the run met it
+    unplanned) and the guard finds the counts as planned."""
+    train = _word_prompts(tmp_path / "train.jsonl", [1, 1, 50, 1])
+    argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "1",
+            "--shuffle_dataset", "false", "--cache_implementation", "static", "--max_completion_length", "200",
+            "--max_tool_calling_iterations", "2", "--generation_kwargs",
+            agentic_tools.forced_call(_tokenizer(), "ticket", {})]
+    plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
+                                    "--teacher_model_name_or_path", str(TINY_MODEL), *argv],
+                   tools=[agentic_tools.tickets()])
+    guard = ShapeGuard(plan, on_unplanned="record")
+    records = run_distillation_trainer(train, ["--pad_to_multiple_of", "128", *argv], guard=guard,
+                                       tools=[agentic_tools.tickets()])
+    assert [(r.seq, r.cache_len) for r in records if r.phase == "generate"] == [(640, 839), (768, 967), (640, 967)]
+    assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
+    _inside_bound(plan, observed(records))
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_prompts_and_replies_of_many_lengths_stay_inside_the_bound(pinned: bool, tmp_path: Path) -> None:
+    """Rounds of prompts from 1 to 150 words, tool replies of 1, 30 and 70 words, three iterations, six rounds:
+    turns rise and fall between buckets and the cache grows across rounds, and every shape and count the run met
+    is inside the plan's bound. Pinned at the cache length the plan advises, each bucket has one cache length and
+    the plan holds at most twice the shapes met (unpinned, the running maximum can leave every bucket at each cache
+    length a turn before it grew, which the run meets only some of)."""
+    words = [1, 120, 10, 60, 150, 5, 90, 30, 45, 2, 75, 20]
+    argv = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_steps", "6",
+            "--cache_implementation", "static", "--max_completion_length", "300", "--max_tool_calling_iterations",
+            "3"]
+    train = _word_prompts(tmp_path / "train.jsonl", words)
+    call = json.loads(agentic_tools.forced_call(_tokenizer(), "lookup", {"query": "x"}))
+    run = ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *argv]
+    if pinned:
+        plain = analyze("grpo", [*run, "--generation_kwargs", json.dumps(call)], tools=[agentic_tools.lookups()])
+        call["max_cache_len"] = max(s.cache_len or 0 for s in plain.shapes)
+    argv += ["--generation_kwargs", json.dumps(call)]
+    plan = analyze("grpo", [*run[:4], *argv], tools=[agentic_tools.lookups()])
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = observed(run_generation_trainer("grpo", train, ["--pad_to_multiple_of", "128", *argv], guard=guard,
+                                           tools=[agentic_tools.lookups()]))
+    assert not guard.unplanned and guard.summary.endswith(", counts as planned"), guard.summary
+    _inside_bound(plan, seen)
+    turns = {key[2] for key in seen if key[0] == "generate"}
+    assert len(turns) > 2  # turns at several buckets
+    if pinned:
+        assert len(plan.shapes) <= 2 * len(seen), (len(plan.shapes), len(seen))

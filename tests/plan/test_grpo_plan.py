@@ -54,10 +54,10 @@ def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
         return {(s.batch, s.seq, s.cache_len): (s.count, s.max_count, s.certain) for s in shapes}
 
     assert plan(layout(None)) == {(2, 128, 191): (1, None, True), (2, 256, 319): (1, None, True)}
-    # round 1 (prompts of 100: turns at 128 or 256); round 2 (180: turns at 256), its first generate at 319
-    # whatever came before, since a turn of round 1 reaches at most 319 too
+    # round 1 (prompts of 100: turns at 128, only the first, 100 + 2 x 20 being past it, or 256); round 2 (180:
+    # turns at 256), its first generate at 319 whatever came before, since a turn of round 1 reaches at most 319 too
     assert plan(layout(loop)) == {
-        (1, 128, 191): (2, None, False), (2, 128, 191): (1, 3, True),
+        (1, 128, 191): (1, None, False), (2, 128, 191): (1, 2, True),
         (1, 256, 319): (4, None, False), (2, 256, 319): (1, 5, True)}
     # pinned past every turn: one cache length
     assert {key[2] for key in plan(layout(loop, pinned=400))} == {400}
