@@ -188,6 +188,27 @@ def test_a_streamed_vision_run_is_planned_exactly(images: list[str], tmp_path: P
     assert any(key[0] == "eval" for key in seen)
 
 
+def test_vision_grpo_with_gradient_accumulation_stays_inside_its_bound(images: list[str], tmp_path: Path) -> None:
+    """GRPO with gradient accumulation 2 on rounds of several prompts: the trainer shuffles each round's rows before
+    cutting its two micro-batches, so a train forward's images are any of the round's; every shape the run meets is
+    planned, each certain one as often as planned, no possible one more often than its bound."""
+    train = write_prompts(tmp_path / "train.jsonl", images, 12, seed=10)
+    argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--num_generations", "2",
+            "--max_completion_length", "8", "--max_steps", "3", "--pad_to_multiple_of", "128",
+            "--cache_implementation", "static"]
+    plan = analyze("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
+                   use_cache=False)
+    guard = ShapeGuard(plan, on_unplanned="record")
+    seen = observed(run_generation_vision("grpo", train, argv, guard=guard))
+    assert not guard.unplanned
+    bounds = {key: s for key, s in zip(planned(plan), plan.shapes, strict=True)}
+    for key, (count, _, _) in seen.items():
+        shape = bounds[key]
+        most = shape.max_count or shape.count
+        assert count == shape.count if shape.certain and shape.max_count is None else count <= most, (key, count)
+    assert any(not s.certain for s in plan.shapes if s.phase == "train")
+
+
 @pytest.mark.parametrize("method", ["grpo", "rloo"])
 def test_vision_generation_runs_are_planned_exactly(method: str, images: list[str], tmp_path: Path) -> None:
     """GRPO and RLOO on prompts with images, two prompts a round: each generate carries its rows' image encode, each
