@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..adapters.host import installed_versions
 from ..adapters.lora import peft_settings
 from ..errors import PlanFileError, UsageError
-from ..plan.model import Plan
+from ..plan.model import GENERATE_PHASES, Plan
 
 if TYPE_CHECKING:
     from ..adapters.trl_args import TrainingArgs
@@ -62,9 +62,22 @@ def check_plan_fits_model(plan: Plan, args: Any) -> None:
                             "feed them (an observed plan, or one made by an older shapeplan); re-create it with "
                             "`shapeplan analyze`")
     _check_pixel_rows(plan, args)
+    _check_generate_settings(plan)
     beyond = beyond_position_embeddings(plan, args)
     if beyond is not None:
         raise PlanFileError(f"{beyond}; re-create the plan with a --max_length that fits")
+
+
+def _check_generate_settings(plan: Plan) -> None:
+    """warm drives every `generate` with the trainer's GenerationConfig: a rollout function's own calls of the
+    model's `generate` at another max_new_tokens (planned with it) would be warmed as other shapes than it names."""
+    expected = plan.config.get("max_new_tokens")
+    other = sorted({s.max_new_tokens for s in plan.shapes if s.phase in GENERATE_PHASES
+                    and s.max_new_tokens is not None and s.max_new_tokens != expected})
+    if expected is not None and other:
+        raise PlanFileError(f"the plan's rollout function calls generate with max_new_tokens {other}, and warm drives "
+                            f"generate at the trainer's ({expected}), so it would warm other shapes; give the "
+                            "function's calls the trainer's max_completion_length, or warm the run without them")
 
 
 def _check_pixel_rows(plan: Plan, args: Any) -> None:

@@ -1304,3 +1304,15 @@ def test_a_hub_endpoint_that_cannot_answer_is_one_line_in_seconds(endpoint: str,
                          TRANSFORMERS_OFFLINE="0")
     assert ("port that is not a number" if endpoint == "port" else "cannot be reached") in line, line
     assert time.monotonic() - started < 60
+
+
+def test_a_rollout_plan_whose_own_generate_calls_warm_cannot_drive_exits_1(tmp_path: Path) -> None:
+    """A rollout function's own `generate` calls planned at another max_new_tokens than the trainer's: warm would
+    drive them at the trainer's, so it names both and stops before any work."""
+    plan = {**_plan(seq=128, cache_len=191, max_new_tokens=64), "method": "grpo"}
+    plan["shapes"][0]["phase"] = "generate"
+    plan["config"] = {**plan["config"], "argv": [*plan["config"]["argv"], "--reward_funcs", "accuracy_reward"],
+                      "max_new_tokens": 256, "rollout_func": "tests.oracle.agentic_tools:rollout"}
+    (tmp_path / "plan.json").write_bytes(_text(plan))
+    line = _one_line(["warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", "cache"], tmp_path, 1)
+    assert "max_new_tokens [64]" in line and "trainer's (256)" in line and not (tmp_path / "cache").exists(), line
