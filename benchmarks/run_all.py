@@ -10,8 +10,8 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("analyze_speed", "analyze_floor", "advise_speed", "stream_rows", "warm_speedup", "guard_overhead",
-              "fleet_balance", "store_pull", "typo_speed", "bounded_work")
+BENCHMARKS = ("analyze_speed", "analyze_floor", "advise_speed", "stream_rows", "warm_speedup", "warm_overhead",
+              "guard_overhead", "fleet_balance", "store_pull", "typo_speed", "bounded_work")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,16 +61,18 @@ _TOKENIZED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] | None = None
 def fast_path_refusal(dataset: Any, tokenizer: Any, config: Any) -> str | None:
     """Why the fast path cannot guarantee TRL's lengths for this dataset, or None when it can."""
     import datasets
-    from transformers import ProcessorMixin
-    from trl.data_utils import is_conversational_from_value
 
+    # a processor is an instance of a class in transformers.processing_utils: none exists before that module loads
+    # (importing it imports transformers' modelling code, seconds)
+    processing = sys.modules.get("transformers.processing_utils")
     if not isinstance(dataset, datasets.Dataset):
         return "iterable dataset"
     if dataset.format["type"] is not None:
         return f"dataset formatted as {dataset.format['type']!r}"
     if "input_ids" in dataset.column_names:
         return "dataset already tokenized"
-    if isinstance(tokenizer, ProcessorMixin) or {"image", "images"} & set(dataset.column_names):
+    if (processing is not None and isinstance(tokenizer, processing.ProcessorMixin)) or \
+            {"image", "images"} & set(dataset.column_names):
         return "vision data"
     if config.assistant_only_loss:
         return "assistant_only_loss masks"
@@ -85,8 +88,6 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
     `trainer` is the bare `SFTTrainer` whose `chat_template`, `completion_only_loss` and tokenizer EOS TRL's
     preparation reads. Only for datasets `fast_path_refusal` accepts.
     """
-    from trl.data_utils import is_conversational
-
     first = dataset[0]
     kind = "prompt-completion" if "prompt" in first else "messages" if is_conversational(first) else "text"
     masked = trainer.completion_only_loss and kind == "prompt-completion"
@@ -122,6 +123,31 @@ def fast_prepared_rows(trainer: Any, dataset: Any, tokenizer: Any, config: Any, 
     lengths = lengths[kept]
     dropped = 0 if packing else int(len(kept) - kept.sum())
     return _shuffled_and_packed(lengths, config, packing=packing), dropped
+
+
+# TRL's row-format checks (trl/data_utils.py), as TRL words them: its module imports transformers' processors, which
+# import transformers' modelling code (seconds before the first row). tests/adapters/test_lengths.py holds them to
+# TRL's.
+def is_conversational(example: dict[str, Any]) -> bool:
+    """TRL's `is_conversational`: the first supported key holds a list whose first item is a message with a role."""
+    keys = {key for key in example if key in ("prompt", "chosen", "rejected", "completion", "messages")}
+    if keys:
+        messages = example[keys.pop()]
+        if isinstance(messages, list):
+            message = messages[0]
+            if isinstance(message, dict) and "role" in message:
+                return True
+    return False
+
+
+def is_conversational_from_value(example: dict[str, Any]) -> bool:
+    """TRL's `is_conversational_from_value`: `conversations` holds from/value messages."""
+    messages = example.get("conversations")
+    if isinstance(messages, list):
+        message = messages[0]
+        if isinstance(message, dict) and "from" in message and "value" in message:
+            return True
+    return False
 
 
 def _workers(requested: int | None, rows: int) -> int:
@@ -192,12 +218,17 @@ def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _threaded(chunks: list[tuple[int, int]], tokenizer: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`_chunk_lengths` of every chunk in one process, two chunks at a time: the Rust tokenizer releases the GIL, so
-    one thread renders a chunk's chat template (Python) while the other tokenizes the one before, each tokenization
-    on one core (measured on 2 cores, benchmarks/analyze_speed.py: faster than rendering then tokenizing each chunk
-    with the tokenizer's own thread pool)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """`_chunk_lengths` of every chunk in one process: this thread renders the chunks' chat templates one after
+    another (Python, under the GIL) while two threads tokenize the chunks rendered before (the Rust tokenizer releases
+    the GIL; one core each, its own thread pool off: a pool used before a fork makes the tokenizer warn in the
+    child). Measured on 2 cores, 30,000 conversations (after loading): 4.0 s, against 4.7 s with two threads each
+    rendering and tokenizing its chunks (one idles while both render) and 5.5 s rendering, then tokenizing with the
+    tokenizer's own pool, chunk after chunk."""
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
 
+    job = _JOB
+    assert job is not None
     if len(chunks) < 2:
         return [_chunk_lengths(chunk) for chunk in chunks]
     if _is_backend(tokenizer):
@@ -205,8 +236,15 @@ def _threaded(chunks: list[tuple[int, int]], tokenizer: Any) -> list[tuple[np.nd
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by the Rust tokenizer at each batch
     try:
+        parts = []
         with ThreadPoolExecutor(2, thread_name_prefix="shapeplan-lengths") as pool:
-            return list(pool.map(_chunk_lengths, chunks))
+            counting: deque[Future[tuple[np.ndarray, np.ndarray]]] = deque()
+            for chunk in chunks:
+                counting.append(pool.submit(_counted, job, _texts(job, chunk)))
+                if len(counting) > 2:  # two chunks rendered ahead at most: memory stays a few chunks' texts
+                    parts.append(counting.popleft().result())
+            parts += [future.result() for future in counting]
+        return parts
     finally:
         if saved is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
@@ -222,27 +260,46 @@ def _worker_init() -> None:
 def _chunk_lengths(chunk: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     job = _JOB
     assert job is not None
+    return _counted(job, _texts(job, chunk))
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """A chunk's rows as TRL tokenizes them: each row's full text and, where prompt lengths are needed, its prompt."""
+
+    full: list[str]
+    special: bool  # tokenized with the tokenizer's special tokens (plain text)
+    prompts: list[str] | None
+
+
+def _texts(job: _Job, chunk: tuple[int, int]) -> _Texts:
     start, stop = chunk
     columns = job.dataset[start:stop]
     rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     if job.kind == "messages":
-        texts = _rendered(job, [row["messages"] for row in rows], rows)
-        return _encode_lengths(job.tokenizer, texts, special=False), np.full(len(rows), -1, dtype=np.int32)
+        return _Texts(_rendered(job, [row["messages"] for row in rows], rows), special=False, prompts=None)
     if job.kind == "text":
-        texts = [_with_eos(row[job.text_field], job.eos_token) for row in rows]
-        return _encode_lengths(job.tokenizer, texts, special=True), np.full(len(rows), -1, dtype=np.int32)
+        return _Texts([_with_eos(row[job.text_field], job.eos_token) for row in rows], special=True, prompts=None)
     if job.conversational:
         full = _rendered(job, [row["prompt"] + row["completion"] for row in rows], rows)
     else:
         full = [row["prompt"] + _completion_with_eos(row, job) for row in rows]
     special = not job.conversational  # TRL tokenizes plain text with the tokenizer's special tokens
     if not job.need_prompt_lengths:
-        return _encode_lengths(job.tokenizer, full, special=special), np.full(len(rows), -1, dtype=np.int32)
+        return _Texts(full, special=special, prompts=None)
     if job.conversational:
         prompts = _rendered(job, [row["prompt"] for row in rows], rows, add_generation_prompt=True)
     else:
         prompts = [row["prompt"] for row in rows]
-    return _lengths_and_prompt_bounds(job, full, prompts, special=special)
+    return _Texts(full, special=special, prompts=prompts)
+
+
+def _counted(job: _Job, texts: _Texts) -> tuple[np.ndarray, np.ndarray]:
+    """(token count, upper bound of the completion mask's prompt_len or -1) of each of a chunk's rows."""
+    if texts.prompts is None:
+        return (_encode_lengths(job.tokenizer, texts.full, special=texts.special),
+                np.full(len(texts.full), -1, dtype=np.int32))
+    return _lengths_and_prompt_bounds(job, texts.full, texts.prompts, special=texts.special)
 
 
 def _lengths_and_prompt_bounds(job: _Job, full: list[str], prompts: list[str], *,

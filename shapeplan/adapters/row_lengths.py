@@ -8,7 +8,7 @@ from ..errors import UsageError
 from .common import RunData, apply_chat_template_path, load_run_data
 from .generation_stream import is_stream
 from .trainer import TrainerSpec
-from .trl_args import TrainingArgs, parse_training_args
+from .trl_args import TrainingArgs, planning_args
 from .vision import is_vision
 
 # the options under which the prepared train rows are the untruncated ones
@@ -21,7 +21,7 @@ def train_lengths(spec: TrainerSpec, argv: Sequence[str], *, eval_source: str | 
     max_length or packing (through the length cache, so the plans that follow re-derive theirs from the same
     tokenization), or the train prompts."""
     untruncated = [word for pair in UNTRUNCATED for word in (f"--{pair[0]}", pair[1])]
-    args = parse_training_args(spec, [*argv, *untruncated] if spec.lengths == "rows" else list(argv))
+    args = planning_args(spec, [*argv, *untruncated] if spec.lengths == "rows" else list(argv))
     return lengths_of(args, eval_source=eval_source, use_cache=use_cache)
 
 

@@ -30,7 +30,7 @@ from .trl_args import TrainingArgs
 
 
 def _row_format(example: dict[str, Any], text_field: str) -> str:
-    from trl.data_utils import is_conversational
+    from .lengths import is_conversational
 
     if "input_ids" in example:
         return "tokenized"
@@ -80,17 +80,26 @@ def _check_one_format(dataset: Any, first: dict[str, Any], fmt: str, text_field:
             raise _mixed_formats(f"row {index}", column, dataset[index])
 
 
+class _BareTrainer:
+    """What `SFTTrainer._prepare_dataset` reads of its trainer, set as `SFTTrainer.__init__` sets it; the trainer
+    itself (TRL's trainer module: seconds of imports) is built when TRL's preparation runs."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None, completion_only_loss: bool) -> None:
+        self._tokenizer, self.chat_template, self.completion_only_loss = tokenizer, chat_template, completion_only_loss
+
+    def _prepare_dataset(self, *args: Any, **kwargs: Any) -> Any:
+        from trl import SFTTrainer
+
+        trainer = SFTTrainer.__new__(SFTTrainer)
+        trainer._tokenizer, trainer.chat_template = self._tokenizer, self.chat_template
+        trainer.completion_only_loss = self.completion_only_loss
+        return trainer._prepare_dataset(*args, **kwargs)
+
+
 def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) -> Any:
     """An `SFTTrainer` with only the attributes `_prepare_dataset` reads, set as `SFTTrainer.__init__` sets them."""
-    from trl import SFTTrainer
-    from trl.chat_template_utils import (
-        get_training_chat_template,
-        has_generation_markers,
-    )
-    from trl.data_utils import is_conversational
+    from .lengths import is_conversational
 
-    trainer = SFTTrainer.__new__(SFTTrainer)
-    trainer._tokenizer = tokenizer
     if config.eos_token is not None:
         if config.eos_token not in tokenizer.get_vocab():
             raise UsageError(f"eos_token {config.eos_token!r} is not in the tokenizer's vocabulary; "
@@ -99,15 +108,17 @@ def _bare_trainer(tokenizer: Any, config: Any, first_example: dict[str, Any]) ->
     if config.assistant_only_loss and not is_conversational(first_example):
         raise UsageError("assistant_only_loss=True needs a conversational dataset ('messages'); "
                          "drop --assistant_only_loss or use conversational data")
-    if config.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
-        trainer.chat_template = get_training_chat_template(tokenizer)
-    else:
-        trainer.chat_template = None
+    chat_template = None
+    if config.assistant_only_loss:
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+        if not has_generation_markers(tokenizer.chat_template):
+            chat_template = get_training_chat_template(tokenizer)
     if config.completion_only_loss is None:
-        trainer.completion_only_loss = "prompt" in first_example and "completion" in first_example
+        completion_only_loss = "prompt" in first_example and "completion" in first_example
     else:
-        trainer.completion_only_loss = config.completion_only_loss
-    return trainer
+        completion_only_loss = config.completion_only_loss
+    return _BareTrainer(tokenizer, chat_template, completion_only_loss)
 
 
 def prepare_rows(dataset: Any, tokenizer: Any, config: Any, *, packing: bool, name: str,

@@ -7,11 +7,15 @@ through `accelerate launch`'s parser (for `--num_processes` and friends).
 
 from __future__ import annotations
 
+import enum
 import importlib
 import math
+import re
+import sys
 import types
 import warnings
-from collections.abc import Iterator, Sequence
+from argparse import ArgumentTypeError
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,10 +26,10 @@ from ..errors import UsageError, first_line
 from ..plan.io import MAX_BATCH, MAX_SEQ
 from .agentic import Agentic, AgenticArguments, load
 from .config_file import config_path, materialized, read_config
-from .host import max_forks, process_count
+from .host import cache_root, max_forks, process_count
 
 if TYPE_CHECKING:
-    from trl import ModelConfig, TrlParser
+    from trl import TrlParser
 
     from ..plan.model import Method
     from .trainer import TrainerSpec
@@ -59,7 +63,7 @@ class TrainingArgs:
     spec: TrainerSpec  # the method's, from the registry: what the layers below read of it
     script: Any  # ScriptArguments (or GRPOScriptArguments, ...)
     training: Any  # SFTConfig, GRPOConfig, ...
-    model: ModelConfig
+    model: Any  # ModelConfig (a ParsedConfig where `planning_args` read the run)
     dataset_mixture: Any | None  # DatasetMixtureConfig, where the method has one
     num_processes: int = 1
     given: frozenset[str] = field(default_factory=frozenset)  # options the user set, by TRL field name
@@ -108,22 +112,7 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
     method = spec.name
     argv = list(argv)
     given = given_options(argv)
-    if "pad_to_multiple_of" not in given:
-        argv = ["--pad_to_multiple_of", str(NEURON_PAD_TO_MULTIPLE_OF), *argv]
-    else:
-        argv = _auto_means_neuron(argv)
-    if "model_name_or_path" not in given:
-        argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
-    if "dataset_name" not in given and "datasets" not in given:
-        argv = ["--dataset_name", spec.default_dataset, *argv]
-    if "output_dir" not in given:
-        argv = ["--output_dir", "shapeplan-output", *argv]
-    if "report_to" not in given:
-        argv = ["--report_to", "none", *argv]
-    if "use_cpu" not in given:
-        # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
-        argv = ["--use_cpu", "true", *argv]
-
+    argv = _with_guide_defaults(spec, argv, given)
     num_processes = _launch_num_processes(spec, _launch_options(spec, argv))
     parser = make_parser(spec)
     try:
@@ -155,6 +144,27 @@ def parse_training_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
         given=frozenset(given),
         agentic=load(named[0] if named else None, given),
     )
+
+
+def _with_guide_defaults(spec: TrainerSpec, argv: list[str], given: set[str]) -> list[str]:
+    """`argv` after the guide's values of what it leaves out (Neuron's padding multiple, the guide's model and the
+    method's dataset) and what planning needs anywhere (no output dir, no reporting, a CPU)."""
+    if "pad_to_multiple_of" not in given:
+        argv = ["--pad_to_multiple_of", str(NEURON_PAD_TO_MULTIPLE_OF), *argv]
+    else:
+        argv = _auto_means_neuron(argv)
+    if "model_name_or_path" not in given:
+        argv = ["--model_name_or_path", DEFAULT_MODEL, *argv]
+    if "dataset_name" not in given and "datasets" not in given:
+        argv = ["--dataset_name", spec.default_dataset, *argv]
+    if "output_dir" not in given:
+        argv = ["--output_dir", "shapeplan-output", *argv]
+    if "report_to" not in given:
+        argv = ["--report_to", "none", *argv]
+    if "use_cpu" not in given:
+        # Planning runs anywhere; without it TrainingArguments refuses bf16 on a machine with no accelerator.
+        argv = ["--use_cpu", "true", *argv]
+    return argv
 
 
 def _plain(detail: str) -> str:
@@ -389,10 +399,23 @@ def launch_processes(known: Any) -> int:
 def split_dataset_argument(spec: TrainerSpec, tokens: Sequence[str]) -> tuple[str | None, list[str]]:
     """Find the positional DATASET among TRL options and the `accelerate launch` options TRL passes through: the
     first bare token that is no option's value."""
+    defaults = _load_defaults(spec)
+    if defaults is not None:  # options the defaults file knows, without building TRL's and accelerate's parsers
+        known = {name: types.SimpleNamespace(nargs=option["nargs"]) for name, option in defaults.options.items()}
+        split = _split_dataset(tokens, known.get)
+        if split is not None:
+            return split
     from accelerate.commands.launch import launch_command_parser
 
     # TRL's own option first where both parsers know a name
     actions = {**launch_command_parser()._option_string_actions, **make_parser(spec)._option_string_actions}
+    split = _split_dataset(tokens, lambda option: _known_action(spec.name, option, actions))
+    assert split is not None  # _known_action refuses an unknown option
+    return split
+
+
+def _split_dataset(tokens: Sequence[str], action_of: Callable[[str], Any]) -> tuple[str | None, list[str]] | None:
+    """`split_dataset_argument` with the options' actions from `action_of`; None where it knows an option not."""
     rest = list(tokens)
     i = 0
     while i < len(rest):
@@ -401,7 +424,9 @@ def split_dataset_argument(spec: TrainerSpec, tokens: Sequence[str]) -> tuple[st
             i += 2
             continue
         if token.startswith("-") and token != "-":
-            action = _known_action(spec.name, token.split("=", 1)[0], actions)
+            action = action_of(token.split("=", 1)[0])
+            if action is None:
+                return None
             if "=" in token or action.nargs == 0:
                 i += 1
             elif action.nargs == "?":
@@ -482,3 +507,335 @@ def split_run_arguments(spec: TrainerSpec, trl_args: Sequence[str], model: str |
 
 
 _BOOL_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0", "none"}
+
+
+# --- A planned run read without importing TRL's configs ---------------------------------------------------------------
+# Importing TRL's config classes imports transformers' TrainingArguments and with it peft and transformers' modelling
+# code: seconds, before the first row is read. A run that is only planned and names nothing but options TRL's configs
+# take as parsed is read from TRL's own parse of the guide's defaults, made once (`keep_defaults`, after `shapeplan
+# analyze` planned a run through TRL's parser) and kept under the cache root, with the run's values put in
+# (`planning_args`). TRL stays the source of every value: the file holds what its parser and configs made, and what
+# the file does not hold is read from TRL's own parse of the run, on first use.
+
+# The options TRL's configs keep as parsed, by the method's config class: no __post_init__ reads, changes or checks
+# them (transformers' TrainingArguments, TRL's _BaseConfig, SFTConfig and ModelConfig; ScriptArguments has none), but
+# pad_to_multiple_of, converted as SFTConfig.__post_init__ converts it (`_padding_multiple`).
+_PLAIN_OPTIONS = {
+    "SFTConfig": frozenset({
+        "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "model_name_or_path",
+        "model_revision", "max_length", "per_device_train_batch_size", "per_device_eval_batch_size",
+        "gradient_accumulation_steps", "num_train_epochs", "max_steps", "seed", "data_seed", "packing",
+        "packing_strategy", "padding_free", "eval_packing", "dataset_text_field", "shuffle_dataset",
+        "dataloader_drop_last", "completion_only_loss", "pad_to_multiple_of",
+    }),
+}
+_DEFAULTS_SCHEMA = 1
+# What TRL's parse depends on besides the command line: its config modules and this one (the guide's defaults), by
+# path under their package, and the environment TrainingArguments reads.
+_TRL_SOURCES = ("__init__.py", "trainer/base_config.py", "trainer/model_config.py", "scripts/utils.py",
+                "scripts/_hf_argparser.py")
+_TRANSFORMERS_SOURCES = ("__init__.py", "training_args.py", "trainer_pt_utils.py", "trainer_utils.py")
+_ENV_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_")  # TrainingArguments' reads and accelerate's state's
+_ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value argparse reads after an option, as it reads it
+_REFUSED = object()  # a value the defaults cannot answer for: TRL's parser reads the run
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    """TRL's parse of the guide's defaults: each config's values and attribute names, in the parser's order
+    (ScriptArguments, the method's config, ModelConfig, ...), and the plain options' actions by option string."""
+
+    parts: tuple[tuple[dict[str, Any], frozenset[str]], ...]
+    options: dict[str, dict[str, Any]]
+
+
+class _RunParse:
+    """TRL's own parse of a run's argv, made on the first read of an attribute the defaults file does not hold."""
+
+    def __init__(self, spec: TrainerSpec, argv: list[str]) -> None:
+        self.spec, self.argv = spec, argv
+        self._parts: tuple[Any, ...] | None = None
+
+    def part(self, index: int) -> Any:
+        if self._parts is None:
+            args = parse_training_args(self.spec, self.argv)
+            self._parts = (args.script, args.training, args.model, args.dataset_mixture)
+        return self._parts[index]
+
+
+class ParsedConfig:
+    """One config of TRL's parse (ScriptArguments, SFTConfig, ModelConfig, ...) as the defaults file holds it, with
+    the run's options put in; an attribute the file names but does not hold (a property, a value with no JSON form)
+    is read from TRL's own parse of the run."""
+
+    def __init__(self, values: dict[str, Any], names: frozenset[str], parse: _RunParse, index: int) -> None:
+        self.__dict__.update(values)
+        self.__dict__["_shapeplan_source"] = (names, parse, index)
+
+    def __getattr__(self, name: str) -> Any:
+        source = self.__dict__.get("_shapeplan_source")
+        if source is None or name.startswith("__") or name not in source[0]:
+            raise AttributeError(name)
+        return getattr(source[1].part(source[2]), name)
+
+
+def planning_args(spec: TrainerSpec, argv: Sequence[str]) -> TrainingArgs:
+    """`parse_training_args` for a run that is only planned (its configs are read, never handed to a trainer): from
+    the defaults file where the run names only options TRL keeps as parsed, else TRL's parse."""
+    argv = list(argv)
+    defaults = _load_defaults(spec)
+    if defaults is not None:
+        args = _read_plain(spec, argv, defaults)
+        if args is not None:
+            return args
+    return parse_training_args(spec, argv)
+
+
+def keep_defaults(spec: TrainerSpec) -> None:
+    """Once a run is planned: where this process read it through TRL's parser and the defaults file is missing, TRL's
+    parse of the defaults written as the defaults file, for the next run (never TRL's import for it alone, nor a
+    file for a run refused)."""
+    if spec.config_class in _PLAIN_OPTIONS and "transformers.training_args" in sys.modules and \
+            _load_defaults(spec) is None:
+        _store_defaults(spec)
+
+
+def _read_plain(spec: TrainerSpec, argv: list[str], defaults: _Defaults) -> TrainingArgs | None:
+    """The run `argv` names, from `defaults`; None where an option is not a plain one or a value is not one TRL
+    reads as the defaults can (TRL's parser then reads the run, and refuses what it refuses)."""
+    values = [dict(part_values) for part_values, _ in defaults.parts]
+    words = _auto_means_neuron(argv)
+    raw: str | None
+    i = 0
+    while i < len(words):
+        name, equals, inline = words[i].partition("=")
+        option = defaults.options.get(name)
+        if option is None:
+            return None
+        following = words[i + 1] if i + 1 < len(words) else None
+        takes = following is not None and (not following.startswith("-") or bool(_NEGATIVE_NUMBER.match(following)))
+        if equals:
+            raw, i = inline, i + 1
+        elif takes:
+            raw, i = following, i + 2
+        elif option["nargs"] == "?":
+            raw, i = None, i + 1
+        else:
+            return None
+        value = _converted(option, raw)
+        if value is _REFUSED:
+            return None
+        values[option["part"]][option["dest"]] = value
+    parse = _RunParse(spec, argv)
+    configs = [ParsedConfig(part, names, parse, index)
+               for index, (part, (_, names)) in enumerate(zip(values, defaults.parts, strict=True))]
+    script, training, model, *rest = configs
+    _check_positive(training)
+    _check_peft(model)
+    given = given_options(argv)
+    return TrainingArgs(spec=spec, script=script, training=training, model=model,
+                        dataset_mixture=rest[0] if rest else None, given=frozenset(given), agentic=load(None, given))
+
+
+def _converted(option: dict[str, Any], raw: str | None) -> Any:
+    """`raw` as TRL's parser converts it for `option` (its probed kind) and its config keeps it; `_REFUSED` where
+    the parser would refuse it or the defaults cannot tell."""
+    if raw is None:
+        return option["const"]
+    if option["none"] and raw.lower() in ("none", "null"):
+        return None
+    try:
+        value = _CONVERTERS[option["kind"]](raw)
+    except ValueError:
+        return _REFUSED
+    if option["choices"] is not None and value not in option["choices"]:
+        return _REFUSED
+    if isinstance(value, float) and not math.isfinite(value):
+        return _REFUSED  # TRL's parse, whose checks name the option
+    return _padding_multiple(value) if option["dest"] == "pad_to_multiple_of" else value
+
+
+def _string_to_bool(word: str) -> bool:
+    """TRL's parser's `string_to_bool` (trl/scripts/_hf_argparser.py)."""
+    if word.lower() in ("yes", "true", "t", "y", "1"):
+        return True
+    if word.lower() in ("no", "false", "f", "n", "0"):
+        return False
+    raise ValueError(word)
+
+
+_CONVERTERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _string_to_bool}
+
+
+def _padding_multiple(value: Any) -> Any:
+    """pad_to_multiple_of as SFTConfig.__post_init__ converts the parser's string ("auto", already the Neuron
+    multiple here, depends on the device: TRL's parse reads it)."""
+    if not isinstance(value, str) or value == "auto":
+        return _REFUSED
+    if value.lower() in ("none", "null"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return _REFUSED
+
+
+def _defaults_path(spec: TrainerSpec) -> Path:
+    """The defaults file of `spec`'s method, named after everything TRL's parse of the defaults depends on."""
+    import hashlib
+    import importlib.util
+    import json
+    import os
+
+    sources: dict[str, Any] = {"shapeplan": _signature(Path(__file__))}
+    for package, paths in (("trl", (*_TRL_SOURCES, f"trainer/{spec.name}_config.py",
+                                    f"scripts/{spec.script.rsplit('.', 1)[-1]}.py")),
+                           ("transformers", _TRANSFORMERS_SOURCES)):
+        found = importlib.util.find_spec(package)  # a top-level package's spec, found without importing it
+        root = Path(found.origin).parent if found is not None and found.origin else None
+        sources.update({f"{package}/{path}": _signature(root / path) if root else None for path in paths})
+    material = {
+        "schema": _DEFAULTS_SCHEMA, "method": spec.name, "python": list(sys.version_info[:2]),
+        "argv": _with_guide_defaults(spec, [], set()), "sources": sources,
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES},
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_root() / "trl-defaults" / f"{spec.name}-{digest}.json"
+
+
+class _Member(str, enum.Enum):
+    """The base of `_enum_member`'s enums, which pickle as their value (their class is no module's to import)."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return str, (self.value,)
+
+
+def _enum_member(class_name: str, name: str, value: str) -> Any:
+    """A str-valued enum member of TRL's configs (`IntervalStrategy.NO`) without its module (transformers'
+    trainer_utils imports peft): a member of an enum of the same name, with the same name and value, equal to its
+    value and printed alike (`_decoded` checks); where it is not, TRL's parse gives the value."""
+    enumeration = _Member(class_name, [(name, value)])  # type: ignore[call-overload]  # the functional API, not str's
+    return getattr(enumeration, name)
+
+
+def _signature(path: Path) -> tuple[str, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+def _load_defaults(spec: TrainerSpec) -> _Defaults | None:
+    """The defaults file of `spec`'s method, or None: none yet, unreadable, or another method's TRL."""
+    import json
+
+    if spec.config_class not in _PLAIN_OPTIONS:
+        return None
+    try:
+        data = json.loads(_defaults_path(spec).read_text(encoding="utf-8"))
+        parts = tuple((_decoded(part["values"]), frozenset(part["names"])) for part in data["parts"])
+        return _Defaults(parts=parts, options=dict(data["options"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store_defaults(spec: TrainerSpec) -> None:
+    """TRL's parse of the guide's defaults, written as the defaults file (where the cache root can be written: a
+    file not written only costs the next run TRL's import)."""
+    import json
+
+    from ..plan.io import write_atomic
+
+    try:
+        args = parse_training_args(spec, [])
+    except UsageError:  # a host where the defaults do not parse (its environment): every run goes through TRL
+        return
+    configs = (args.script, args.training, args.model, args.dataset_mixture)
+    parser = make_parser(spec)
+    owners = {item.name: index for index, config_type in enumerate(parser.dataclass_types)
+              for item in _fields(config_type)}
+    options = {}
+    for action in parser._actions:
+        if action.dest in _PLAIN_OPTIONS[spec.config_class] and action.dest in owners:
+            options.update({name: _option_record(action, owners[action.dest]) for name in action.option_strings})
+    record = {"schema": _DEFAULTS_SCHEMA, "options": options,
+              "parts": [{"values": _encoded(vars(config)),
+                         "names": sorted(name for name in dir(config) if not name.startswith("__"))}
+                        for config in configs if config is not None]}
+    path = _defaults_path(spec)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(record, sort_keys=True) + "\n")
+    except OSError:
+        return
+
+
+def _fields(config_type: Any) -> tuple[Any, ...]:
+    import dataclasses
+
+    return dataclasses.fields(config_type)
+
+
+def _option_record(action: Any, part: int) -> dict[str, Any]:
+    """An option's action as `_converted` reads it: its value's kind and whether "none" is None, probed through the
+    parser's own converter."""
+    convert = action.type or str
+    kind = type(convert("1")).__name__
+    try:
+        none = convert("none") is None
+    except (ValueError, TypeError, ArgumentTypeError):
+        none = False
+    return {"dest": action.dest, "part": part, "nargs": action.nargs, "const": action.const, "kind": kind,
+            "none": none, "choices": list(action.choices) if action.choices is not None else None}
+
+
+def _encoded(values: dict[str, Any]) -> dict[str, Any]:
+    """A config's attribute values in JSON: plain values as they are, str-valued enum members and nested
+    dataclasses (AcceleratorConfig) tagged; what JSON cannot give back as it was is left out (read from TRL)."""
+    import dataclasses
+    import json
+
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, enum.Enum) and isinstance(value, str):
+            out[name] = {"enum": [type(value).__name__, value.name, value.value], "str": str(value),
+                         "repr": repr(value)}
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            inner = {item.name: getattr(value, item.name) for item in dataclasses.fields(value)}
+            if _round_trips(inner):
+                out[name] = {"namespace": inner}
+        elif _round_trips(value):
+            out[name] = {"value": json.loads(json.dumps(value))}
+    return out
+
+
+def _round_trips(value: Any) -> bool:
+    """Whether JSON gives `value` back equal and of the same types throughout."""
+    if value is None or type(value) in (bool, int, str):
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(_round_trips(item) for item in value)
+    if type(value) is dict:
+        return all(type(key) is str and _round_trips(item) for key, item in value.items())
+    return False
+
+
+def _decoded(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, tagged in values.items():
+        if "enum" in tagged:
+            member = _enum_member(*tagged["enum"])
+            if str(member) == f"{member}" == tagged["str"] and repr(member) == tagged["repr"]:
+                out[name] = member
+        elif "namespace" in tagged:
+            out[name] = types.SimpleNamespace(**tagged["namespace"])
+        else:
+            out[name] = tagged["value"]
+    return out

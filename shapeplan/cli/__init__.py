@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
+import threading
 import traceback
 
 import click
@@ -49,11 +52,31 @@ cli.add_command(guard_command)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every `ShapeplanError` becomes one line on stderr and its exit code (with `SHAPEPLAN_DEBUG=1`,
-    the traceback behind it first, for a bug report)."""
+    the traceback behind it first, for a bug report). Without `argv` (the process's own command line: the
+    `shapeplan` command, `python -m shapeplan`) the process ends with the command."""
     try:
-        return _run(argv)
+        code = _run(argv)
     finally:
         _leave_process_group()
+    if argv is None and sys.argv[1:2] != ["guard"]:  # guard runs the user's training here: its objects end as usual
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> None:
+    """End the process as the interpreter ends it (threads joined, exit handlers run, stdout and stderr flushed) but
+    without the teardown of every module and object that follows, which the user waits through after a command that
+    loaded torch (measured on 2 cores: 0.9 s of a 200-row analyze's 4.4 s, 1.9 s of a warm-up's 36 s). Not under a
+    profiler or tracer, which report at that teardown."""
+    shutdown, exit_handlers = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or exit_handlers is None or sys.getprofile() is not None or sys.gettrace() is not None:
+        return
+    shutdown()  # what the interpreter does first: threading's exit hooks (executors), then non-daemon threads joined
+    exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def _leave_process_group() -> None:

@@ -28,7 +28,8 @@ from .output import emit_caveats, emit_plan, quiet
               help="Minutes one static-cache generate size takes to compile (GRPO, RLOO), for the estimate.")
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Plan afresh, neither reading nor writing the plan and row-length caches "
-                   "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan).")
+                   "($SHAPEPLAN_CACHE_DIR, default ~/.cache/shapeplan). TRL's parse of its own defaults, kept there "
+                   "per TRL and transformers version, is still read (it holds no run's data).")
 @click.option("--histogram", is_flag=True,
               help="Also print a histogram of the data's token lengths per pad bucket (on stderr under --json).")
 @click.option("--compare", "compare", type=click.Path(dir_okay=False), default=None, metavar="RUN",
@@ -73,6 +74,7 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
         if output is not None:
             write_plan_output(plan, output, inputs)
         click.echo(render_comparison(plan, observed))
+        _keep_defaults(method)
         return
     lengths = None
     if histogram:  # before the plan is written: a run the histogram refuses writes nothing
@@ -90,6 +92,16 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
             click.echo(render_histogram(lengths, plan.pad_to_multiple_of, length_cap(plan),
                                         what=str(trainer_spec(method).lengths)), err=as_json)
     emit_caveats(plan, with_plan_warnings=False)
+    _keep_defaults(method)
+
+
+def _keep_defaults(method: str) -> None:
+    """After a run planned whole: TRL's config defaults, read once, so that the next run plans without TRL's import
+    (adapters/trl_args.py, `planning_args`); a refused run leaves no file."""
+    from ..adapters.trl_args import keep_defaults
+    from ..services.trainers import trainer_spec
+
+    keep_defaults(trainer_spec(method))
 
 
 def load_observed(path: str) -> Plan:

@@ -86,10 +86,10 @@ def _cached(spec: TrainerSpec, key_words: list[str], run_argv: Callable[[], list
         argv = run_argv()  # first: a mistyped option is refused in the time TRL's parser takes, before datasets loads
         dataset_progress_bars(progress_bars)
         from ..adapters.loop import dispatched_parts
-        from ..adapters.trl_args import parse_training_args
+        from ..adapters.trl_args import planning_args  # only planned: TRL's configs left unimported where they can be
         from ..warm.identity import beyond_position_embeddings
 
-        args = parsed or parse_training_args(spec, argv)
+        args = parsed or planning_args(spec, argv)
         with dispatched_parts():  # any trainer whose batches rank 0 concatenates under dispatch_batches
             plan = spec.plan(args, argv, eval_source=eval_source, use_cache=use_cache)
         if eval_source is not None:  # what the printed `trl` command must load as the eval split (`warm --plan`)

@@ -231,8 +231,8 @@ def test_refused_datasets_take_trls_path(case: str, reason: str, data: dict[str,
 @pytest.mark.parametrize("kind", ["messages", "conversational-prompt-completion"])
 def test_two_threads_in_one_process_give_the_same_lengths(kind: str, data: dict[str, Path], models: dict[str, Path],
                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One process renders a chunk while its other thread tokenizes the one before (the default on 2 cores): the
-    lengths are TRL's, in order, and the tokenizer's own parallelism setting is left as it was."""
+    """One thread renders the chunks while two others tokenize the ones rendered before (the default on 2 cores):
+    the lengths are TRL's, in order, and the tokenizer's own parallelism setting is left as it was."""
     monkeypatch.setattr(lengths, "CHUNK_ROWS", 7)  # several chunks, the last one short
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     dataset, tokenizer = _load(data, models, kind, "template-bos")
@@ -240,3 +240,31 @@ def test_two_threads_in_one_process_give_the_same_lengths(kind: str, data: dict[
     expected = trl_rows(dataset, tokenizer, config, packing=False)
     assert fast_rows(dataset, tokenizer, config, packing=False, workers=1) == expected
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+ROW_FORMATS = [
+    {"messages": [{"role": "user", "content": "hi"}]}, {"messages": ["hi"]}, {"messages": [{"content": "hi"}]},
+    {"messages": "hi"}, {"messages": []}, {"text": "hi"}, {"prompt": "a", "completion": "b"},
+    {"prompt": [{"role": "user", "content": "a"}], "completion": [{"role": "assistant", "content": "b"}]},
+    {"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]},  # one key decides, as TRL picks it
+    {"chosen": [{"role": "user", "content": "a"}], "rejected": "b"},
+    {"conversations": [{"from": "human", "value": "hi"}]}, {"conversations": [{"role": "user", "content": "hi"}]},
+    {"conversations": [{"from": "human"}]}, {"conversations": []}, {"conversations": None},
+]
+
+
+@pytest.mark.parametrize("example", ROW_FORMATS, ids=[json.dumps(e)[:48] for e in ROW_FORMATS])
+def test_row_format_checks_are_trls(example: dict[str, Any]) -> None:
+    from trl.data_utils import is_conversational, is_conversational_from_value
+
+    for ours, trls in ((lengths.is_conversational, is_conversational),
+                       (lengths.is_conversational_from_value, is_conversational_from_value)):
+        try:
+            expected: Any = trls(example)
+        except IndexError as exc:  # an empty list: TRL reads its first message
+            expected = type(exc)
+        if expected is IndexError:
+            with pytest.raises(IndexError):
+                ours(example)
+        else:
+            assert ours(example) is expected

@@ -31,9 +31,12 @@ IMAGE_MAX_MIB = 64.0
 def image_columns(dataset: Any) -> list[str]:
     """The dataset's `image` / `images` columns, which make it a vision dataset for TRL (`SFTTrainer.__init__`: the
     first row has an `image` or `images` key)."""
-    from trl.data_utils import get_dataset_column_names
+    names = dataset.column_names
+    if names is None:  # a stream whose columns only its first row tells (TRL's get_dataset_column_names)
+        from trl.data_utils import get_dataset_column_names
 
-    return sorted({"image", "images"} & set(get_dataset_column_names(dataset)))
+        names = get_dataset_column_names(dataset)
+    return sorted({"image", "images"} & set(names))
 
 
 def is_vision(dataset: Any) -> bool:
