@@ -37,14 +37,14 @@ def test_unchanged_rerun_is_answered_without_heavy_imports_and_a_changed_dataset
     shutil.copy(CAPYBARA, data)
     args = (str(data), "--model", str(TINY_MODEL), "--max_steps", "5")
 
-    first, probe = _cli(*args)
-    assert probe["heavy"] == ["datasets", "torch", "transformers", "trl"]
+    first, probe = _cli(*args)  # TRL itself only where its parse of its defaults is not kept yet (planning_args)
+    assert probe["heavy"] in (["datasets", "torch", "transformers"], ["datasets", "torch", "transformers", "trl"])
     again, probe = _cli(*args)
     assert again == first and probe == {"code": 0, "heavy": []}
 
     data.write_text("".join(CAPYBARA.read_text().splitlines(keepends=True)[:20]))  # fewer rows: another plan
     changed, probe = _cli(*args)
-    assert probe["heavy"] == ["datasets", "torch", "transformers", "trl"]
+    assert probe["heavy"] == ["datasets", "torch", "transformers"]  # the plain SFT options: TRL's parse kept
     assert changed["stats"]["rows"] == 20 != first["stats"]["rows"]
 
 
