@@ -55,15 +55,21 @@ def test_warm_dispatches_exactly_the_ops_of_a_real_vision_run(images: list[str],
     assert warmed - real == set()
 
 
-def test_a_warmed_vision_run_misses_no_inductor_graph(images: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava"])
+def test_a_warmed_vision_run_misses_no_inductor_graph(family: str, images: list[str], tmp_path: Path) -> None:
     """`shapeplan warm` with torch_compile, then the real run in a new process on that cache: its Inductor graphs
-    all come from the cache."""
+    all come from the cache (the bundled Qwen2.5-VL, and a family whose images are one fixed crop; every family was
+    checked so by hand)."""
+    from tests.oracle.test_vision_families_oracle import BUILDERS
+
+    model = TINY_VL_MODEL if family == "qwen2_5_vl" else BUILDERS[family](tmp_path / "model")
     data = write_rows(tmp_path / "rows.jsonl", images, 1, seed=7, kind="image")
     argv = ["--per_device_train_batch_size", "1", "--max_steps", "1", "--pad_to_multiple_of", "64",
             "--torch_compile", "true"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plan, cache = tmp_path / "plan.json", tmp_path / "cache"
-    analyzed = console.run(["analyze", *_plan_argv(data, argv, tmp_path / "out"), "-o", str(plan)], env=env)
+    analyzed = console.run(["analyze", "--dataset_name", str(data), "--model_name_or_path", str(model), *BASE, *argv,
+                            "--output_dir", str(tmp_path / "out"), "-o", str(plan)], env=env)
     assert analyzed.returncode == 0, analyzed.stderr
     warmed = console.run(["warm", "--plan", str(plan), "--device", "cpu", "--cache-dir", str(cache), "--json"],
                          env=env)
@@ -71,14 +77,14 @@ def test_a_warmed_vision_run_misses_no_inductor_graph(images: list[str], tmp_pat
     report = json.loads(warmed.stdout)
     assert [r["status"] for r in report["results"]] == ["compiled"]
     spec = {"data": str(data), "argv": [*argv, "--bf16", "false"], "output_dir": str(tmp_path / "run"),
-            "script_lines": report["script_lines"], "vision": True}
+            "script_lines": report["script_lines"], "vision": True, "model": str(model)}
     python, run_env = console.forked_python({**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
     proc = subprocess.run([*python, "-m", "tests.warm.real_sft", json.dumps(spec)], cwd=ROOT, env=run_env,
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counters = json.loads(proc.stdout.strip().splitlines()[-1])["counters"]
-    assert counters.get("inductor.fxgraph_cache_hit", 0) > 0, counters
-    assert counters.get("inductor.fxgraph_cache_miss", 0) == 0, counters
+    assert counters.get("inductor.fxgraph_cache_hit", 0) > 0 and not counters.get("inductor.fxgraph_cache_miss"), \
+        counters
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gemma3-pan-and-scan", "llava", "smolvlm", "smolvlm-one-frame",
