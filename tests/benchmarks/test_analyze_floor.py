@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import benchmark
 from tests.conftest import ROOT
 
 # Before the command: an exit handler and a thread the interpreter waits for (an executor's pending work), each
@@ -43,11 +44,7 @@ def test_a_command_ends_its_process_with_its_threads_and_exit_handlers_done(
 
 @pytest.mark.slow
 def test_floor_benchmark_runs_small(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import analyze_floor
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    analyze_floor = benchmark("analyze_floor")
     out = tmp_path / "results.json"
     assert analyze_floor.main(["--rows", "", "--small", "16", "--json", str(out)]) == 0
     small = json.loads(out.read_text())["small"]

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.benchmarks import benchmark
 
 pytestmark = pytest.mark.slow
 
 
 def test_benchmark_runs_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import analyze_speed
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    analyze_speed = benchmark("analyze_speed")
     out = tmp_path / "results.json"
     assert analyze_speed.main(["--rows", "24", "--kinds", "conversational", "--parts", "floor,analyze,cached",
                                "--json", str(out)]) == 0

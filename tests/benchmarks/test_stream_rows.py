@@ -4,22 +4,17 @@ holds there too: planning reads the rows the run consumes, whatever the stream's
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.benchmarks import benchmark
 
 pytestmark = pytest.mark.slow
 
 
 def test_benchmark_runs_small(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import stream_rows
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    stream_rows = benchmark("stream_rows")
     out = tmp_path / "results.json"
     assert stream_rows.main(["--sizes", "3000,6000", "--steps", "4", "--json", str(out)]) == 0
     results = json.loads(out.read_text())

@@ -131,29 +131,28 @@ def _image_row(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int
     if len(positions) != len(sizes):
         raise DatasetError(f"row {index} of the {name} dataset has {len(sizes)} images and {len(positions)} "
                            f"{vision.placeholder} tokens in its text; give each image one")
-    return ImageRow(tokens=len(ids) + _merged(vision, texts, sizes), placeholders=tuple(positions), sizes=sizes)
+    return ImageRow(tokens=_row_tokens(vision, texts, sizes, len(ids)), placeholders=tuple(positions), sizes=sizes)
 
 
-def _merged(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int, int], ...]) -> int:
-    """The tokens a row loses (or gains) where its images' expansions merge with its text (Gemma 3's newlines): its
-    texts with each placeholder replaced as the processor replaces it, tokenized, against the sum of the parts. 0 for
-    a family whose expansions are special tokens at both ends. Counted in the row's last text run."""
+def _row_tokens(vision: VisionProcessor, texts: list[str], sizes: tuple[tuple[int, int], ...], tokens: int) -> int:
+    """The row's `tokens` (one per placeholder), or, where its images' expansions merge with its text (Gemma 3's
+    newlines), what its texts with each placeholder replaced as the processor replaces it tokenize to, less what the
+    expansions add: the merges counted in the row's last text run."""
     family = vision.family
     if not family.MERGES_WITH_TEXT or not sizes:
-        return 0
+        return tokens
     keys = iter([family.image(h, w) for h, w in sizes])
     tokenizer, placeholder = vision.processor.tokenizer, vision.placeholder
-    whole = apart = 0
+    whole = added = 0
     for text in texts:
         parts = text.split(placeholder)
         expanded = parts[0]
         for part in parts[1:]:
             key = next(keys)
             expanded += family.expansion(key, vision.processor) + part
-            apart += vision.tokens(key) - 1
-        apart += len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            added += vision.tokens(key) - 1
         whole += len(tokenizer(expanded, add_special_tokens=False)["input_ids"])
-    return whole - apart
+    return whole - added
 
 
 def _prompt_completion(processor: Any, example: dict[str, Any], images: int, config: Any, index: int,
