@@ -42,6 +42,12 @@ class AgenticArguments:
         "help": "Plan each tool-loop generate padded to the round's rows, one batch size per turn shape (the default "
                 "with tools: a ShapeGuard holding the plan pads the run, as does shapeplan.pad_tool_turns(trainer)); "
                 "false plans the run unpadded, a batch size for each number of rows that can call a tool."})
+    pin_cache: bool = field(default=True, metadata={
+        "help": "Plan a run with tools whose static cache is pinned at the longest length any of its generate calls "
+                "needs, one cache length for every call (the default with tools: a ShapeGuard holding the plan pins "
+                "the run; without one, pass the max_cache_len the plan names in --generation_kwargs); false plans "
+                "the unpinned run, whose turns can meet each prompt bucket at every cache length a turn before "
+                "them grew."})
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class Agentic:
     environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None
     rollout_func: Callable[..., Any] | None = None
     pad_tool_turns: bool | None = None  # the run pads its tool turns (`pad_tool_turns`); None: as `pads` says
+    pin_cache: bool | None = None  # the run pins its static cache (`pin_cache`); None: as `pins` says
 
     def __bool__(self) -> bool:
         return bool(self.tools) or self.environment_factory is not None or self.rollout_func is not None
@@ -66,6 +73,12 @@ class Agentic:
         """Whether the run pads its tool turns: as set, else wherever it has a tool loop (an unpadded turn can be
         any number of the round's rows, a graph each: on Neuron, tens of 12-minute compiles per turn shape)."""
         return self.tool_loop if self.pad_tool_turns is None else self.pad_tool_turns
+
+    @property
+    def pins(self) -> bool:
+        """Whether the run pins its static cache at the longest length its calls need: as set, else wherever it
+        has a tool loop (whose turns otherwise meet each bucket at every length a turn before them grew)."""
+        return self.tool_loop if self.pin_cache is None else self.pin_cache
 
     def recorded(self) -> dict[str, Any]:
         """What the plan records of them: the names the trainer knows them by."""
@@ -121,9 +134,12 @@ def load(arguments: AgenticArguments | None, given: Collection[str] = ()) -> Age
     `pad_tool_turns` not among them is left to `Agentic.pads`)."""
     if arguments is None:
         return Agentic()
-    pad = arguments.pad_tool_turns if {"pad_tool_turns", "no_pad_tool_turns"} & set(given) else None
-    if pad is not None and not isinstance(pad, bool):  # a config file's value is not parsed
-        raise UsageError(f"pad_tool_turns is {pad!r} in the config file; set it to true or false")
+    switches: dict[str, bool | None] = {}
+    for name in ("pad_tool_turns", "pin_cache"):
+        value = getattr(arguments, name) if {name, f"no_{name}"} & set(given) else None
+        if value is not None and not isinstance(value, bool):  # a config file's value is not parsed
+            raise UsageError(f"{name} is {value!r} in the config file; set it to true or false")
+        switches[name] = value
     tools: list[Callable[..., Any]] = []
     for path in _names(arguments.tools or [], "tools", many=True):
         obj = resolve(path, "tools")
@@ -136,7 +152,8 @@ def load(arguments: AgenticArguments | None, given: Collection[str] = ()) -> Age
         None if value is None or value == "" else resolve(_names(value, option, many=False)[0], option)
         for option, value in (("environment_factory", arguments.environment_factory),
                               ("rollout_func", arguments.rollout_func)))
-    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout, pad_tool_turns=pad)
+    return Agentic(tools=tuple(tools), environment_factory=factory, rollout_func=rollout,
+                   pad_tool_turns=switches["pad_tool_turns"], pin_cache=switches["pin_cache"])
 
 
 def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> None:
@@ -144,9 +161,11 @@ def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> N
     any passes)."""
     given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory),
                                       ("rollout_func", agentic.rollout_func)) if value]
-    if agentic.pad_tool_turns and not agentic.tool_loop:
-        raise UsageError("--pad_tool_turns pads the tool loop's generate calls, and the run has no tool loop; pass "
-                         "its --tools or --environment_factory, or drop --pad_tool_turns")
+    for name, what in (("pad_tool_turns", "pads the tool loop's generate calls"),
+                       ("pin_cache", "pins the cache the tool loop's generate calls grow")):
+        if getattr(agentic, name) and not agentic.tool_loop:
+            raise UsageError(f"--{name} {what}, and the run has no tool loop; pass its --tools or "
+                             f"--environment_factory, or drop --{name}")
     for name in given:
         if name not in takes:
             raise UsageError(f"--{name} is not an argument `{method}`'s trainer takes; drop it")
@@ -363,7 +382,7 @@ def check_tool_turns(layout: GenerationLayout, lengths: Sequence[int], *, rows: 
     # a static cache grows to one more length per bucket that outgrows the pin (CacheLength: a running maximum)
     pin = -1 if layout.max_cache_len is None else layout.max_cache_len
     outgrowing = buckets[max(0, -(-(pin - layout.max_new_tokens + 2 - low) // multiple)):]
-    caches = 1 + len(outgrowing) if layout.static_cache else 1
+    caches = 1 + len(outgrowing) if layout.static_cache and not layout.pin_cache else 1
     batches = 1 if loop.padded else rows
     shapes = len(buckets) * caches * batches
     if shapes <= MAX_TURN_SHAPES and shapes * rounds <= MAX_TURN_WORK:
@@ -371,7 +390,7 @@ def check_tool_turns(layout: GenerationLayout, lengths: Sequence[int], *, rows: 
     fixes = [f"lower --max_completion_length ({loop.max_completion_length})"]
     fixes.append("raise --pad_to_multiple_of" if layout.pad_to_multiple_of else "pad with --pad_to_multiple_of 128")
     if caches > 1:
-        fixes.append("pin the cache with --generation_kwargs '{\"max_cache_len\": N}'")
+        fixes.append("pin the cache (--pin_cache true)")
     if batches > 1:
         fixes.append("pad the turns (--pad_tool_turns true)")
     counts = " x ".join(f"{n:,} {word}{'s' * (n != 1)}" for n, word in (

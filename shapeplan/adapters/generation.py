@@ -6,6 +6,7 @@ for a stream, `shapeplan.adapters.generation_stream`), and the call into `plan_g
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,20 @@ def check_cache_pin(config: Any) -> None:
                          "pass the static cache length in tokens to pin ('{\"max_cache_len\": 1024}'), or drop it")
 
 
+def pins_cache(agentic: Agentic, layout: GenerationLayout) -> bool:
+    """Whether the plan is of a run that pins its static cache at the longest length its calls need
+    (`Agentic.pins`: by default with a tool loop, unless the run pins it itself); `--pin_cache true` where there is
+    nothing to pin is refused."""
+    if agentic.pin_cache and not layout.static_cache:
+        raise UsageError("--pin_cache pins a static cache, and the run's is dynamic; pass --cache_implementation "
+                         "static, or drop --pin_cache")
+    if agentic.pin_cache and layout.max_cache_len is not None:
+        raise UsageError(f"--pin_cache pins the cache at the longest length the run needs, and --generation_kwargs "
+                         f"already pins it at max_cache_len {layout.max_cache_len}; drop one of them")
+    return (agentic.pins and layout.tool_loop is not None and layout.static_cache
+            and layout.max_cache_len is None)
+
+
 def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     """A tool-calling bound with nothing to call: the trainer's tool loop runs only with the trainer's `tools` or
     `environment_factory` (Python objects no `trl` command passes); and a tool loop the plan bounds."""
@@ -65,9 +80,9 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
     if agentic.tool_loop:
         rows = "padded to the round's rows" if agentic.pads else \
             "on the rows that called a tool, any batch from 1 to the round's rows"
-        pinned = getattr(generation_settings(args.training), "max_cache_len", None) is not None
+        pinned = agentic.pins or getattr(generation_settings(args.training), "max_cache_len", None) is not None
         pin = "" if pinned else \
-            "; pin the cache with --generation_kwargs '{\"max_cache_len\": ...}' to keep one cache length"
+            "; pin the cache (--pin_cache true) to keep one cache length"
         return [f"tool calls make shapes the model's answers decide: each round's later generate calls ({rows}) and "
                 f"the cache lengths they reach are planned as a bound (certain: false){pin}"]
     if iterations is None:
@@ -300,6 +315,7 @@ def plan_run(args: TrainingArgs, data: RunData, *, train_lengths: tuple[int, ...
     if args.agentic:
         from .agentic import check_tool_turns
 
+        layout = dataclasses.replace(layout, pin_cache=pins_cache(args.agentic, layout))
         config = {**config, **args.agentic.recorded(),
                   "tool_turns": layout.tool_loop.turns if layout.tool_loop else 0}
         # every rank generates on its batch each round, and on each eval batch at each evaluation

@@ -35,7 +35,8 @@ from .trl_args import TrainingArgs, make_parser, parse_training_args
 # Options that choose data, model and device, not training: DATASET, --model and --split, and `use_cpu`, which
 # `shapeplan warm` sets for the device it warms on.
 _RUN_OPTIONS = {"dataset_name", "model_name_or_path", "dataset_train_split", "use_cpu"}
-# The Python objects the run hands the trainer (--tools, --environment_factory, --rollout_func, --pad_tool_turns):
+# The Python objects the run hands the trainer (--tools, --environment_factory, --rollout_func) and what the run
+# does with them (--pad_tool_turns, --pin_cache):
 # what the run calls, not how it trains; given alone they keep the guide's example settings.
 _OBJECT_OPTIONS = frozenset(f.name for f in fields(AgenticArguments))
 # what sets the train dataloader's batch size

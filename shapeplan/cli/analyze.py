@@ -48,8 +48,9 @@ def analyze_command(method: str, model: str | None, eval_dataset: str | None, sp
     `--pad_to_multiple_of none` plans the unpadded run. accelerate options such as `--num_processes 2` plan
     a data-parallel run. GRPO's `tools=`, `environment_factory=` and `rollout_func=`, which no `trl` command
     passes, are named as `--tools module:attr`, `--environment_factory module:attr` and `--rollout_func
-    module:attr`; tool turns are planned padded to the round's rows, as `shapeplan guard` makes the run pad them
-    (`--pad_tool_turns false` plans them unpadded).
+    module:attr`; tool turns are planned padded to the round's rows and with the static cache pinned at the
+    longest length a call needs, as `shapeplan guard` makes the run do (`--pad_tool_turns false` and
+    `--pin_cache false` plan them otherwise).
 
     \b
     Examples:

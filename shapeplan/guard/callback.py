@@ -168,6 +168,11 @@ class ShapeGuard(TrainerCallback):
             from ..adapters.tool_turns import pad_tool_turns
 
             pad_tool_turns(self.trainer)  # the run the plan is of: its tool turns generate on the round's rows
+        pin = self.plan.config.get("pin_cache") if self.plan is not None else None
+        if isinstance(pin, int):
+            from ..adapters.tool_turns import pin_cache
+
+            pin_cache(self.trainer, pin)  # the run the plan is of: every generate at the one cache length
         self.recorder = ShapeRecorder(self.trainer, self._met, method=method)
         self.recorder.attach()
         if self.backend is None:

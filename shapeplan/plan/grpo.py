@@ -31,6 +31,7 @@ completion buckets, span what lies between.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ class GenerationLayout:
     eval_batch_size: int  # per_device_eval_batch_size: the chunk size of the eval batches' no-grad forwards
     eval_forwards: tuple[Phase, ...]
     tool_loop: ToolLoop | None = None  # the trainer's tool loop, where it runs
+    # the run pins the static cache at the longest length any of its calls needs (`max_cache_len`, shapeplan's
+    # default with a tool loop): every call then has that one length, which the plan finds (`plan_generation`)
+    pin_cache: bool = False
 
     @property
     def generate_every(self) -> int:
@@ -168,21 +172,33 @@ def completion_buckets(max_new_tokens: int, multiple: int | None) -> tuple[int, 
     return _spanned(1, max_new_tokens, multiple)
 
 
+PINNED = 2**62  # the cache length of every call of a run whose pin (`GenerationLayout.pin_cache`) is not yet known
+
+
 class CacheLength:
     """The static cache length of successive `generate` calls on one model instance.
 
     transformers sizes the cache max(P + max_new_tokens - 1, max_cache_len, the previous call's length) and keeps
     the result on the model, so it only grows. None for a dynamic cache. After tool turns the previous length is
-    one of several: each call's is then the set of lengths it can have.
+    one of several: each call's is then the set of lengths it can have. Where the layout pins the cache at the
+    longest length the run needs (`pin_cache`), that length is known only once every call is seen: each call has
+    `PINNED` until `plan_generation` puts it in, and `needed` / `first_needed` keep what the calls asked for.
     """
 
     def __init__(self, layout: GenerationLayout) -> None:
         self._layout = layout
         self._possible: frozenset[int] = frozenset({-1})
+        self.needed = -1  # the longest P + max_new_tokens - 1 of the calls so far
+        self.first_needed: int | None = None  # that of the first call
 
     def _after(self, prompt_bucket: int, own: OwnGenerate | None) -> frozenset[int]:
         new, pin = (self._layout.max_new_tokens, self._layout.max_cache_len) if own is None \
             else (own.max_new_tokens, own.max_cache_len)
+        if own is None and self._layout.pin_cache:
+            self.needed = max(self.needed, prompt_bucket + new - 1)
+            if self.first_needed is None:
+                self.first_needed = self.needed
+            pin = PINNED
         return frozenset(max(prompt_bucket + new - 1, -1 if pin is None else pin, p) for p in self._possible)
 
     def _static(self, own: OwnGenerate | None) -> bool:
@@ -418,7 +434,10 @@ def plan_generation(
     run_evals(last_step + 1)
 
     shapes = counting.counter.shapes()
-    all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {})
+    config = dict(config or {})
+    if layout.pin_cache and layout.static_cache:
+        shapes = _pinned(shapes, [rank.cache for rank in ranks], config)
+    all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {}, config)
     if counting.unpadded_calls:
         generates = sum(s.phase in GENERATE_PHASES for s in shapes)
         all_warnings.append(f"the rollout function's own generate calls pass prompts padded to their longest row, so "
@@ -432,11 +451,24 @@ def plan_generation(
         stats=PlanStats(rows=len(prompt_lengths), dropped_rows=0, micro_batches=micro, optimizer_steps=last_step,
                         tokens=tokens, padded_tokens=padded, evaluations=evaluations,
                         eval_rows=len(eval_prompt_lengths) if evaluations else 0),
-        config=dict(config or {}),
+        config=config,
         versions=dict(versions or {}),
         fingerprint=dict(fingerprint or {}),
         warnings=tuple(all_warnings),
     )
+
+
+def _pinned(shapes: Sequence[Shape], caches: Sequence[CacheLength], config: dict[str, object]) -> tuple[Shape, ...]:
+    """The shapes of a run that pins its cache at the longest length its calls need (`GenerationLayout.pin_cache`):
+    each call's placeholder length made that one. The pin is recorded (`config["pin_cache"]`) where it changes the
+    run: where a call would have another length, unpinned (some rank's first call needs less than the longest, so
+    its running maximum starts lower)."""
+    pin = max(cache.needed for cache in caches)
+    if pin < 0:
+        return tuple(shapes)
+    if any(cache.first_needed not in (None, pin) for cache in caches):
+        config["pin_cache"] = pin
+    return tuple(dataclasses.replace(s, cache_len=pin) if s.cache_len == PINNED else s for s in shapes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,8 +495,8 @@ def cache_pin(shapes: Sequence[Shape]) -> CachePin | None:
     return CachePin(max_cache_len=longest, graphs=len({s.key for s in generate}), pinned_graphs=len(pinned))
 
 
-def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
-                         generation_kwargs: Mapping[str, object]) -> list[str]:
+def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout, generation_kwargs: Mapping[str, object],
+                         config: Mapping[str, object]) -> list[str]:
     out: list[str] = []
     if not layout.static_cache:
         out.append(f"generation uses a dynamic cache: every decode step meets a new key/value length (P+1 .. "
@@ -477,16 +509,27 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout,
         out.append(f"the static cache length grows during the run ({', '.join(map(str, lengths))}: the running "
                    f"maximum of P + max_new_tokens - 1), so generate compiles {pin.graphs} graphs where "
                    f"{pin.pinned_graphs} would do; pin it with --generation_kwargs '{value}'")
-    if layout.tool_loop is not None and layout.tool_loop.padded:
-        out.append("the plan's tool turns are padded to the round's rows, which the run must do too: run it under "
-                   "`shapeplan guard` (or a ShapeGuard holding the plan), or call shapeplan.pad_tool_turns(trainer); "
-                   "--pad_tool_turns false plans it unpadded")
-    elif layout.tool_loop is not None:
+    pinned = config.get("pin_cache")
+    padded = layout.tool_loop is not None and layout.tool_loop.padded
+    if padded or pinned:
+        value = json.dumps({**generation_kwargs, "max_cache_len": pinned})
+        what = " and ".join(
+            ["its tool turns padded to the round's rows"] * padded
+            + [f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, a "
+               "tool turn's cache is a running maximum: every turn bucket at each length a turn before it can "
+               "grow)"] * bool(pinned))
+        how = " and ".join(["call shapeplan.pad_tool_turns(trainer)"] * padded
+                           + [f"pass --generation_kwargs '{value}' (a script: GRPOConfig(generation_kwargs=...))"]
+                           * bool(pinned))
+        off = " / ".join(["--pad_tool_turns false"] * padded + ["--pin_cache false"] * bool(pinned))
+        out.append(f"the plan is of a run with {what}, which the run must do too: run it under `shapeplan guard` "
+                   f"(or a ShapeGuard holding the plan), or {how}; {off} plans it otherwise")
+    if layout.tool_loop is not None and not padded:
         generate = [s for s in shapes if s.phase in GENERATE_PHASES]
-        padded = len({(s.phase, s.seq, s.cache_len) for s in generate})
-        if len(generate) > padded:
+        rows = len({(s.phase, s.seq, s.cache_len) for s in generate})
+        if len(generate) > rows:
             out.append(f"tool turns generate on the rows that called a tool, any number of a round's rows, each a "
-                       f"graph of its own: {len(generate)} generate entries where about {padded} would do padded to "
+                       f"graph of its own: {len(generate)} generate entries where about {rows} would do padded to "
                        "the round's rows (--pad_tool_turns true, the default with tools, and the run under "
                        "`shapeplan guard` or after shapeplan.pad_tool_turns(trainer))")
     if layout.pad_to_multiple_of is None:

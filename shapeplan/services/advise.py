@@ -7,9 +7,10 @@ padding, packing or max_length re-derives its rows from those token counts.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from ..adapters.trl_args import TrainingArgs
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Advice:
     method: str
     argv: tuple[str, ...]  # the baseline's TRL options
@@ -64,9 +65,14 @@ class Advice:
         if self.script is not None:
             values = ", ".join(f"{name}={value}" for name, value in candidate.flags)
             return TrlCommand(words=self.command.words, notes=(f"set in the script's config: {values}",))
-        notes = trl_command(self.method, with_flags(self.argv, candidate), eval_source=self.eval_source).notes
-        return TrlCommand(words=(*self.command.words[:2], *with_options(self.command.words[2:],
-                                                                         trl_options(candidate.flags))),
+        pin = _pin_of(self.recommended.plan)
+        notes = trl_command(self.method, with_flags(self.argv, candidate), eval_source=self.eval_source,
+                            pin_cache=pin).notes
+        flags = trl_options(candidate.flags)
+        if pin is not None:  # the what-if's own pin: another length than the baseline's where its calls differ
+            kwargs = {**(self.recommended.plan.config.get("generation_kwargs") or {}), "max_cache_len": pin}
+            flags = [*flags, ("generation_kwargs", json.dumps(kwargs))]
+        return TrlCommand(words=(*self.command.words[:2], *with_options(self.command.words[2:], flags)),
                           notes=notes)
 
 
@@ -135,9 +141,19 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
         words = argv if candidate is None else with_flags(argv, candidate)
         return analyze(method, words, eval_source=eval_source, use_cache=use_cache)
 
-    return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
-                    argv=tuple(argv), eval_source=eval_source,
-                    command=trl_command(method, argv, eval_source=eval_source))
+    advice = _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
+                      argv=tuple(argv), eval_source=eval_source,
+                      command=trl_command(method, argv, eval_source=eval_source))
+    pin = _pin_of(advice.baseline.plan)
+    if pin is None:
+        return advice
+    return dataclasses.replace(advice, command=trl_command(method, argv, eval_source=eval_source, pin_cache=pin))
+
+
+def _pin_of(plan: Plan) -> int | None:
+    """The cache length `plan` pins (a run with tools, `--pin_cache`), which its command must carry."""
+    pin = plan.config.get("pin_cache")
+    return pin if isinstance(pin, int) else None
 
 
 def advise_script(command: Sequence[str], *, calibrate: Path | None = None,

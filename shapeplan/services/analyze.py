@@ -43,7 +43,7 @@ def analyze(method: str, argv: Sequence[str], *, eval_source: str | None = None,
 
         args = parsed or parse_training_args(spec, argv)
         given = Agentic(tools=tuple(tools), environment_factory=environment_factory, rollout_func=rollout_func,
-                        pad_tool_turns=args.agentic.pad_tool_turns)
+                        pad_tool_turns=args.agentic.pad_tool_turns, pin_cache=args.agentic.pin_cache)
         if args.agentic:
             raise UsageError("tools, an environment factory or a rollout function are given both as objects and in "
                              "ARGV; pass them once")

@@ -11,6 +11,7 @@ under the cache root, named by what it names, so the command keeps working after
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,10 +40,11 @@ class TrlCommand:
 
 
 def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = None,
-                device: str | None = None) -> TrlCommand:
+                device: str | None = None, pin_cache: int | None = None) -> TrlCommand:
     """The `trl METHOD` command of the run shapeplan planned from `argv` (TRL's options) and `eval_source`, for
     training on `device` (None: the one TRL finds; "cpu": with `--use_cpu true`, without which TRL's bf16 default
-    refuses a host with no accelerator)."""
+    refuses a host with no accelerator); `pin_cache`: the cache length the plan pins (its `pin_cache`), which the
+    command's `--generation_kwargs` then carries."""
     from ..adapters.trl_args import parse_training_args
 
     args = parse_training_args(trainer_spec(method), argv)
@@ -72,6 +74,9 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
         pairs.append(("dataset_name", str(dataset_folder(splits))))
     elif not mixture and "dataset_name" not in args.given:  # shapeplan's default dataset; TRL has none
         pairs.append(("dataset_name", str(script.dataset_name)))
+    if pin_cache is not None:
+        pairs.append(("generation_kwargs", json.dumps({**_generation_kwargs(args.training),
+                                                       "max_cache_len": pin_cache})))
     if args.agentic:
         out = _without_agentic_options(out)
         names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v and k != "pad_tool_turns")
@@ -79,8 +84,9 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
                      "trainer" + (", and call shapeplan.pad_tool_turns(trainer) before training (a ShapeGuard "
                                   "holding the plan does it)" if args.agentic.pads else "")
                      + "; the options above are the run's TRL options" + (
-                         " (drop `tools:`, `environment_factory:` and `pad_tool_turns:` from the --config file for "
-                         "`trl`)" if "--config" in out else ""))
+                         f", the plan's cache pin (max_cache_len {pin_cache}) among them" if pin_cache else "") + (
+                         " (drop `tools:`, `environment_factory:`, `pad_tool_turns:` and `pin_cache:` from the "
+                         "--config file for `trl`)" if "--config" in out else ""))
     if hasattr(script, "reward_funcs") and not script.reward_funcs and not script.reward_model_name_or_path:
         pairs.append(("reward_funcs", PLACEHOLDER_REWARD))
         notes.append(f"--reward_funcs {PLACEHOLDER_REWARD} is a placeholder so that the command runs: give your "
@@ -101,7 +107,9 @@ def training_command(plan: Plan, plan_path: str | None, *, eval_source: str | No
         return None
     recorded = plan.config.get("eval_dataset")  # a plan made with --eval-dataset
     eval_source = eval_source or (recorded if isinstance(recorded, str) else None)
-    command = trl_command(plan.method, argv, eval_source=eval_source, device=device)
+    pin = plan.config.get("pin_cache")
+    command = trl_command(plan.method, argv, eval_source=eval_source, device=device,
+                          pin_cache=pin if isinstance(pin, int) else None)
     if not python_lines:
         return command
     why = f"the guard sets what no environment variable can ({'; '.join(python_lines)}), so the run hits the " \
@@ -124,13 +132,20 @@ def guarded_script(plan_path: str | None, command: Sequence[str]) -> TrlCommand:
     return TrlCommand(words=("shapeplan", "guard", *plan, "--", *command), notes=notes)
 
 
-_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns", "no_pad_tool_turns")
+_AGENTIC_OPTIONS = ("tools", "environment_factory", "rollout_func", "pad_tool_turns", "no_pad_tool_turns", "pin_cache",
+                    "no_pin_cache")
 
 
 def trl_options(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The `--name value` pairs `trl` takes: shapeplan's options for Python objects, and for what the user's script
-    does with them (`pad_tool_turns`), left out."""
+    does with them (`pad_tool_turns`, `pin_cache`), left out."""
     return [(name, value) for name, value in pairs if name not in _AGENTIC_OPTIONS]
+
+
+def _generation_kwargs(config: object) -> dict[str, object]:
+    """The run's `generation_kwargs` as a dict (a config file or command line can give the JSON text)."""
+    value = getattr(config, "generation_kwargs", None) or {}
+    return dict(json.loads(value) if isinstance(value, str) else value)
 
 
 def _without_agentic_options(argv: Sequence[str]) -> list[str]:

@@ -38,6 +38,10 @@ def test_tools_named_on_the_command_line_or_in_the_config_are_planned(tmp_path: 
     # the tool turns' bound: entries of their own, or more calls than certain on the rounds' own sizes (padded)
     assert any(s.get("certain") is False or s.get("max_count") for s in plan["shapes"] if s["phase"] == "generate")
     assert plan["config"]["pad_tool_turns"] is True
+    # pinned at the longest length a call needs, the default with tools: one cache length (here the first call's
+    # already, so no pin is recorded for the run to apply)
+    assert len({s["cache_len"] for s in plan["shapes"] if s["phase"] == "generate"}) == 1
+    assert "pin_cache" not in plan["config"]
     config = tmp_path / "run.yaml"
     config.write_text(f"tools:\n  - {TOOLS}.get_weather\nenvironment_factory: {TOOLS}:Calculator\n",
                       encoding="utf-8")
@@ -103,6 +107,8 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
         ("--pad_tool_turns", "true"): "--pad_tool_turns pads the tool loop's generate calls, and the run has no "
                                       "tool loop; pass its --tools or --environment_factory, or drop "
                                       "--pad_tool_turns",
+        ("--pin_cache", "true"): "--pin_cache pins the cache the tool loop's generate calls grow, and the run has "
+                                 "no tool loop; pass its --tools or --environment_factory, or drop --pin_cache",
         ("--rollout_func", "bare_tools:branching"): "--rollout_func makes other generate calls when the model writes "
                                                     "more (the rows of each call: [2, 2] with the shortest "
                                                     "completions, [2] with the longest): " + _HOW,
@@ -135,6 +141,11 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
             f"--environment_factory={TOOLS}:Calculator", "--reward_funcs", "accuracy_reward"]  # padded: the default
     command = trl_command("grpo", argv)
     assert [w for w in command.words if "agentic_tools" in w or w.startswith(("--tools", "--environment"))] == []
+    # a plan that pins the cache (the default with tools): its options carry the pin, which the script must set
+    pinned = trl_command("grpo", [*argv, "--generation_kwargs", '{"temperature": 0.5}', "--pin_cache", "true"],
+                         pin_cache=1151)
+    assert pinned.words[pinned.words.index("--generation_kwargs") + 1] == '{"temperature": 0.5, "max_cache_len": 1151}'
+    assert "--pin_cache" not in pinned.words and "the plan's cache pin (max_cache_len 1151)" in pinned.notes[0]
     assert command.words[-6:] == ("--max_steps", "2", "--reward_funcs", "accuracy_reward", "--pad_to_multiple_of",
                                   "128")
     (note,) = command.notes

@@ -67,6 +67,7 @@ PLANS: dict[str, bytes] = {
     "no schema": _text({k: v for k, v in _plan().items() if k != "schema"}),
     "cache_len below the prompt": _text(_plan(cache_len=64)),
     "pad_tool_turns a string": _text({**_plan(), "config": {**_plan()["config"], "pad_tool_turns": "yes"}}),
+    "pin_cache of no length": _text({**_plan(), "config": {**_plan()["config"], "pin_cache": 0}}),
     "negative tool iterations in the recorded argv": _text(
         {**_plan(), "method": "grpo", "config": {"argv": [*_plan()["config"]["argv"], "--reward_funcs",
                                                           "accuracy_reward", "--max_tool_calling_iterations", "-1"]}}),
@@ -75,6 +76,7 @@ PLANS: dict[str, bytes] = {
 PLAN_FIELDS = {"no config": "config is missing", "shape without seq": "shapes[0].seq is missing",
                "no schema": "schema is missing", "cache_len below the prompt": "shapes[0].cache_len is 64, below",
                "pad_tool_turns a string": "config.pad_tool_turns must be a bool",
+               "pin_cache of no length": "config.pin_cache must be a cache length from 1",
                "negative tool iterations in the recorded argv": "--max_tool_calling_iterations must be 0 or more"}
 
 
@@ -996,10 +998,11 @@ def test_what_grpo_trainer_cannot_take_is_one_line_exit_2(case: str, tmp_path: P
 TOOL_LOOPS = {
     "negative iterations": (["--max_tool_calling_iterations", "-1"],
                             "--max_tool_calling_iterations must be 0 or more"),
-    # 783 prompt buckets x 784 cache lengths: it exhausted memory after half a minute
-    "100000-token completions": (["--max_completion_length", "100000"], "more than shapeplan plans (100,000)"),
-    "unpadded over 20000 rounds": (["--max_completion_length", "4000", "--pad_tool_turns", "false", "--max_steps",
-                                    "20000"], "more than shapeplan replays (50,000,000)"),
+    # 783 prompt buckets x 784 cache lengths: it exhausted memory after half a minute (pinned, one cache length)
+    "100000-token completions": (["--max_completion_length", "100000", "--pin_cache", "false"],
+                                 "more than shapeplan plans (100,000)"),
+    "unpadded over 20000 rounds": (["--max_completion_length", "4000", "--pad_tool_turns", "false", "--pin_cache",
+                                    "false", "--max_steps", "20000"], "more than shapeplan replays (50,000,000)"),
 }
 
 

@@ -1,10 +1,11 @@
 """A user's agentic GRPO script under torch.compile (Inductor), taken as it is: it builds its data with
 `Dataset.from_list(...).map(...)`, defines its tool and its config in the script and imports its reward from a
 module beside it. `shapeplan analyze -o PLAN -- python train.py` plans the trainer the script builds (tool turns
-padded to the round's rows, the default), `shapeplan warm --plan PLAN` re-runs the script for its objects and
-compiles the plan, and the command warm prints (`shapeplan guard --plan PLAN -- python train.py`), run as printed,
-compiles nothing. The tool sends every other row out of the loop, so unpadded the run would generate a turn on one
-row of two, a graph the warm-up never made; the guard pads it."""
+padded to the round's rows and the static cache pinned at the longest length a call needs, the defaults),
+`shapeplan warm --plan PLAN` re-runs the script for its objects and compiles the plan, and the command warm prints
+(`shapeplan guard --plan PLAN -- python train.py`), run as printed, compiles nothing. The tool sends every other row
+out of the loop, so unpadded the run would generate a turn on one row of two, and unpinned a turn's cache would grow
+past the first call's: graphs the warm-up never made; the guard pads and pins it."""
 
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ def main():
     rows = Dataset.from_list([{{"id": i}} for i in range(4)])
     rows = rows.map(lambda row: {{"prompt": [{{"role": "user", "content": f"Ticket {{row['id']}}."}}]}},
                     remove_columns=["id"])
-    generation = {{**json.loads(forced_call(AutoTokenizer.from_pretrained(MODEL), "ticket", {{}})),
-                   "max_cache_len": 1024}}  # pinned: one cache length, the turns included
+    generation = json.loads(forced_call(AutoTokenizer.from_pretrained(MODEL), "ticket", {{}}))
     config = GRPOConfig(output_dir="out", per_device_train_batch_size=2, num_generations=2, max_completion_length=200,
                         max_tool_calling_iterations=2, max_steps=2, cache_implementation="static", bf16=False,
                         use_cpu=True, pad_to_multiple_of=256, torch_compile=True, generation_kwargs=generation,
@@ -79,6 +79,8 @@ def test_a_guarded_agentic_script_compiles_nothing_after_the_warm_up(tmp_path: P
     assert plan.config["trainer"].startswith("GRPOTrainer (train.py:")
     assert plan.config["pad_tool_turns"] is True and plan.config["tools"] == ["ticket"]
     assert {s.batch for s in plan.shapes if s.phase == "generate"} == {2}
+    pin = plan.config["pin_cache"]
+    assert {s.cache_len for s in plan.shapes if s.phase == "generate"} == {pin}
     assert not (tmp_path / "out").exists()  # analyze never trains: nothing the run writes is left behind
     warmed, _ = run("warm", "--plan", "plan.json", "--device", "cpu", "--cache-dir", cache)
     printed = warmed.splitlines()[warmed.splitlines().index("Then train with:") + 1].strip()
@@ -91,3 +93,4 @@ def test_a_guarded_agentic_script_compiles_nothing_after_the_warm_up(tmp_path: P
     assert json.loads(record.read_text(encoding="utf-8"))["compiles"] == []
     generates = [s for s in met.shapes if s.phase == "generate"]
     assert {s.batch for s in generates} == {2} and sum(s.count for s in generates) > 2  # tool turns, padded
+    assert {s.cache_len for s in generates} == {pin} and len({s.seq for s in generates}) > 1  # pinned at two buckets

@@ -15,6 +15,7 @@ import pytest
 
 from shapeplan import ShapeGuard
 from shapeplan.adapters.user_code import name_of
+from shapeplan.plan.grpo import cache_pin
 from shapeplan.services.analyze import analyze
 from tests.conftest import TINY_MODEL
 from tests.oracle import agentic_tools
@@ -216,7 +217,7 @@ def test_a_turn_after_the_longest_row_leaves_keeps_the_cache_it_grew(tmp_path: P
     argv = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "1",
             "--shuffle_dataset", "false", "--cache_implementation", "static", "--max_completion_length", "200",
             "--max_tool_calling_iterations", "2", "--generation_kwargs",
-            agentic_tools.forced_call(_tokenizer(), "ticket", {})]
+            agentic_tools.forced_call(_tokenizer(), "ticket", {}), "--pin_cache", "false"]
     plan = analyze("distillation", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL),
                                     "--teacher_model_name_or_path", str(TINY_MODEL), *argv],
                    tools=[agentic_tools.tickets()])
@@ -232,21 +233,18 @@ def test_a_turn_after_the_longest_row_leaves_keeps_the_cache_it_grew(tmp_path: P
 def test_prompts_and_replies_of_many_lengths_stay_inside_the_bound(pinned: bool, tmp_path: Path) -> None:
     """Rounds of prompts from 1 to 150 words, tool replies of 1, 30 and 70 words, three iterations, six rounds:
     turns rise and fall between buckets and the cache grows across rounds, and every shape and count the run met
-    is inside the plan's bound. Pinned at the cache length the plan advises, each bucket has one cache length and
-    the plan holds at most twice the shapes met (unpinned, the running maximum can leave every bucket at each cache
-    length a turn before it grew, which the run meets only some of)."""
+    is inside the plan's bound. Planned as by default, the cache pinned at the longest length a call needs (the
+    value the unpinned plan advises; the guard pins the run), each bucket has one cache length and the plan holds
+    at most twice the shapes met; unpinned (`--pin_cache false`), the running maximum can leave every bucket at each
+    cache length a turn before it grew, which the run meets only some of."""
     words = [1, 120, 10, 60, 150, 5, 90, 30, 45, 2, 75, 20]
     argv = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_steps", "6",
             "--cache_implementation", "static", "--max_completion_length", "300", "--max_tool_calling_iterations",
-            "3"]
+            "3", "--generation_kwargs", agentic_tools.forced_call(_tokenizer(), "lookup", {"query": "x"})]
     train = _word_prompts(tmp_path / "train.jsonl", words)
-    call = json.loads(agentic_tools.forced_call(_tokenizer(), "lookup", {"query": "x"}))
     run = ["--dataset_name", str(train), "--model_name_or_path", str(TINY_MODEL), *argv]
-    if pinned:
-        plain = analyze("grpo", [*run, "--generation_kwargs", json.dumps(call)], tools=[agentic_tools.lookups()])
-        call["max_cache_len"] = max(s.cache_len or 0 for s in plain.shapes)
-    argv += ["--generation_kwargs", json.dumps(call)]
-    plan = analyze("grpo", [*run[:4], *argv], tools=[agentic_tools.lookups()])
+    unpinned = analyze("grpo", [*run, "--pin_cache", "false"], tools=[agentic_tools.lookups()])
+    plan = analyze("grpo", run, tools=[agentic_tools.lookups()]) if pinned else unpinned
     guard = ShapeGuard(plan, on_unplanned="record")
     seen = observed(run_generation_trainer("grpo", train, ["--pad_to_multiple_of", "128", *argv], guard=guard,
                                            tools=[agentic_tools.lookups()]))
@@ -255,4 +253,9 @@ def test_prompts_and_replies_of_many_lengths_stay_inside_the_bound(pinned: bool,
     turns = {key[2] for key in seen if key[0] == "generate"}
     assert len(turns) > 2  # turns at several buckets
     if pinned:
+        pin = cache_pin(unpinned.shapes)
+        assert pin is not None and plan.config["pin_cache"] == pin.max_cache_len
+        assert {key[3] for key in seen if key[0] == "generate"} == {pin.max_cache_len}
         assert len(plan.shapes) <= 2 * len(seen), (len(plan.shapes), len(seen))
+    else:
+        assert "pin_cache" not in plan.config and len({key[3] for key in seen if key[0] == "generate"}) > 1

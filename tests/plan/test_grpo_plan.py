@@ -69,7 +69,20 @@ def test_tool_turns_are_a_bound_of_buckets_batches_and_cache_lengths() -> None:
                              layout=layout(dataclasses.replace(loop, padded=True)))
     assert {s.batch for s in padded.by_phase("generate")} == {2}
     assert not [w for w in padded.warnings if w.startswith("tool turns")]
-    assert [w for w in padded.warnings if w.startswith("the plan's tool turns are padded")]
+    assert [w for w in padded.warnings if w.startswith("the plan is of a run with its tool turns padded")]
+    # pinned at the longest any call needs (--pin_cache, the default with tools): every call at 319, round 1's first
+    # generate (which needs 191) too, so the plan records the pin; a turn's count is the turns that can meet it
+    pinned = plan_generation(method="grpo", prompt_lengths=lengths, loop=trainer_loop, epoch_batches=batches,
+                             layout=dataclasses.replace(layout(loop), pin_cache=True))
+    assert {(s.batch, s.seq, s.cache_len): (s.count, s.max_count, s.certain) for s in pinned.by_phase("generate")} \
+        == {(1, 128, 319): (1, None, False), (2, 128, 319): (1, 2, True),
+            (1, 256, 319): (4, None, False), (2, 256, 319): (1, 5, True)}
+    assert pinned.config["pin_cache"] == 319 and [w for w in pinned.warnings if "static cache pinned at 319" in w]
+    # a run whose first call already needs the longest length meets no other, pinned or not: nothing to record
+    first_longest = plan_generation(method="grpo", prompt_lengths=lengths[::-1], loop=trainer_loop,
+                                    epoch_batches=batches, layout=dataclasses.replace(layout(loop), pin_cache=True))
+    assert {s.cache_len for s in first_longest.by_phase("generate")} == {319}
+    assert "pin_cache" not in first_longest.config
 
 
 def test_no_training_option_plans_the_guide_example() -> None:

@@ -33,8 +33,9 @@ def test_warm_dispatches_every_device_op_of_a_run_that_calls_tools(method: str, 
     argv = ["--per_device_train_batch_size", "2", *batch, "--max_completion_length", "64",
             "--max_tool_calling_iterations", "1", "--pad_to_multiple_of", "64", "--max_steps", "2",
             "--bf16", "false", "--generation_kwargs", call]
-    # unpadded, as the real run below: turns of 1 and 2 rows
-    plan = plan_for(method, data, [*argv, "--tools", TOOL, "--pad_tool_turns", "false"], tmp_path / "out")
+    # unpadded and unpinned, as the real run below: turns of 1 and 2 rows, each at the cache length it grew
+    plan = plan_for(method, data, [*argv, "--tools", TOOL, "--pad_tool_turns", "false", "--pin_cache", "false"],
+                    tmp_path / "out")
     phases = (distillation.ROUND_PHASES, distillation.EVAL_ROUND_PHASES) if method == "distillation" else ()
     turns = [t for t in generation_tasks(plan, *phases) if t.turn]
     assert {t.batch for t in turns} == {1, 2}

@@ -162,8 +162,11 @@ def with_options(args: TrainingArgs, pairs: Sequence[tuple[str, str]], *, use_cp
         raise UsageError("this config was not built while shapeplan ran the script; plan the script itself")
     changes = dict(pairs)
     agentic = args.agentic
-    if "pad_tool_turns" in changes:  # an option of shapeplan's, not of the config
+    # options of shapeplan's, not of the config
+    if "pad_tool_turns" in changes:
         agentic = dataclasses.replace(agentic, pad_tool_turns=changes.pop("pad_tool_turns").lower() == "true")
+    if "pin_cache" in changes:
+        agentic = dataclasses.replace(agentic, pin_cache=changes.pop("pin_cache").lower() == "true")
     if changes:
         words = [word for name, value in changes.items() for word in (f"--{name}", value)]
         with world_size(args.num_processes), planning_configs(use_cpu=True):
