@@ -43,11 +43,11 @@ class AgenticArguments:
                 "with tools: a ShapeGuard holding the plan pads the run, as does shapeplan.pad_tool_turns(trainer)); "
                 "false plans the run unpadded, a batch size for each number of rows that can call a tool."})
     pin_cache: bool = field(default=True, metadata={
-        "help": "Plan a run with tools whose static cache is pinned at the longest length any of its generate calls "
-                "needs, one cache length for every call (the default with tools: a ShapeGuard holding the plan pins "
-                "the run; without one, pass the max_cache_len the plan names in --generation_kwargs); false plans "
-                "the unpinned run, whose turns can meet each prompt bucket at every cache length a turn before "
-                "them grew."})
+        "help": "Plan a run with tools or a rollout function whose static cache is pinned at the longest length any "
+                "of its generate calls needs, one cache length for every call (the default with them: a ShapeGuard "
+                "holding the plan pins the run; without one, pass the max_cache_len the plan names in "
+                "--generation_kwargs); false plans the unpinned run, whose later calls can meet each prompt bucket "
+                "at every cache length a call before them grew."})
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,9 @@ class Agentic:
     @property
     def pins(self) -> bool:
         """Whether the run pins its static cache at the longest length its calls need: as set, else wherever it
-        has a tool loop (whose turns otherwise meet each bucket at every length a turn before them grew)."""
-        return self.tool_loop if self.pin_cache is None else self.pin_cache
+        has a tool loop or a rollout function (whose later calls otherwise meet each bucket at every length a call
+        before them grew)."""
+        return (self.tool_loop or self.rollout_func is not None) if self.pin_cache is None else self.pin_cache
 
     def recorded(self) -> dict[str, Any]:
         """What the plan records of them: the names the trainer knows them by."""
@@ -161,11 +162,13 @@ def check_supported(agentic: Agentic, *, takes: Sequence[str], method: str) -> N
     any passes)."""
     given = [name for name, value in (("tools", agentic.tools), ("environment_factory", agentic.environment_factory),
                                       ("rollout_func", agentic.rollout_func)) if value]
-    for name, what in (("pad_tool_turns", "pads the tool loop's generate calls"),
-                       ("pin_cache", "pins the cache the tool loop's generate calls grow")):
-        if getattr(agentic, name) and not agentic.tool_loop:
-            raise UsageError(f"--{name} {what}, and the run has no tool loop; pass its --tools or "
-                             f"--environment_factory, or drop --{name}")
+    if agentic.pad_tool_turns and not agentic.tool_loop:
+        raise UsageError("--pad_tool_turns pads the tool loop's generate calls, and the run has no tool loop; pass "
+                         "its --tools or --environment_factory, or drop --pad_tool_turns")
+    if agentic.pin_cache and not (agentic.tool_loop or agentic.rollout_func is not None):
+        raise UsageError("--pin_cache pins the cache a tool loop's or a rollout function's generate calls grow, and "
+                         "the run has neither; pass its --tools, --environment_factory or --rollout_func, or drop "
+                         "--pin_cache")
     for name in given:
         if name not in takes:
             raise UsageError(f"--{name} is not an argument `{method}`'s trainer takes; drop it")

@@ -60,16 +60,16 @@ def check_cache_pin(config: Any) -> None:
 
 def pins_cache(agentic: Agentic, layout: GenerationLayout) -> bool:
     """Whether the plan is of a run that pins its static cache at the longest length its calls need
-    (`Agentic.pins`: by default with a tool loop, unless the run pins it itself); `--pin_cache true` where there is
-    nothing to pin is refused."""
+    (`Agentic.pins`: by default with a tool loop or a rollout function, unless the run pins it itself);
+    `--pin_cache true` where there is nothing to pin is refused."""
     if agentic.pin_cache and not layout.static_cache:
         raise UsageError("--pin_cache pins a static cache, and the run's is dynamic; pass --cache_implementation "
                          "static, or drop --pin_cache")
     if agentic.pin_cache and layout.max_cache_len is not None:
         raise UsageError(f"--pin_cache pins the cache at the longest length the run needs, and --generation_kwargs "
                          f"already pins it at max_cache_len {layout.max_cache_len}; drop one of them")
-    return (agentic.pins and layout.tool_loop is not None and layout.static_cache
-            and layout.max_cache_len is None)
+    return (agentic.pins and (layout.tool_loop is not None or agentic.rollout_func is not None)
+            and layout.static_cache and layout.max_cache_len is None)
 
 
 def tool_loop_warnings(args: TrainingArgs) -> list[str]:

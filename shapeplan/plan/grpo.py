@@ -68,7 +68,8 @@ class GenerationLayout:
     eval_forwards: tuple[Phase, ...]
     tool_loop: ToolLoop | None = None  # the trainer's tool loop, where it runs
     # the run pins the static cache at the longest length any of its calls needs (`max_cache_len`, shapeplan's
-    # default with a tool loop): every call then has that one length, which the plan finds (`plan_generation`)
+    # default with a tool loop or a rollout function): every call then has that one length, which the plan finds
+    # (`plan_generation`; a rollout function's calls of the model's own `generate` leave the run unpinned)
     pin_cache: bool = False
 
     @property
@@ -190,10 +191,12 @@ class CacheLength:
         self._possible: frozenset[int] = frozenset({-1})
         self.needed = -1  # the longest P + max_new_tokens - 1 of the calls so far
         self.first_needed: int | None = None  # that of the first call
+        self.own_calls = False  # a rollout function called the model's `generate` itself, which no pin reaches
 
     def _after(self, prompt_bucket: int, own: OwnGenerate | None) -> frozenset[int]:
         new, pin = (self._layout.max_new_tokens, self._layout.max_cache_len) if own is None \
             else (own.max_new_tokens, own.max_cache_len)
+        self.own_calls |= own is not None
         if own is None and self._layout.pin_cache:
             self.needed = max(self.needed, prompt_bucket + new - 1)
             if self.first_needed is None:
@@ -433,6 +436,15 @@ def plan_generation(
         ranks = [_Rank(CacheLength(layout)) for _ in eval_batches]
     run_evals(last_step + 1)
 
+    if layout.pin_cache and any(rank.cache.own_calls for rank in ranks):
+        # the pin is set on the trainer's generation config, which a call of the model's own `generate` need not
+        # read: the run is planned as it runs, unpinned
+        return plan_generation(
+            method=method, prompt_lengths=prompt_lengths, layout=dataclasses.replace(layout, pin_cache=False),
+            loop=loop, epoch_batches=epoch_batches, eval_prompt_lengths=eval_prompt_lengths,
+            eval_batches=eval_batches, eval_steps=eval_steps, images=images, eval_images=eval_images,
+            rollouts=rollouts, exact=exact, generation_kwargs=generation_kwargs, config=config, versions=versions,
+            fingerprint=fingerprint, warnings=warnings)
     shapes = counting.counter.shapes()
     config = dict(config or {})
     if layout.pin_cache and layout.static_cache:
@@ -515,11 +527,11 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout, gene
         value = json.dumps({**generation_kwargs, "max_cache_len": pinned})
         what = " and ".join(
             ["its tool turns padded to the round's rows"] * padded
-            + [f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, a "
-               "tool turn's cache is a running maximum: every turn bucket at each length a turn before it can "
+            + [f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, the "
+               "cache is a running maximum: a later call's every bucket at each length a call before it can "
                "grow)"] * bool(pinned))
         how = " and ".join(["call shapeplan.pad_tool_turns(trainer)"] * padded
-                           + [f"pass --generation_kwargs '{value}' (a script: GRPOConfig(generation_kwargs=...))"]
+                           + [f"pass --generation_kwargs '{value}' (in a script, its config's generation_kwargs)"]
                            * bool(pinned))
         off = " / ".join(["--pad_tool_turns false"] * padded + ["--pin_cache false"] * bool(pinned))
         out.append(f"the plan is of a run with {what}, which the run must do too: run it under `shapeplan guard` "

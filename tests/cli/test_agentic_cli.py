@@ -107,8 +107,9 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
         ("--pad_tool_turns", "true"): "--pad_tool_turns pads the tool loop's generate calls, and the run has no "
                                       "tool loop; pass its --tools or --environment_factory, or drop "
                                       "--pad_tool_turns",
-        ("--pin_cache", "true"): "--pin_cache pins the cache the tool loop's generate calls grow, and the run has "
-                                 "no tool loop; pass its --tools or --environment_factory, or drop --pin_cache",
+        ("--pin_cache", "true"): "--pin_cache pins the cache a tool loop's or a rollout function's generate calls "
+                                 "grow, and the run has neither; pass its --tools, --environment_factory or "
+                                 "--rollout_func, or drop --pin_cache",
         ("--rollout_func", "bare_tools:branching"): "--rollout_func makes other generate calls when the model writes "
                                                     "more (the rows of each call: [2, 2] with the shortest "
                                                     "completions, [2] with the longest): " + _HOW,

@@ -150,7 +150,8 @@ def test_a_multi_turn_rollout_func_stays_inside_the_bound(name: str, tmp_path: P
     the trainer's own path or the model's own `generate` (`model_turns`), in training and in the eval loop: the first
     call of the first round is exact, the later ones (at buckets the completions before decide) and the train
     buckets its completions give are inside the bound, cache lengths included; padded to the run's multiple, with
-    at most twice the shapes met."""
+    at most twice the shapes met. Through the trainer's path, the plan pins the cache (every call at one length, as
+    the guard makes the run do); the model's own calls are planned unpinned."""
     argv = ["--max_completion_length", "100", "--eval_strategy", "steps", "--eval_steps", "2",
             "--per_device_eval_batch_size", "2", "--num_generations_eval", "2"]
     plan, seen = _plan_and_run(tmp_path, argv, evaluate=True, rollout_func=_ROLLOUTS[name])
@@ -167,6 +168,11 @@ def test_a_multi_turn_rollout_func_stays_inside_the_bound(name: str, tmp_path: P
     else:
         assert len(plan.shapes) <= 2 * len(seen), (len(plan.shapes), len(seen))
     assert plan.config["rollout_func"] == name_of(_ROLLOUTS[name])
+    generate_caches = {s.cache_len for s in plan.shapes if s.phase in ("generate", "eval_generate")}
+    if name.startswith("model_turns"):  # the model's own generate: no pin on the trainer's config reaches it
+        assert "pin_cache" not in plan.config and len(generate_caches) > 1
+    else:  # pinned at the longest length a call needs (the default; the guard pins the run)
+        assert generate_caches == {plan.config["pin_cache"]}
 
 
 def test_the_guard_names_the_tool_turn_of_an_unplanned_generate(tmp_path: Path,

@@ -60,7 +60,9 @@ def test_warm_dispatches_every_device_op_of_a_two_turn_rollout(tmp_path: Path) -
             "--pad_to_multiple_of", "64", "--max_steps", "2", "--bf16", "false", "--eval_strategy", "steps",
             "--eval_steps", "2", "--per_device_eval_batch_size", "2", "--num_generations_eval", "2",
             "--dataset_test_split", "train"]
-    plan = plan_for("grpo", data, [*argv, "--rollout_func", "tests.oracle.agentic_tools:two_turns"], tmp_path / "out")
+    # unpinned, as the real run below
+    plan = plan_for("grpo", data, [*argv, "--rollout_func", "tests.oracle.agentic_tools:two_turns", "--pin_cache",
+                                   "false"], tmp_path / "out")
     assert not any(s.certain for s in plan.by_phase("eval_generate")) and plan.by_phase("eval")
     turns = [t for t in generation_tasks(plan) if t.turn]
     assert turns and max(c for t in generation_tasks(plan) for c in t.completions) > 64  # past one turn's 48
