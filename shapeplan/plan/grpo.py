@@ -528,8 +528,8 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout, gene
         what = " and ".join(
             ["its tool turns padded to the round's rows"] * padded
             + [f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, the "
-               "cache is a running maximum: a later call's every bucket at each length a call before it can "
-               "grow)"] * bool(pinned))
+               "cache length is a running maximum, so later calls can meet each bucket at several lengths)"]
+            * bool(pinned))
         how = " and ".join(["call shapeplan.pad_tool_turns(trainer)"] * padded
                            + [f"pass --generation_kwargs '{value}' (in a script, its config's generation_kwargs)"]
                            * bool(pinned))

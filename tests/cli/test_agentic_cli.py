@@ -136,6 +136,7 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
     """`trl grpo` has no option for Python objects: the command warm and advise print carries the run's TRL options
     (it runs as printed) and a note to hand the tools over in the user's own script."""
     from shapeplan.services.trl_command import trl_command
+    from tests.cli.test_advise import _trl_parse
 
     argv = ["--dataset_name", str(_prompts(tmp_path)), "--model_name_or_path", str(TINY_MODEL),
             "--tools", f"{TOOLS}:get_weather", f"{TOOLS}:now", "--max_steps", "2",
@@ -147,6 +148,8 @@ def test_the_trl_command_of_a_run_with_tools_leaves_them_out_and_says_so(tmp_pat
                          pin_cache=1151)
     assert pinned.words[pinned.words.index("--generation_kwargs") + 1] == '{"temperature": 0.5, "max_cache_len": 1151}'
     assert "--pin_cache" not in pinned.words and "the plan's cache pin (max_cache_len 1151)" in pinned.notes[0]
+    _, config, *_ = _trl_parse("grpo", list(pinned.words))  # TRL's own parser takes it as printed
+    assert config.generation_kwargs == {"temperature": 0.5, "max_cache_len": 1151}
     assert command.words[-6:] == ("--max_steps", "2", "--reward_funcs", "accuracy_reward", "--pad_to_multiple_of",
                                   "128")
     (note,) = command.notes
