@@ -95,6 +95,12 @@ def test_vision_plans_and_refusals(tmp_path: Path) -> None:
     result = console.run(["analyze", str(tmp_path / "strings.jsonl"), *grpo, "--per_device_train_batch_size", "2"])
     assert result.returncode == 1 and "a prompt that is not a list of messages" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # micro-batches cut from a shuffled round of 128 rows: more choices of prompts than shapeplan plans (MAX_SLICES)
+    wide = console.run(["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "64",
+                        "--gradient_accumulation_steps", "2"])
+    assert wide.returncode == 2 and wide.stderr.startswith("Error: steps_per_generation=2 on a vision-language grpo "
+                                                           "run: ") and "(more than 10,000)" in wide.stderr, wide.stderr
+    assert len(wide.stderr.strip().splitlines()) == 1, wide.stderr
     planned = console.run(["analyze", str(prompts), *grpo, "--per_device_train_batch_size", "2", "--json"])
     assert planned.returncode == 0, planned.stderr
     (tmp_path / "grpo-plan.json").write_text(planned.stdout)
