@@ -192,7 +192,7 @@ def load_run(plan_path: str | None, method: str | None, model: str | None, eval_
         check_warmable(spec, plan)  # a plan file's is checked as it is read
     elif named:
         check_config(plan, args, planned, named)
-    check_plan_fits_model(plan, args)
+    check_plan_fits_model(plan, args, warmer)
     return plan, warmer
 
 
@@ -229,7 +229,7 @@ def _script_run(plan: Plan | None, plan_path: str | None, words: Sequence[str], 
         raise PlanFileError(f"plan {plan_path} is for {plan.method}, but the script trains {trainer}; re-create the "
                             "plan from the script")
     check_warmable(args.spec, plan)
-    check_plan_fits_model(plan, args)
+    check_plan_fits_model(plan, args, warmer)
     return plan, warmer
 
 

@@ -47,10 +47,11 @@ def check_plan_identity(plan: Plan, method: str, tokenizer: Any, model: str) -> 
                             f"`shapeplan analyze ... --model {model} -o PLAN`")
 
 
-def check_plan_fits_model(plan: Plan, args: Any) -> None:
+def check_plan_fits_model(plan: Plan, args: Any, warmer: Any) -> None:
     """Every planned sequence must fit the model's position embeddings (when its config states them), and the
     warm-up must be able to build the run's trainer (a PEFT run: with peft installed) and feed every shape (a vision
-    batch: with its rows' layouts, at the processor's patch size). Checked before the cache dir is made."""
+    batch: with its rows' layouts, at the processor's patch size: `warmer.processor`, the one the warm-up feeds).
+    Checked before the cache dir is made."""
     import importlib.util
 
     if getattr(args.model, "use_peft", False) and importlib.util.find_spec("peft") is None:
@@ -61,7 +62,7 @@ def check_plan_fits_model(plan: Plan, args: Any) -> None:
         raise PlanFileError("the plan's vision batches lack their rows' layouts (text_runs), which warm needs to "
                             "feed them (an observed plan, or one made by an older shapeplan); re-create it with "
                             "`shapeplan analyze`")
-    _check_pixel_rows(plan, args)
+    _check_pixel_rows(plan, args, warmer)
     _check_generate_settings(plan)
     beyond = beyond_position_embeddings(plan, args)
     if beyond is not None:
@@ -80,15 +81,13 @@ def _check_generate_settings(plan: Plan) -> None:
                             "function's calls the trainer's max_completion_length, or warm the run without them")
 
 
-def _check_pixel_rows(plan: Plan, args: Any) -> None:
+def _check_pixel_rows(plan: Plan, args: Any, warmer: Any) -> None:
     """A vision batch's `pixel_values` must be the shape the run's processor makes of its images (each layout's rows
     taking the batch's images in turn): the warm-up feeds images that processor processes, so a plan naming another
     shape (hand-edited, or made for another model) would record as warmed a shape the run never meets."""
     if all(s.pixel_values is None for s in plan.shapes):
         return
-    from ..adapters.vision import run_processor
-
-    family = run_processor(args, load_run_tokenizer(args)).family
+    family = warmer.processor.family  # a warmer that feeds images (`check_warmable` refused the others)
     for shape in plan.shapes:
         if shape.pixel_values is None:
             continue
