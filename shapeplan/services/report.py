@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
 from ..plan.grpo import cache_pin
@@ -254,4 +256,18 @@ def render_comparison(plan: Plan, observed: Plan) -> str:
         f"{plan.method.upper()} plan against the run record ({observed.stats.optimizer_steps} optimizer steps run, "
         f"{plan.stats.optimizer_steps} planned)", "", table(headers, rows, text_columns=(0, 7, 8)), "",
         f"{held}/{len(rows)} shapes as planned, {sum(r[7] == 'unplanned' for r in rows)} unplanned, "
-        f"{sum(r[7].startswith('not met') for r in rows)} not met"])
+        f"{sum(r[7].startswith('not met') for r in rows)} not met", *_unpinned(plan, observed, planned)])
+
+
+def _unpinned(plan: Plan, observed: Plan, planned: Mapping[Any, Shape]) -> list[str]:
+    """Why a run of a plan that pins the cache (`pin_cache`) met generate calls at other cache lengths: it ran
+    without the pin."""
+    pin = plan.config.get("pin_cache")
+    other = sorted({s.cache_len for s in observed.shapes if s.phase in GENERATE_PHASES and s.cache_len is not None
+                    and s.cache_len != pin and shape_key(s) not in planned})
+    if not isinstance(pin, int) or not other:
+        return []
+    kwargs = json.dumps({**(plan.config.get("generation_kwargs") or {}), "max_cache_len": pin})
+    return [f"the run generated at cache lengths {', '.join(map(str, other))}, and the plan is of a run whose cache is "
+            f"pinned at {pin} (its pin_cache): run it under `shapeplan guard --plan PLAN`, which pins it, or pass "
+            f"--generation_kwargs '{kwargs}'"]

@@ -59,3 +59,21 @@ def test_a_shape_tool_calls_can_add_to_holds_within_its_range() -> None:
         row = render_comparison(plan, record).splitlines()[4].split()
         assert row[:8] == ["generate", "4", "640", "1..3", "2", str(met), "1", *status.split()[:1]], row
         assert " ".join(row[7:9]) == status
+
+
+def test_a_run_that_did_not_pin_the_plans_cache_is_told_how() -> None:
+    """A plan that pins the cache (`pin_cache`, the default with tools) against a run that ran without the pin: its
+    generate calls at other cache lengths are unplanned, and the comparison says why and how to pin the run."""
+    from shapeplan.plan.model import Plan, PlanStats
+    from shapeplan.services.report import render_comparison
+
+    shape = Shape("generate", 4, 640, count=1, first_step=1, cache_len=1151, max_new_tokens=512)
+    plan = Plan(method="grpo", exact=True, pad_to_multiple_of=128, shapes=(shape,),
+                stats=PlanStats(rows=8, dropped_rows=0, micro_batches=2, optimizer_steps=2, tokens=0,
+                                padded_tokens=0), config={"pin_cache": 1151, "generation_kwargs": {"top_k": 5}})
+    unpinned = dataclasses.replace(plan, shapes=(dataclasses.replace(shape, cache_len=1151 - 128),), observed=True)
+    assert render_comparison(plan, unpinned).splitlines()[-1] == (
+        "the run generated at cache lengths 1023, and the plan is of a run whose cache is pinned at 1151 (its "
+        "pin_cache): run it under `shapeplan guard --plan PLAN`, which pins it, or pass --generation_kwargs "
+        "'{\"top_k\": 5, \"max_cache_len\": 1151}'")
+    assert "pinned" not in render_comparison(plan, dataclasses.replace(unpinned, shapes=plan.shapes))
