@@ -11,8 +11,8 @@ from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..plan.rows import Rows
-from ..plan.vision import FixedSizes, PixelLimits
-from ..plan.vision.family import ImageFamily
+from ..plan.vision import FixedSizes
+from ..plan.vision.family import ImageFamily, Setting
 from ..plan.vision_rows import ImageRow, image_rows
 from . import generation_stream, vision
 from .agentic import AgenticArguments, tool_loop
@@ -155,12 +155,10 @@ class GenerationRun:
         """Every train image's (height, width), as the processor receives it."""
         return [size for row in self.prompts.train for size in row.sizes] if self.prompts else []
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
-             family: ImageFamily | None = None) -> Plan:
-        """The run's plan; `resize` / `limits`: as if every image were resized to one of those sizes first, or the
-        processor had those pixel limits, or its family other settings."""
+    def plan(self, setting: Setting | None = None) -> Plan:
+        """The run's plan; `setting`: a what-if of its images' family (`ImageFamily.settings`)."""
         args, config, trainer, data = self.args, self.args.training, self.trainer, self.data
-        images = self.prompts.rows(resize, limits, family) if self.prompts else None
+        images = self.prompts.rows(setting) if self.prompts else None
         warnings = list(self.warnings)
         generation = generation_settings(config)
         # Parsed with the run's process count (see trl_args), so these are the run's.
@@ -196,7 +194,7 @@ class GenerationRun:
         recorded = recorded_config(args, self.argv)
         recorded.update(max_new_tokens=generation.max_new_tokens, max_cache_len=generation.max_cache_len,
                         num_generations_eval=config.num_generations_eval, shuffle_dataset=config.shuffle_dataset,
-                        **(vision.vision_config(self.prompts.processor, resize, limits) if self.prompts else {}))
+                        **(vision.vision_config(self.prompts.processor, setting) if self.prompts else {}))
         return plan_run(args, data, train_lengths=train_lengths, layout=layout, loop=loop,
                         epoch_batches=epoch_batches, evals=evals, config=recorded, warnings=warnings,
                         images=images[0] if images else None, eval_images=images[1] if images else None,
@@ -221,13 +219,12 @@ class VisionPrompts:
     train: tuple[ImageRow, ...]
     eval: tuple[ImageRow, ...] | None
 
-    def rows(self, resize: FixedSizes | None, limits: PixelLimits | None,
-             family: ImageFamily | None = None) -> tuple[Rows, Rows | None]:
-        """The prompts' lengths with their image tokens, and their images' keys (under a what-if's sizes, limits or
-        settings; GRPO is refused for a family whose expansions merge with their text, so the rows stand)."""
-        if limits is not None:
-            family = limits.applied(vision.qwen_family(self.processor.family))
-        processor = self.processor if family is None else self.processor.with_family(family)
+    def rows(self, setting: Setting | None) -> tuple[Rows, Rows | None]:
+        """The prompts' lengths with their image tokens, and their images' keys (under a what-if's setting: its
+        sizes, its family; GRPO is refused for a family whose expansions merge with their text, so the rows
+        stand)."""
+        resize = FixedSizes(setting.sizes) if setting is not None and setting.sizes else None
+        processor = self.processor if setting is None else self.processor.with_family(setting.family)
         evaluated = None if self.eval is None else image_rows(self.eval, processor.family, processor.tokens, None,
                                                               resize)
         return image_rows(self.train, processor.family, processor.tokens, None, resize), evaluated

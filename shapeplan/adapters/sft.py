@@ -11,8 +11,8 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from ..plan.vision import FixedSizes, PixelLimits
-from ..plan.vision.family import ImageFamily
+from ..plan.vision import FixedSizes
+from ..plan.vision.family import ImageFamily, Setting
 from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
 from .common import (
@@ -254,9 +254,8 @@ class VisionRun:
         """Every train image's (height, width), as the processor receives it."""
         return [size for row in self.train for size in row.sizes]
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
-             family: ImageFamily | None = None) -> Plan:
-        return plan_vision(self, resize, limits, family)
+    def plan(self, setting: Setting | None = None) -> Plan:
+        return plan_vision(self, setting)
 
 
 def vision_run(args: TrainingArgs, argv: list[str], *, eval_source: str | None = None) -> VisionRun | None:
@@ -302,21 +301,19 @@ def _under(run: VisionRun, family: ImageFamily) -> VisionRun:
                                                                             name="eval"))
 
 
-def plan_vision(run: VisionRun, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
-                family: ImageFamily | None = None) -> Plan:
+def plan_vision(run: VisionRun, setting: Setting | None = None) -> Plan:
     """A vision-language run's plan: `DataCollatorForVisionLanguageModeling` processes each batch (TRL does not
     prepare the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches.
-    `resize`: as if every image were first resized to one of those sizes; `limits`: as if the processor had those
-    pixel limits."""
-    if limits is not None:
-        family = limits.applied(vision.qwen_family(run.processor.family))
-    if family is not None:
-        run = _under(run, family)
+    `setting`: a what-if of the family's (`ImageFamily.settings`): its images resized to the setting's sizes, the
+    processor's family under the setting."""
+    resize = FixedSizes(setting.sizes) if setting is not None and setting.sizes else None
+    if setting is not None and setting.family != run.processor.family:
+        run = _under(run, setting.family)
     args, config = run.args, run.args.training
     layout = SFTLayout(pad_to_multiple_of=config.pad_to_multiple_of, padding_free=False)
     train_rows = vision.collated_rows(run.train, run.processor, config, name="train", resize=resize)
     epoch_batches, loop = train_schedule(args, len(train_rows))
-    recorded = {**recorded_config(args, run.argv), **vision.vision_config(run.processor, resize, limits)}
+    recorded = {**recorded_config(args, run.argv), **vision.vision_config(run.processor, setting)}
     info = RunInfo(method=args.method, rows=len(train_rows), pad_to_multiple_of=config.pad_to_multiple_of,
                    exact=True, config=recorded, versions=versions(), fingerprint=run_fingerprint(run.data),
                    warnings=run.warnings)

@@ -15,7 +15,7 @@ from ..plan.model import Plan
 from .advise import Advice
 from .report import table
 from .trainers import trainer_spec
-from .vision_advice import VisionAdvice, apply_line
+from .vision_advice import VisionAdvice
 
 WIDTH = 80
 _MAX_BINS = 24
@@ -181,30 +181,28 @@ def render_vision_advice(advice: VisionAdvice) -> str:
     rows = [[option.label, str(option.plan.vision_graphs), str(option.plan.distinct_shapes),
              f"{option.compile_minutes:.0f}", f"{option.pixels_kept:.1%}"]
             for option in (advice.baseline, *advice.options)]
-    settings = any(option.setting is not None for option in advice.options)
     lines = [
         f"{advice.method.upper()} vision advice for {plan.config.get('model_name_or_path', '?')}",
         "",
         f"as given: {plan.vision_graphs} vision graphs: each distinct image batch (its images' keys and pixel "
         "tensor) is a compile of the vision tower",
         "",
-        "what-if: the processor's setting that fixes the images' keys" if settings else
-        "what-if: every image resized to the fixed size (height x width) nearest its aspect ratio, or resized by the "
-        "processor within other pixel limits",
+        "what-if: each setting of the processor, or resize of the images, that fixes their keys (with fixed sizes, "
+        "every image resized to the fixed size (height x width) nearest its aspect ratio)",
         table(["images", "vision graphs", "shapes", "compile min", "pixels kept"], rows),
         "",
     ]
     best = advice.best
     if best is None:
-        lines.append("no what-if compiles less than the images as given" if settings or not advice.options else
-                     "no fixed sizes compile less than the images as given")
+        lines.append("no what-if compiles less than the images as given")
     else:
-        how = ("apply it:" if best.setting is not None and not best.setting.sizes else
-               "set the processor's limits:" if best.limits is not None else
-               "resize the dataset before training with (height, width) pairs:")
+        setting = best.setting
+        assert setting is not None  # only a what-if is best
+        how = ("set the processor's limits:" if setting.pixel_limits is not None else
+               "resize the dataset before training with (height, width) pairs:" if setting.sizes else "apply it:")
         lines += [f"fewest compiles: {best.label}, {best.plan.vision_graphs} vision graphs instead of "
                   f"{plan.vision_graphs}, keeping {best.pixels_kept:.1%} of the pixels; {how}",
-                  f"  {apply_line(best)}"]
+                  f"  {setting.apply}"]
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 

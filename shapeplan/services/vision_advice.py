@@ -1,10 +1,9 @@
-"""`advise` for a vision-language run: its vision graphs as given, and what-ifs that resize every image to one of
-a few fixed sizes, or set the processor's pixel limits, each taken from the dataset's own distribution and each an
-exact plan of the same rows."""
+"""`advise` for a vision-language run: its vision graphs as given, and the what-ifs its family's settings give (fixed
+image sizes, pixel limits taken from the dataset's own distribution; pan-and-scan off, one frame per image, ...),
+each an exact plan of the same rows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,28 +11,15 @@ from ..errors import DatasetError
 from ..plan.cost import compile_minutes
 from ..plan.io import shape_to_dict
 from ..plan.model import Plan
-from ..plan.vision import (
-    FixedSizes,
-    ImageProcessing,
-    PixelLimits,
-    fixed_sizes,
-    pixel_limits,
-    pixels_kept,
-    pixels_kept_by,
-    pixels_kept_under,
-)
+from ..plan.vision import pixels_kept_by
 from ..plan.vision.family import ImageFamily, Setting
-
-SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
 
 
 @dataclass(frozen=True)
 class VisionOption:
-    sizes: FixedSizes | None  # None: the images as they are
     plan: Plan
     pixels_kept: float  # of the pixels the processor feeds as given
-    limits: PixelLimits | None = None  # the processor's pixel limits set otherwise
-    setting: Setting | None = None  # a setting of the family's that fixes its graphs
+    setting: Setting | None = None  # a setting of the family's that fixes its graphs; None: the run as given
 
     @property
     def compile_minutes(self) -> float:
@@ -41,10 +27,7 @@ class VisionOption:
 
     @property
     def label(self) -> str:
-        if self.setting is not None:
-            return self.setting.label
-        return self.sizes.label if self.sizes is not None else self.limits.label if self.limits is not None else \
-            "(as given)"
+        return self.setting.label if self.setting is not None else "(as given)"
 
 
 @dataclass(frozen=True)
@@ -71,60 +54,33 @@ class ImageRun(Protocol):
         """Every train image's (height, width), as the processor receives it."""
         ...
 
-    def plan(self, resize: FixedSizes | None = None, limits: PixelLimits | None = None,
-             family: ImageFamily | None = None) -> Plan:
-        """Its plan, as given or under a what-if: every image resized to one of `resize`, pixel limits, or the
-        processor's family under other settings."""
+    def plan(self, setting: Setting | None = None) -> Plan:
+        """Its plan, as given or under one of its family's settings (its images resized to the setting's sizes, the
+        processor's family under the setting)."""
         ...
 
 
-def advise_vision(method: str, run: ImageRun, counts: Sequence[int] = SIZE_COUNTS) -> VisionAdvice:
-    """The run as given and its what-ifs, each an exact plan of the same rows."""
-    processing, sizes, plan = run.processing, run.sizes, run.plan
-    baseline = VisionOption(sizes=None, plan=plan(), pixels_kept=1.0)
+def advise_vision(method: str, run: ImageRun) -> VisionAdvice:
+    """The run as given and its family's what-ifs, each an exact plan of the same rows (a what-if under which a row
+    no longer fits, as TRL's forward would fail on it, left out)."""
+    processing, sizes = run.processing, run.sizes
     options: list[VisionOption] = []
-    if not isinstance(processing, ImageProcessing):  # the size what-ifs below resize as Qwen-VL's processor does
-        for setting in processing.settings():
-            resize = FixedSizes(setting.sizes) if setting.sizes else None
-            options.append(VisionOption(sizes=resize, setting=setting,
-                                        plan=plan(resize, family=setting.family if setting.family != processing
-                                                  else None),
-                                        pixels_kept=pixels_kept_by(sizes, processing, setting)))
-        options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
-        return VisionAdvice(method=method, baseline=baseline, options=tuple(options))
-    for count in counts:
-        fixed = fixed_sizes(sizes, count, processing)
-        if not fixed.sizes or any(option.sizes == fixed for option in options):
-            continue
-        options.append(VisionOption(sizes=fixed, plan=plan(fixed),
-                                    pixels_kept=pixels_kept(sizes, fixed, processing)))
-    for limits in pixel_limits(sizes, processing):
+    for setting in processing.settings(sizes):
         try:
-            limited = plan(limits=limits)
-        except DatasetError:  # more image tokens than max_length holds: a what-if TRL's forward would fail on
+            plan = run.plan(setting)
+        except DatasetError:  # more image tokens than max_length holds
             continue
-        options.append(VisionOption(sizes=None, limits=limits, plan=limited,
-                                    pixels_kept=pixels_kept_under(sizes, processing, limits)))
+        options.append(VisionOption(setting=setting, plan=plan, pixels_kept=pixels_kept_by(sizes, processing, setting)))
     options.sort(key=lambda option: (option.compile_minutes, -option.pixels_kept))
-    return VisionAdvice(method=method, baseline=baseline, options=tuple(options))
-
-
-def apply_line(option: VisionOption) -> str:
-    if option.setting is not None:
-        return option.setting.apply
-    if option.limits is not None:
-        return (f'"size": {{"shortest_edge": {option.limits.min_pixels}, "longest_edge": '
-                f'{option.limits.max_pixels}}}  (in the processor\'s preprocessor_config.json)')
-    assert option.sizes is not None
-    pairs = ", ".join(f"({h}, {w})" for h, w in option.sizes.sizes)
-    return f"dataset = shapeplan.resize_images(dataset, [{pairs}])"
+    return VisionAdvice(method=method, baseline=VisionOption(plan=run.plan(), pixels_kept=1.0), options=tuple(options))
 
 
 def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
     def option(o: VisionOption) -> dict[str, Any]:
-        return {"option": o.label, "sizes": [list(size) for size in o.sizes.sizes] if o.sizes else None,
-                "pixel_limits": None if o.limits is None else {"min_pixels": o.limits.min_pixels,
-                                                               "max_pixels": o.limits.max_pixels},
+        sizes = o.setting.sizes if o.setting is not None else ()
+        limits = o.setting.pixel_limits if o.setting is not None else None
+        return {"option": o.label, "sizes": [list(size) for size in sizes] if sizes else None,
+                "pixel_limits": None if limits is None else {"min_pixels": limits[0], "max_pixels": limits[1]},
                 "vision_graphs": o.plan.vision_graphs, "distinct_shapes": o.plan.distinct_shapes,
                 "compile_minutes": round(o.compile_minutes, 3), "pixels_kept": round(o.pixels_kept, 6),
                 "shapes": [shape_to_dict(s, o.plan.config) for s in o.plan.shapes]}
@@ -132,4 +88,5 @@ def vision_advice_to_dict(advice: VisionAdvice) -> dict[str, Any]:
     best = advice.best
     return {"method": advice.method, "vision": True, "baseline": option(advice.baseline),
             "options": [option(o) for o in advice.options],
-            "recommended": None if best is None else {"option": best.label, "apply": apply_line(best)}}
+            "recommended": None if best is None or best.setting is None else {"option": best.label,
+                                                                              "apply": best.setting.apply}}

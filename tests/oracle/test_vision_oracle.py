@@ -119,18 +119,18 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
 
     from shapeplan import resize_images
     from shapeplan.services.advise import advise
-    from shapeplan.services.vision_advice import VisionAdvice, apply_line
+    from shapeplan.services.vision_advice import VisionAdvice
 
     train = write_rows(tmp_path / "train.jsonl", images, 12, seed=5)
     argv = ["--per_device_train_batch_size", "2", "--max_length", "1024", "--pad_to_multiple_of", "128"]
     advice = advise("sft", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                     use_cache=False)
     assert isinstance(advice, VisionAdvice)
-    best = next(option for option in advice.options if option.sizes is not None)  # the options: fewest first
+    best = next(option for option in advice.options if option.setting.sizes)  # the options: fewest first
     assert best.plan.vision_graphs < advice.baseline.plan.vision_graphs
     resized = tmp_path / "resized"
     data = datasets.load_dataset("json", data_files=str(train), split="train")
-    resize_images(data, best.sizes.sizes).save_to_disk(str(resized))
+    resize_images(data, best.setting.sizes).save_to_disk(str(resized))
     replanned = analyze("sft", ["--dataset_name", str(resized), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                         use_cache=False)
     assert planned(replanned) == planned(best.plan)
@@ -138,13 +138,14 @@ def test_the_advised_fixed_sizes_applied_give_the_advised_vision_graphs(images: 
     assert seen == planned(best.plan)
     assert len({key[4] for key in seen if key[4]}) == best.plan.vision_graphs
 
-    limited = next(option for option in advice.options if option.limits is not None)
+    limited = next(option for option in advice.options if option.setting.pixel_limits is not None)
+    low, high = limited.setting.pixel_limits
     model = tmp_path / "limited"
     shutil.copytree(TINY_VL_MODEL, model)
     config = json.loads((model / "preprocessor_config.json").read_text())
-    config["size"] = {"shortest_edge": limited.limits.min_pixels, "longest_edge": limited.limits.max_pixels}
+    config["size"] = {"shortest_edge": low, "longest_edge": high}
     (model / "preprocessor_config.json").write_text(json.dumps(config))
-    assert str(limited.limits.max_pixels) in apply_line(limited)
+    assert f'"size": {{"shortest_edge": {low}, "longest_edge": {high}}}' in limited.setting.apply
     replanned = analyze("sft", ["--dataset_name", str(train), "--model_name_or_path", str(model), *argv],
                         use_cache=False)
     assert planned(replanned) == planned(limited.plan)
@@ -244,11 +245,11 @@ def test_grpo_with_the_advised_fixed_size_applied_meets_the_advised_vision_graph
     advice = advise("grpo", ["--dataset_name", str(train), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                     use_cache=False)
     assert isinstance(advice, VisionAdvice)
-    one = next(option for option in advice.options if option.sizes is not None and len(option.sizes.sizes) == 1)
+    one = next(option for option in advice.options if len(option.setting.sizes) == 1)
     assert one.plan.vision_graphs < advice.baseline.plan.vision_graphs
     resized = tmp_path / "resized"
     resize_images(datasets.load_dataset("json", data_files=str(train), split="train"),
-                  one.sizes.sizes).save_to_disk(str(resized))
+                  one.setting.sizes).save_to_disk(str(resized))
     replanned = analyze("grpo", ["--dataset_name", str(resized), "--model_name_or_path", str(TINY_VL_MODEL), *argv],
                         use_cache=False)
     assert planned(replanned) == planned(one.plan)

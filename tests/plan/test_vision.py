@@ -94,34 +94,37 @@ def test_fixed_sizes_are_labelled_height_x_width() -> None:
 
 
 def test_fixed_sizes_are_kept_by_the_processor_and_chosen_by_aspect() -> None:
-    """Each fixed size is one the processor leaves as it is (so a resized image has exactly that grid); an image
-    goes to the size of nearest aspect ratio; pixels kept count downscaling only."""
-    from shapeplan.plan.vision import fixed_sizes, pixels_kept
+    """Qwen-VL's what-ifs (`settings`), from the images' own distribution: each fixed size is one the processor
+    leaves as it is (so a resized image has exactly that grid), an image goes to the size of nearest aspect ratio;
+    pixel limits cap below the current one; pixels kept count downscaling only."""
+    from shapeplan.plan.vision import FixedSizes, pixels_kept_by
 
     processing = ImageProcessing(min_pixels=3136, max_pixels=158368)
     sizes = [(h, w) for h in (12, 200, 301, 640, 2000) for w in (20, 90, 300, 500, 3000)
              if max(h, w) / min(h, w) <= 200]
     for count in (1, 2, 3, 4):
-        fixed = fixed_sizes(sizes, count, processing)
-        assert 1 <= len(fixed.sizes) <= count
-        assert all(processing.resized(h, w) == (h, w) for h, w in fixed.sizes)
-    fixed = fixed_sizes(sizes, 3, processing)
+        fixed = processing.fixed_sizes(sizes, count)
+        assert 1 <= len(fixed) <= count
+        assert all(processing.resized(h, w) == (h, w) for h, w in fixed)
+    fixed = FixedSizes(processing.fixed_sizes(sizes, 3))
     tall, wide = min(fixed.sizes, key=lambda s: s[1] / s[0]), max(fixed.sizes, key=lambda s: s[1] / s[0])
     assert fixed.target(2000, 20) == tall and fixed.target(12, 3000) == wide
-    one = fixed_sizes([(56, 56), (560, 560)], 1, processing)
-    assert pixels_kept([(56, 56)], one, processing) == 1.0  # upscaled: nothing lost
+    (one, *_) = processing.settings([(56, 56), (560, 560)])
+    assert one.sizes == processing.fixed_sizes([(56, 56), (560, 560)], 1) and one.family == processing
+    assert one.apply == f"dataset = shapeplan.resize_images(dataset, [{one.sizes[0]}])"
+    assert pixels_kept_by([(56, 56)], processing, one) == 1.0  # upscaled: nothing lost
     big = processing.resized(560, 560)
-    assert pixels_kept([(560, 560)], one, processing) == pytest.approx(
+    assert pixels_kept_by([(560, 560)], processing, one) == pytest.approx(
         one.sizes[0][0] * one.sizes[0][1] / (big[0] * big[1]))
 
     # pixel limits from the same images: caps below the current one, each a multiple of the factor squared, then
-    # one area for all; only downscaling loses pixels
-    from shapeplan.plan.vision import pixel_limits, pixels_kept_under
-
-    limits = pixel_limits(sizes, processing)
-    caps = [lim for lim in limits if lim.min_pixels < lim.max_pixels]
-    assert caps and all(lim.max_pixels < processing.max_pixels and lim.max_pixels % 28 ** 2 == 0 for lim in caps)
+    # one area for all; each the family under those limits; only downscaling loses pixels
+    limits = [setting for setting in processing.settings(sizes) if setting.pixel_limits is not None]
+    caps = [lim for lim in limits if lim.pixel_limits[0] < lim.pixel_limits[1]]
+    assert caps and all(lim.pixel_limits[1] < processing.max_pixels and lim.pixel_limits[1] % 28 ** 2 == 0
+                        for lim in caps)
+    assert all((lim.family.min_pixels, lim.family.max_pixels) == lim.pixel_limits for lim in limits)
     equal = limits[-1]
-    assert equal.min_pixels == equal.max_pixels
-    assert all(0 < pixels_kept_under(sizes, processing, lim) < 1 for lim in limits)
-    assert pixels_kept_under([(56, 56)], processing, caps[0]) == 1.0
+    assert equal.pixel_limits[0] == equal.pixel_limits[1] and equal.label.startswith("min_pixels = max_pixels = ")
+    assert all(0 < pixels_kept_by(sizes, processing, lim) < 1 for lim in limits)
+    assert pixels_kept_by([(56, 56)], processing, caps[0]) == 1.0

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from ...errors import ModelError, UsageError, first_line
-from ...plan.vision import FAMILIES, FixedSizes, ImageProcessing, PixelLimits
-from ...plan.vision.family import ImageFamily, ImageKey
+from ...plan.vision import FAMILIES
+from ...plan.vision.family import ImageFamily, ImageKey, Setting
 
 
 @dataclass(frozen=True)
@@ -108,15 +108,6 @@ def _image_processor(model: str, revision: str | None) -> Any:
     return image_processor
 
 
-def qwen_family(family: ImageFamily) -> ImageProcessing:
-    """The family of a what-if on Qwen-VL's pixel limits (`smart_resize`'s min_pixels and max_pixels), which other
-    families do not have."""
-    if not isinstance(family, ImageProcessing):
-        raise UsageError("pixel-limit what-ifs resize images as Qwen-VL's processor does (min_pixels, max_pixels); "
-                         "this model's processor has no such limits")
-    return family
-
-
 def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
     """`load_processor` for a run's parsed arguments (`TrainingArgs`): its model, revision, trust_remote_code and,
     where the method has one, chat_template_path. A script that hands its trainer a processor of its own (script
@@ -139,17 +130,18 @@ def run_processor(args: Any, tokenizer: Any) -> VisionProcessor:
                           chat_template_path=getattr(config, "chat_template_path", None))
 
 
-def vision_config(vision: VisionProcessor, resize: FixedSizes | None, limits: PixelLimits | None) -> dict[str, Any]:
+def vision_config(vision: VisionProcessor, setting: Setting | None) -> dict[str, Any]:
     """What a plan records of its images: the model type whose family made its keys (`plan.vision.FAMILIES`), the
     tensors its processor adds to every batch shaped as input_ids (Gemma 3's token_type_ids), and of an image
-    what-if the fixed sizes every image is resized to, the pixel limits."""
+    what-if (`setting`) the fixed sizes every image is resized to, the pixel limits."""
     recorded: dict[str, Any] = {"vision_family": vision.model_type}
     if vision.family.TEXT_INPUTS:  # on every batch, images or not, shaped as its input_ids
         recorded["text_inputs"] = list(vision.family.TEXT_INPUTS)
-    if resize is not None:
-        recorded["fixed_image_sizes"] = [list(size) for size in resize.sizes]
-    if limits is not None:
-        recorded["pixel_limits"] = {"min_pixels": limits.min_pixels, "max_pixels": limits.max_pixels}
+    if setting is not None and setting.sizes:
+        recorded["fixed_image_sizes"] = [list(size) for size in setting.sizes]
+    if setting is not None and setting.pixel_limits is not None:
+        low, high = setting.pixel_limits
+        recorded["pixel_limits"] = {"min_pixels": low, "max_pixels": high}
     return recorded
 
 

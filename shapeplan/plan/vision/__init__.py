@@ -1,6 +1,6 @@
 """Images as each vision-language family's processor turns them into device inputs: one module per family (pure
-arithmetic over image sizes and the processor's settings, `family.ImageFamily`), the what-ifs that fix their sizes
-in `whatif`, and `FAMILIES`, each planned `config.model_type`'s family."""
+arithmetic over image sizes and the processor's settings, `family.ImageFamily`; its what-ifs are its `settings`),
+the what-ifs every family shares in `whatif`, and `FAMILIES`, each planned `config.model_type`'s family."""
 
 from .family import ImageFamily
 from .gemma3 import Gemma3Images
@@ -8,15 +8,7 @@ from .idefics3 import Idefics3Images
 from .llava import LlavaImages
 from .llava_next import LlavaNextImages
 from .qwen2_vl import Grid, ImageProcessing, ImageSizeError, pixel_rows
-from .whatif import (
-    FixedSizes,
-    PixelLimits,
-    fixed_sizes,
-    pixel_limits,
-    pixels_kept,
-    pixels_kept_by,
-    pixels_kept_under,
-)
+from .whatif import FixedSizes, pixels_kept_by
 
 FAMILIES: dict[str, type[ImageFamily]] = {
     model_type: family
@@ -25,5 +17,4 @@ FAMILIES: dict[str, type[ImageFamily]] = {
 }
 
 __all__ = ["FAMILIES", "FixedSizes", "Gemma3Images", "Grid", "Idefics3Images", "ImageFamily", "ImageProcessing",
-           "ImageSizeError", "LlavaImages", "LlavaNextImages", "PixelLimits", "fixed_sizes", "pixel_limits",
-           "pixel_rows", "pixels_kept", "pixels_kept_by", "pixels_kept_under"]
+           "ImageSizeError", "LlavaImages", "LlavaNextImages", "pixel_rows", "pixels_kept_by"]

@@ -32,6 +32,7 @@ class Setting:
     family: ImageFamily
     apply: str
     sizes: tuple[tuple[int, int], ...] = ()
+    pixel_limits: tuple[int, int] | None = None  # the (min_pixels, max_pixels) it gives a processor that has them
 
 
 class ImageFamily(Protocol):
@@ -54,9 +55,10 @@ class ImageFamily(Protocol):
         do_resize false, ...": the caller writes "<model>'s image processor has ...")."""
         ...
 
-    def settings(self) -> tuple[Setting, ...]:
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
         """The settings that would fix its vision graphs where they vary with the images (none where every image
-        gives one key already)."""
+        gives one key already), for a run of images of these (height, width) sizes (a family whose settings follow
+        the images takes them from their distribution)."""
         ...
 
     def generation_refusal(self) -> str | None:

@@ -102,7 +102,7 @@ class Gemma3Images:
             return 0
         return count
 
-    def settings(self) -> tuple[Setting, ...]:
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
         if not self.pan_and_scan:
             return ()
         return (Setting("pan-and-scan off", replace(self, pan_and_scan=False),

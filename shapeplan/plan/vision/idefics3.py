@@ -95,7 +95,7 @@ class Idefics3Images:
             width = int(height * aspect)
         return max(height, 1), max(width, 1)
 
-    def settings(self) -> tuple[Setting, ...]:
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
         if not self.splitting or self.fixed is not None:
             return ()
         return (Setting("one frame per image", replace(self, splitting=False),

@@ -65,7 +65,7 @@ class LlavaImages:
         """The settings a `LlavaProcessor` uses at call: its image processor's, under its merged images kwargs."""
         return cls.from_image_processor(processor.image_processor, call_settings(processor))
 
-    def settings(self) -> tuple[Setting, ...]:
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
         return ()  # every image gives one key already
 
     def generation_refusal(self) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Self
 
 from .family import ImageKey, Inputs, Setting
 from .settings import call_settings, size_key, whole
+from .whatif import resize_line
 
 
 def best_resolution(height: int, width: int, pinpoints: Sequence[tuple[int, int]]) -> tuple[int, int]:
@@ -101,12 +102,11 @@ class LlavaNextImages:
         return cls.from_image_processor(processor.image_processor, call_settings(processor),
                                          patch_size=processor.patch_size)
 
-    def settings(self) -> tuple[Setting, ...]:
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
         """Every image resized to a pinpoint first: it then picks that pinpoint and unpads to its whole grid, so
         the images have at most one key a pinpoint."""
-        pairs = ", ".join(f"({h}, {w})" for h, w in self.pinpoints)
-        return (Setting(f"images resized to the {len(self.pinpoints)} pinpoints", self,
-                        f"dataset = shapeplan.resize_images(dataset, [{pairs}])", sizes=self.pinpoints),)
+        return (Setting(f"images resized to the {len(self.pinpoints)} pinpoints", self, resize_line(self.pinpoints),
+                        sizes=self.pinpoints),)
 
     def generation_refusal(self) -> str | None:
         return ("its forward runs each image's patches and unpadding in the order TRL's shuffle gives the rows, and "

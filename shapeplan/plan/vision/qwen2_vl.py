@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from .family import ImageKey, Inputs, Setting
+from .whatif import FixedSizes, resize_line
 
 Grid = tuple[int, int, int]  # one image's (t, h, w) in patches: a row of `image_grid_thw`, the image's key
+SIZE_COUNTS = (1, 2, 3, 4)  # how many fixed sizes each what-if allows
 
 
 class ImageSizeError(ValueError):
@@ -92,8 +94,56 @@ class ImageProcessing:
 
     # -- ImageFamily -------------------------------------------------------------------------------------------------
 
-    def settings(self) -> tuple[Setting, ...]:
-        return ()  # its what-ifs resize as smart_resize does (`whatif`)
+    def settings(self, sizes: Sequence[tuple[int, int]]) -> tuple[Setting, ...]:
+        """Every image resized to one of 1 to 4 fixed sizes (`fixed_sizes`), or the processor's pixel limits set
+        otherwise (`pixel_limits`), each taken from the images' own distribution."""
+        out: list[Setting] = []
+        for count in SIZE_COUNTS:
+            fixed = self.fixed_sizes(sizes, count)
+            if fixed and all(setting.sizes != fixed for setting in out):
+                out.append(Setting(label=FixedSizes(fixed).label, family=self, apply=resize_line(fixed), sizes=fixed))
+        for low, high in self.pixel_limits(sizes):
+            label = f"min_pixels = max_pixels = {high:,}" if low == high else f"max_pixels {high:,}"
+            apply = (f'"size": {{"shortest_edge": {low}, "longest_edge": {high}}}  (in the processor\'s '
+                     "preprocessor_config.json)")
+            out.append(Setting(label=label, family=replace(self, min_pixels=low, max_pixels=high), apply=apply,
+                               pixel_limits=(low, high)))
+        return tuple(out)
+
+    def fixed_sizes(self, sizes: Sequence[tuple[int, int]], count: int) -> tuple[tuple[int, int], ...]:
+        """`count` sizes taken from the images' own distribution: the images ordered by aspect ratio and cut into
+        `count` groups of equal size, each group's size smart_resize's of its median height and width (a size it
+        keeps as it is, so a resized image has exactly that grid)."""
+        ordered = sorted(sizes, key=lambda size: size[1] / size[0])
+        targets: list[tuple[int, int]] = []
+        for part in range(count):
+            group = ordered[part * len(ordered) // count:(part + 1) * len(ordered) // count]
+            if not group:
+                continue
+            heights = sorted(h for h, _ in group)
+            widths = sorted(w for _, w in group)
+            target = self.resized(heights[len(heights) // 2], widths[len(widths) // 2])
+            if target not in targets:
+                targets.append(target)
+        return tuple(targets)
+
+    def pixel_limits(self, sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """(min_pixels, max_pixels) taken from the images' own distribution, as smart_resize resizes them now:
+        max_pixels at the median and at the lower quartile of their areas (each cap below the current one; a
+        multiple of the factor squared), and both limits at the median, which brings every image to about one
+        area."""
+        areas = sorted(h * w for h, w in (self.resized(h, w) for h, w in sizes))
+        if not areas:
+            return []
+        square = self.factor * self.factor
+        out: list[tuple[int, int]] = []
+        for area in (areas[len(areas) // 2], areas[len(areas) // 4]):
+            cap = max(square, area // square * square)
+            if self.min_pixels <= cap < self.max_pixels and all(high != cap for _, high in out):
+                out.append((self.min_pixels, cap))
+        median = max(square, areas[len(areas) // 2] // square * square)
+        out.append((median, median))
+        return out
 
     def generation_refusal(self) -> str | None:
         return None  # one pixel tensor row (block) per image: TRL slices a micro-batch's by its images
