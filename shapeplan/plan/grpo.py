@@ -475,7 +475,7 @@ def _pinned(shapes: Sequence[Shape], caches: Sequence[CacheLength], config: dict
     each call's placeholder length made that one. The pin is recorded (`config["pin_cache"]`) where it changes the
     run: where a call would have another length, unpinned (some rank's first call needs less than the longest, so
     its running maximum starts lower)."""
-    pin = max(cache.needed for cache in caches)
+    pin = max((cache.needed for cache in caches), default=-1)
     if pin < 0:
         return tuple(shapes)
     if any(cache.first_needed not in (None, pin) for cache in caches):

@@ -43,3 +43,23 @@ def test_a_turn_generates_on_the_rounds_rows_and_returns_its_own(logprobs: bool)
 def test_a_trainer_without_a_tool_loop_is_refused() -> None:
     with pytest.raises(ShapeplanError, match="object has no tool loop to pad; pad_tool_turns takes a GRPOTrainer"):
         pad_tool_turns(object())
+
+
+def test_the_pin_is_set_on_the_generation_config_the_trainer_has_at_each_call() -> None:
+    """`pin_cache` (what a guard holding a pinned plan does): the trainer builds its generation config after its
+    callbacks attach, so the pin is set at each call, on the config and the kwargs the trainer has then; a run
+    that pins its cache at another length is refused."""
+    from transformers import GenerationConfig
+
+    from shapeplan.adapters.tool_turns import pin_cache
+
+    trainer: Any = _Loop(logprobs=True)
+    pin_cache(trainer, 967)  # before the trainer has a generation config, as a guard's on_init_end
+    trainer.generation_config = GenerationConfig(max_new_tokens=8, cache_implementation="static")
+    trainer.generation_kwargs = {"max_new_tokens": 8}
+    trainer._tool_call_loop(None, [[1], [2]])
+    assert trainer.generation_config.max_cache_len == 967 and trainer.generation_kwargs["max_cache_len"] == 967
+    assert trainer.calls == [[[2, 7]]]  # the call went through, as given
+    trainer.generation_config.max_cache_len = 1024  # the run's own pin, which the plan does not have
+    with pytest.raises(ShapeplanError, match="the run pins its cache at max_cache_len 1024 and the plan at 967"):
+        trainer._tool_call_loop(None, [[1], [2]])
