@@ -125,6 +125,15 @@ def test_wrongly_named_objects_are_one_line_errors(tmp_path: Path) -> None:
     unpadded = console.run([*RUN, data, "--tools", f"{TOOLS}:now", "--config", str(tmp_path / "run.yaml")])
     assert (unpadded.returncode, unpadded.stderr) == (2, "Error: pad_tool_turns is 3 in the config file; set it to "
                                                          "true or false\n")
+    # --pin_cache where the run has no pin to take: a dynamic cache, or its own max_cache_len
+    for extra, message in ((["--cache_implementation", "dynamic"], "--pin_cache pins a static cache, and the run's is "
+                                                                     "dynamic; pass --cache_implementation static, or "
+                                                                     "drop --pin_cache"),
+                           (["--generation_kwargs", '{"max_cache_len": 1024}'],
+                            "--pin_cache pins the cache at the longest length the run needs, and --generation_kwargs "
+                            "already pins it at max_cache_len 1024; drop one of them")):
+        result = console.run([*RUN, data, "--tools", f"{TOOLS}:now", "--pin_cache", "true", *extra])
+        assert (result.returncode, result.stderr) == (2, f"Error: {message}\n"), result.stderr
     planned = console.run([*RUN, data, "--rollout_func", f"{TOOLS}:two_turns", "-o", str(tmp_path / "plan.json")])
     assert planned.returncode == 0, planned.stderr
     rloo = console.run([*RUN[:2], "rloo", *RUN[3:], data, "--tools", f"{TOOLS}:get_weather"])
