@@ -201,7 +201,7 @@ def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
     _JOB = job
     try:
         if workers == 1:
-            parts = _threaded(chunks, job.tokenizer)
+            parts = _threaded(chunks)
         else:
             import multiprocessing
 
@@ -217,7 +217,7 @@ def _token_lengths(job: _Job, *, workers: int) -> tuple[np.ndarray, np.ndarray]:
     return lengths, prompts
 
 
-def _threaded(chunks: list[tuple[int, int]], tokenizer: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+def _threaded(chunks: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """`_chunk_lengths` of every chunk in one process: this thread renders the chunks' chat templates one after
     another (Python, under the GIL) while two threads tokenize the chunks rendered before (the Rust tokenizer releases
     the GIL; one core each, its own thread pool off: a pool used before a fork makes the tokenizer warn in the
@@ -231,6 +231,7 @@ def _threaded(chunks: list[tuple[int, int]], tokenizer: Any) -> list[tuple[np.nd
     assert job is not None
     if len(chunks) < 2:
         return [_chunk_lengths(chunk) for chunk in chunks]
+    tokenizer = job.tokenizer
     if _is_backend(tokenizer):
         _prepare_backend(tokenizer)  # once, before the threads: it may change the Rust tokenizer's state
     saved = os.environ.get("TOKENIZERS_PARALLELISM")

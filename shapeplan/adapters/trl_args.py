@@ -18,7 +18,7 @@ from argparse import ArgumentTypeError
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -506,7 +506,9 @@ def split_run_arguments(spec: TrainerSpec, trl_args: Sequence[str], model: str |
     return prefix + argv
 
 
-_BOOL_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0", "none"}
+# what TRL's parser's `string_to_bool` (trl/scripts/_hf_argparser.py) reads as true and as false
+_TRUE_WORDS, _FALSE_WORDS = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
+_BOOL_WORDS = {*_TRUE_WORDS, *_FALSE_WORDS, "none"}
 
 
 # --- A planned run read without importing TRL's configs ---------------------------------------------------------------
@@ -658,9 +660,9 @@ def _converted(option: dict[str, Any], raw: str | None) -> Any:
 
 def _string_to_bool(word: str) -> bool:
     """TRL's parser's `string_to_bool` (trl/scripts/_hf_argparser.py)."""
-    if word.lower() in ("yes", "true", "t", "y", "1"):
+    if word.lower() in _TRUE_WORDS:
         return True
-    if word.lower() in ("no", "false", "f", "n", "0"):
+    if word.lower() in _FALSE_WORDS:
         return False
     raise ValueError(word)
 
@@ -756,7 +758,7 @@ def _store_defaults(spec: TrainerSpec) -> None:
     configs = (args.script, args.training, args.model, args.dataset_mixture)
     parser = make_parser(spec)
     owners = {item.name: index for index, config_type in enumerate(parser.dataclass_types)
-              for item in _fields(config_type)}
+              for item in fields(config_type)}
     options = {}
     for action in parser._actions:
         if action.dest in _PLAIN_OPTIONS[spec.config_class] and action.dest in owners:
@@ -771,12 +773,6 @@ def _store_defaults(spec: TrainerSpec) -> None:
         write_atomic(path, json.dumps(record, sort_keys=True) + "\n")
     except OSError:
         return
-
-
-def _fields(config_type: Any) -> tuple[Any, ...]:
-    import dataclasses
-
-    return dataclasses.fields(config_type)
 
 
 def _option_record(action: Any, part: int) -> dict[str, Any]:
