@@ -4,7 +4,7 @@ Side by side in one invocation, on CPU with the bundled tiny model, a run of one
 --max-length tokens a step, one step, torch_compile=True), each part a new process on an empty Inductor cache:
 
   warm   `shapeplan warm --plan PLAN --device cpu`: wall clock from the process's start to its exit
-  cold   the real run (TRL's parser and `SFTTrainer`, tests/warm/harness.real_run as tests/warm/real_sft.py runs it):
+  cold   the real run (TRL's parser and `SFTTrainer`, as tests/warm/real_sft.py runs it):
          wall clock from the process's start to the end of its first step: the compile time the warm-up buys,
          in the same kind of process (interpreter, imports, model, data and compile included)
 
@@ -47,36 +47,13 @@ def _run(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProc
 def real_run(cache: Path, script_lines: list[str], argv: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
     """The real run in a new process: seconds from its start to the end of each step, and its cache counters."""
     spec = {"data": str(CAPYBARA), "argv": argv, "output_dir": str(out), "script_lines": script_lines}
-    proc, started, seconds = _run([sys.executable, __file__, "--real", json.dumps(spec)],
+    proc, started, seconds = _run([sys.executable, "-m", "tests.warm.real_sft", json.dumps(spec)],
                                   {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"first_step": round(result["step_ends"][0] - started, 2),
-            "first_step_from_train": round(result["step_ends"][0] - result["train"], 2),  # after its imports
+    first = result["step_ends"][0]  # seconds after its `train()`, whose wall clock it gives
+    return {"first_step": round(result["train"] + first - started, 2),
+            "first_step_from_train": round(first, 2),  # after its imports
             "seconds": round(seconds, 2), "counters": result["counters"]}
-
-
-def _real(spec: dict[str, Any]) -> None:
-    """The child of `real_run`: tests/warm/real_sft.py's run, its clocks on the wall clock the parent reads."""
-    import torch
-    from torch._dynamo.utils import counters
-    from transformers import TrainerCallback
-
-    from tests.warm.harness import real_run as harness_run
-
-    for line in spec["script_lines"]:
-        if line.startswith("torch."):  # the training-script lines, run as the user would paste them
-            exec(line, {"torch": torch})
-    step_ends: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step_ends.append(time.time())
-
-    train = time.time()
-    harness_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
-    print(json.dumps({"train": train, "step_ends": step_ends,
-                      "counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd")
-                                   for k, v in counters[g].items()}}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,11 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each part; the fastest is kept")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--real", default=None, help=argparse.SUPPRESS)  # the real run's child process
     opts = parser.parse_args(argv)
-    if opts.real is not None:
-        _real(json.loads(opts.real))
-        return 0
     run = ["--max_length", str(opts.max_length), "--per_device_train_batch_size", "2", "--max_steps", "1",
            "--torch_compile", "true"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -4,8 +4,9 @@
 
 SPEC_JSON: {"data": path, "argv": [TRL options], "output_dir": path, "script_lines": [lines from the warm report]};
 with "vision": true, the data's rows have images and the run is the vision oracle's (the bundled tiny Qwen2.5-VL).
-TORCHINDUCTOR_CACHE_DIR comes from the environment. Prints one JSON line: the compile cache counters and the
-seconds from `train()` to the end of each optimizer step.
+TORCHINDUCTOR_CACHE_DIR comes from the environment. Prints one JSON line: the compile cache counters, the seconds
+from `train()` to the end of each optimizer step, and the wall clock (time.time) at `train()`, which a parent that
+timed the process's start reads the steps against.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main() -> None:
         if line.startswith("torch."):  # the training-script lines, run as the user would paste them
             exec(line, {"torch": torch})
 
-    start = time.perf_counter()
+    start, train = time.perf_counter(), time.time()
     step_ends: list[float] = []
 
     class Clock(TrainerCallback):
@@ -44,7 +45,7 @@ def main() -> None:
     else:
         real_run("sft", Path(spec["data"]), spec["argv"], Path(spec["output_dir"]), callbacks=[Clock()])
     out = {"counters": {f"{g}.{k}": int(v) for g in ("inductor", "aot_autograd") for k, v in counters[g].items()},
-           "step_ends": step_ends}
+           "step_ends": step_ends, "train": train}
     print(json.dumps(out))
 
 
