@@ -93,15 +93,19 @@ def tool_loop_warnings(args: TrainingArgs) -> list[str]:
             "generates again at a longer cache length)"]
 
 
+def generation_kwargs(config: Any) -> dict[str, Any]:
+    """The run's `generation_kwargs` as a dict (TRL's config accepts the JSON string a command line gives; its
+    __post_init__ parses it)."""
+    value = getattr(config, "generation_kwargs", None) or {}
+    return dict(json.loads(value) if isinstance(value, str) else value)
+
+
 def generation_settings(config: GenerationTrainingConfig) -> GenerationConfig:
     """The `GenerationConfig` the trainer builds (the options that size `generate`; sampling ones do not)."""
     from transformers import GenerationConfig
 
     kwargs: dict[str, Any] = {"max_new_tokens": config.max_completion_length,
-                              "cache_implementation": config.cache_implementation}
-    extra = config.generation_kwargs or {}
-    # TRL's config accepts the JSON string a command line gives; its __post_init__ parses it
-    kwargs.update(json.loads(extra) if isinstance(extra, str) else extra)
+                              "cache_implementation": config.cache_implementation, **generation_kwargs(config)}
     try:
         generation = GenerationConfig(**kwargs, disable_compile=True)
     except (ValueError, TypeError) as exc:
@@ -146,24 +150,6 @@ def static_cache(generation: GenerationConfig) -> bool:
     return generation.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and generation.use_cache is not False
 
 
-class UnloadedModel:
-    """The planning trainer's `model` and `model_wrapped`: there, so that a rollout function can pass them on (to
-    `unwrap_model_for_generation`, say); a call into them is refused, since planning loads no weights."""
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise UsageError("the rollout function calls the trainer's model itself, which shapeplan's dry run does not "
-                         "load: generate through trainer._generate_single_turn(prompt_ids, ...), the trainer's own "
-                         "generation path, which shapeplan plans")
-
-    generate = forward = __call__ = _refuse
-    is_gradient_checkpointing = False  # read by TRL's unwrap_model_for_generation
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self._refuse()
-
-
 class PlanningAccelerator:
     """The planning trainer's `accelerator`, as rank 0 of the run sees it, for what a rollout function reads: where it
     runs, which rank it is, and the model unwrapped (itself)."""
@@ -194,8 +180,7 @@ def bare_trainer(spec: TrainerSpec, tokenizer: Any, config: GenerationTrainingCo
     trainer_class = spec.trainer()
     trainer = trainer_class.__new__(trainer_class)
     trainer.processing_class = tokenizer
-    # what a rollout function reads of a real trainer besides its config: planning loads no weights
-    trainer.model = trainer.model_wrapped = UnloadedModel()
+    # what a rollout function reads of a real trainer besides its config (its model: RolloutProbe's dry-run one)
     trainer.accelerator = PlanningAccelerator()
     trainer._is_vlm = False
     trainer.chat_template_kwargs = config.chat_template_kwargs or {}

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from ..errors import UsageError
 from ..plan.grpo import OwnGenerate, Rollout, RolloutCall
+from .generation import generation_kwargs, static_cache
 from .user_code import name_of, user_code
 
 _HOW = ("shapeplan plans a rollout_func that generates through trainer._generate_single_turn or the trainer's model's "
@@ -180,17 +181,14 @@ def _described(own: OwnGenerate | None) -> str:
 def _trainer_generation(config: Any, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
     """The trainer's `generation_config` and `generation_kwargs`, as `GRPOTrainer.__init__` builds them for
     transformers' generate (which a rollout function may pass to the model's `generate`)."""
-    import json
-
     from transformers import GenerationConfig
 
     kwargs: dict[str, Any] = {
         "max_new_tokens": config.max_completion_length, "do_sample": True, "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id, "eos_token_id": [tokenizer.eos_token_id],
         "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k, "min_p": config.min_p,
-        "repetition_penalty": config.repetition_penalty, "cache_implementation": config.cache_implementation}
-    extra = config.generation_kwargs or {}
-    kwargs.update(json.loads(extra) if isinstance(extra, str) else extra)
+        "repetition_penalty": config.repetition_penalty, "cache_implementation": config.cache_implementation,
+        **generation_kwargs(config)}
     return GenerationConfig(**kwargs, disable_compile=True), kwargs
 
 
@@ -228,7 +226,6 @@ class _DryModel:
 
     def generate(self, inputs: Any = None, generation_config: Any = None, **kwargs: Any) -> Any:
         import torch
-        from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
         from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
         ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
@@ -259,7 +256,7 @@ class _DryModel:
         else:
             max_length = merged.max_length
         new = max_length - width
-        static = merged.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS and merged.use_cache is not False
+        static = static_cache(merged)
         self._calls.append(_Call(rows=rows, width=width, longest_row=longest_row, own=OwnGenerate(
             max_new_tokens=new, static_cache=static, max_cache_len=merged.max_cache_len if static else None,
             multiple=None)))
