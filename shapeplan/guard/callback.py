@@ -20,6 +20,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..errors import UnplannedShapeError, UsageError
 from ..plan.counter import ShapeCounter
+from ..plan.grpo import pinned_cache
 from ..plan.io import keys_tensor, load_plan
 from ..plan.model import Plan, Shape, shape_key
 from ..plan.rows import BatchImages
@@ -168,8 +169,8 @@ class ShapeGuard(TrainerCallback):
             from ..adapters.tool_turns import pad_tool_turns
 
             pad_tool_turns(self.trainer)  # the run the plan is of: its tool turns generate on the round's rows
-        pin = self.plan.config.get("pin_cache") if self.plan is not None else None
-        if isinstance(pin, int):
+        pin = pinned_cache(self.plan) if self.plan is not None else None
+        if pin is not None:
             from ..adapters.tool_turns import pin_cache
 
             pin_cache(self.trainer, pin)  # the run the plan is of: every generate at the one cache length

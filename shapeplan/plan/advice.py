@@ -19,7 +19,6 @@ part (0.2 s: optimizer step, launch) and attention (0.15 s at 4 x 1024) is an as
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 from .buckets import round_up
 from .cost import GENERATE_SHAPE_MINUTES, TRAIN_SHAPE_MINUTES
+from .grpo import pin_kwargs
 from .model import GENERATE_PHASES, LengthKind, Phase, Plan, Shape
 
 # Guide anchor: eager train step of batch 4 x 1024 tokens (Qwen3-0.6B, trn2), and the torch_compile step.
@@ -236,7 +236,7 @@ def _sft_candidates(s: Settings, multiple: int) -> list[Candidate]:
 def _generation_candidates(s: Settings, multiple: int) -> list[Candidate]:
     out = []
     if s.pin_cache_len is not None:
-        kwargs = json.dumps({**s.generation_kwargs, "max_cache_len": s.pin_cache_len})
+        kwargs = pin_kwargs(s.generation_kwargs, s.pin_cache_len)
         out.append(Candidate(f"pin max_cache_len {s.pin_cache_len}", (("generation_kwargs", kwargs),)))
     if s.pads_tool_turns is False:
         out.append(Candidate("pad tool turns to the round's rows", (("pad_tool_turns", "true"),)))

@@ -449,7 +449,9 @@ def plan_generation(
     config = dict(config or {})
     if layout.pin_cache and layout.static_cache:
         shapes = _pinned(shapes, [rank.cache for rank in ranks], config)
-    all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {}, config)
+    pinned = config.get("pin_cache")
+    all_warnings = list(warnings) + _generation_warnings(shapes, layout, generation_kwargs or {},
+                                                         pinned if isinstance(pinned, int) else None)
     if counting.unpadded_calls:
         generates = sum(s.phase in GENERATE_PHASES for s in shapes)
         all_warnings.append(f"the rollout function's own generate calls pass prompts padded to their longest row, so "
@@ -483,6 +485,17 @@ def _pinned(shapes: Sequence[Shape], caches: Sequence[CacheLength], config: dict
     return tuple(dataclasses.replace(s, cache_len=pin) if s.cache_len == PINNED else s for s in shapes)
 
 
+def pinned_cache(plan: Plan) -> int | None:
+    """The one cache length a plan of a pinned run has every `generate` at (its `pin_cache`), or None."""
+    pin = plan.config.get("pin_cache")
+    return pin if isinstance(pin, int) else None
+
+
+def pin_kwargs(generation_kwargs: Mapping[str, object], max_cache_len: int) -> str:
+    """The `--generation_kwargs` value that pins the static cache at `max_cache_len`, the run's own kwargs kept."""
+    return json.dumps({**generation_kwargs, "max_cache_len": max_cache_len})
+
+
 @dataclass(frozen=True, slots=True)
 class CachePin:
     """What pinning the static cache length would change: the value to pin and the generate graphs it saves."""
@@ -508,7 +521,8 @@ def cache_pin(shapes: Sequence[Shape]) -> CachePin | None:
 
 
 def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout, generation_kwargs: Mapping[str, object],
-                         config: Mapping[str, object]) -> list[str]:
+                         pinned: int | None) -> list[str]:
+    """`pinned`: the cache length the plan pins the run at (its `pin_cache`), where it pins one."""
     out: list[str] = []
     if not layout.static_cache:
         out.append(f"generation uses a dynamic cache: every decode step meets a new key/value length (P+1 .. "
@@ -517,25 +531,26 @@ def _generation_warnings(shapes: Sequence[Shape], layout: GenerationLayout, gene
     pin = cache_pin(shapes)
     if pin is not None:
         lengths = sorted({s.cache_len for s in shapes if s.phase in GENERATE_PHASES and s.cache_len is not None})
-        value = json.dumps({**generation_kwargs, "max_cache_len": pin.max_cache_len})
         out.append(f"the static cache length grows during the run ({', '.join(map(str, lengths))}: the running "
                    f"maximum of P + max_new_tokens - 1), so generate compiles {pin.graphs} graphs where "
-                   f"{pin.pinned_graphs} would do; pin it with --generation_kwargs '{value}'")
-    pinned = config.get("pin_cache")
+                   f"{pin.pinned_graphs} would do; pin it with --generation_kwargs "
+                   f"'{pin_kwargs(generation_kwargs, pin.max_cache_len)}'")
     padded = layout.tool_loop is not None and layout.tool_loop.padded
-    if padded or pinned:
-        value = json.dumps({**generation_kwargs, "max_cache_len": pinned})
-        what = " and ".join(
-            ["its tool turns padded to the round's rows"] * padded
-            + [f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, the "
-               "cache length is a running maximum, so later calls can meet each bucket at several lengths)"]
-            * bool(pinned))
-        how = " and ".join(["call shapeplan.pad_tool_turns(trainer)"] * padded
-                           + [f"pass --generation_kwargs '{value}' (in a script, its config's generation_kwargs)"]
-                           * bool(pinned))
-        off = " / ".join(["--pad_tool_turns false"] * padded + ["--pin_cache false"] * bool(pinned))
-        out.append(f"the plan is of a run with {what}, which the run must do too: run it under `shapeplan guard` "
-                   f"(or a ShapeGuard holding the plan), or {how}; {off} plans it otherwise")
+    what, how, off = [], [], []  # what the run must do as the plan has it
+    if padded:
+        what.append("its tool turns padded to the round's rows")
+        how.append("call shapeplan.pad_tool_turns(trainer)")
+        off.append("--pad_tool_turns false")
+    if pinned is not None:
+        what.append(f"its static cache pinned at {pinned} tokens, the longest any generate call needs (unpinned, the "
+                    "cache length is a running maximum, so later calls can meet each bucket at several lengths)")
+        how.append(f"pass --generation_kwargs '{pin_kwargs(generation_kwargs, pinned)}' (in a script, its config's "
+                   "generation_kwargs)")
+        off.append("--pin_cache false")
+    if what:
+        out.append(f"the plan is of a run with {' and '.join(what)}, which the run must do too: run it under "
+                   f"`shapeplan guard` (or a ShapeGuard holding the plan), or {' and '.join(how)}; {' / '.join(off)} "
+                   "plans it otherwise")
     if layout.tool_loop is not None and not padded:
         generate = [s for s in shapes if s.phase in GENERATE_PHASES]
         rows = len({(s.phase, s.seq, s.cache_len) for s in generate})

@@ -233,9 +233,9 @@ def plan_from_dict(data: Any) -> Plan:
         raise _malformed("config.argv", "must be a list of strings (the run's TRL options)", argv)
     if "pad_tool_turns" in config:  # read as a switch (the guard pads the run's tool turns): "yes" is no bool
         _typed(config["pad_tool_turns"], bool, "config.pad_tool_turns")
-    # the guard pins the run's cache at it
-    if config.get("pin_cache") is not None and not 1 <= _typed(config["pin_cache"], int, "config.pin_cache") <= MAX_SEQ:
-            raise _malformed("config.pin_cache", f"must be a cache length from 1 to {MAX_SEQ:,}")
+    pin = config.get("pin_cache")  # the cache length the guard pins the run's cache at
+    if pin is not None and not 1 <= _typed(pin, int, "config.pin_cache") <= MAX_SEQ:
+        raise _malformed("config.pin_cache", f"must be a cache length from 1 to {MAX_SEQ:,}")
     method = data["method"]
     if method not in METHODS:
         raise _malformed("method", f"is {method!r}, not one of {', '.join(METHODS)}")

@@ -8,7 +8,6 @@ padding, packing or max_length re-derives its rows from those token counts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..plan.advice import (
     recommendation,
 )
 from ..plan.caveats import caveats
-from ..plan.grpo import cache_pin
+from ..plan.grpo import cache_pin, pin_kwargs, pinned_cache
 from ..plan.model import LengthKind, Plan
 from .analyze import analyze
 from .trainers import MEASURED, trainer_spec
@@ -65,13 +64,13 @@ class Advice:
         if self.script is not None:
             values = ", ".join(f"{name}={value}" for name, value in candidate.flags)
             return TrlCommand(words=self.command.words, notes=(f"set in the script's config: {values}",))
-        pin = _pin_of(self.recommended.plan)
+        pin = pinned_cache(self.recommended.plan)
         notes = trl_command(self.method, with_flags(self.argv, candidate), eval_source=self.eval_source,
                             pin_cache=pin).notes
         flags = trl_options(candidate.flags)
         if pin is not None:  # the what-if's own pin: another length than the baseline's where its calls differ
-            kwargs = {**(self.recommended.plan.config.get("generation_kwargs") or {}), "max_cache_len": pin}
-            flags = [*flags, ("generation_kwargs", json.dumps(kwargs))]
+            kwargs = self.recommended.plan.config.get("generation_kwargs") or {}
+            flags = [*flags, ("generation_kwargs", pin_kwargs(kwargs, pin))]
         return TrlCommand(words=(*self.command.words[:2], *with_options(self.command.words[2:], flags)),
                           notes=notes)
 
@@ -141,19 +140,10 @@ def _advise(method: str, kind: LengthKind, argv: list[str], *, eval_source: str 
         words = argv if candidate is None else with_flags(argv, candidate)
         return analyze(method, words, eval_source=eval_source, use_cache=use_cache)
 
-    advice = _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
-                      argv=tuple(argv), eval_source=eval_source,
-                      command=trl_command(method, argv, eval_source=eval_source))
-    pin = _pin_of(advice.baseline.plan)
-    if pin is None:
-        return advice
-    return dataclasses.replace(advice, command=trl_command(method, argv, eval_source=eval_source, pin_cache=pin))
-
-
-def _pin_of(plan: Plan) -> int | None:
-    """The cache length `plan` pins (a run with tools, `--pin_cache`), which its command must carry."""
-    pin = plan.config.get("pin_cache")
-    return pin if isinstance(pin, int) else None
+    return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
+                    argv=tuple(argv), eval_source=eval_source,
+                    command=lambda base: trl_command(method, argv, eval_source=eval_source,
+                                                     pin_cache=pinned_cache(base)))
 
 
 def advise_script(command: Sequence[str], *, calibrate: Path | None = None,
@@ -188,14 +178,15 @@ def advise_script(command: Sequence[str], *, calibrate: Path | None = None,
         # never through the length cache, as a script's plans are not: its data's fingerprints come from code
         lengths = lengths_of(with_options(args, UNTRUNCATED) if kind == "rows" else args, use_cache=False)
         return _weighed(method, kind, lengths, plan_of, calibrate=calibrate, allow_truncation=allow_truncation,
-                        argv=(), eval_source=None, command=TrlCommand(words=tuple(command), notes=()),
+                        argv=(), eval_source=None, command=lambda base: TrlCommand(words=tuple(command), notes=()),
                         script=tuple(command))
 
 
 def _weighed(method: str, kind: LengthKind, lengths: tuple[int, ...], plan_of: Callable[[Candidate | None], Plan],
              *, calibrate: Path | None, allow_truncation: bool, argv: tuple[str, ...], eval_source: str | None,
-             command: TrlCommand, script: tuple[str, ...] | None = None) -> Advice:
-    """The run's plan (`plan_of(None)`) and each what-if's, costed and ranked."""
+             command: Callable[[Plan], TrlCommand], script: tuple[str, ...] | None = None) -> Advice:
+    """The run's plan (`plan_of(None)`) and each what-if's, costed and ranked; `command`: the baseline's command, made
+    from its plan (which may pin the cache the command must carry)."""
     base_plan = plan_of(None)
     model = calibrated_model(calibrate, torch_compile=bool(base_plan.config.get("torch_compile"))) \
         if calibrate is not None else CostModel()
@@ -214,7 +205,7 @@ def _weighed(method: str, kind: LengthKind, lengths: tuple[int, ...], plan_of: C
     return Advice(method=method, argv=argv, eval_source=eval_source, lengths=lengths, baseline=baseline,
                   options=tuple(ranked(options)), skipped=tuple(skipped), model=model, recommended=recommended,
                   recommendation=line, warnings=(*base_plan.warnings, *caveats(base_plan, os.environ)),
-                  command=command, script=script)
+                  command=command(base_plan), script=script)
 
 
 def _effective_argv(method: str, argv: list[str]) -> list[str]:

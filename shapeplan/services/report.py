@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..plan.cost import GENERATE_SHAPE_MINUTES, compile_minutes
-from ..plan.grpo import cache_pin
+from ..plan.grpo import cache_pin, pin_kwargs, pinned_cache
 from ..plan.io import keys_tensor
 from ..plan.model import GENERATE_PHASES, Plan, Shape, shape_key
 from ..warm.model import WarmReport, WarmResult
@@ -262,12 +261,12 @@ def render_comparison(plan: Plan, observed: Plan) -> str:
 def _unpinned(plan: Plan, observed: Plan, planned: Mapping[Any, Shape]) -> list[str]:
     """Why a run of a plan that pins the cache (`pin_cache`) met generate calls at other cache lengths: it ran
     without the pin."""
-    pin = plan.config.get("pin_cache")
+    pin = pinned_cache(plan)
     other = sorted({s.cache_len for s in observed.shapes if s.phase in GENERATE_PHASES and s.cache_len is not None
                     and s.cache_len != pin and shape_key(s) not in planned})
-    if not isinstance(pin, int) or not other:
+    if pin is None or not other:
         return []
-    kwargs = json.dumps({**(plan.config.get("generation_kwargs") or {}), "max_cache_len": pin})
+    kwargs = pin_kwargs(plan.config.get("generation_kwargs") or {}, pin)
     return [f"the run generated at cache lengths {', '.join(map(str, other))}, and the plan is of a run whose cache is "
             f"pinned at {pin} (its pin_cache): run it under `shapeplan guard --plan PLAN`, which pins it, or pass "
             f"--generation_kwargs '{kwargs}'"]

@@ -11,7 +11,6 @@ under the cache root, named by what it names, so the command keeps working after
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..adapters.host import cache_root
 from ..errors import CacheError
+from ..plan.grpo import pin_kwargs, pinned_cache
 from ..plan.io import write_atomic
 from .trainers import trainer_spec
 
@@ -45,6 +45,7 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
     training on `device` (None: the one TRL finds; "cpu": with `--use_cpu true`, without which TRL's bf16 default
     refuses a host with no accelerator); `pin_cache`: the cache length the plan pins (its `pin_cache`), which the
     command's `--generation_kwargs` then carries."""
+    from ..adapters.generation import generation_kwargs
     from ..adapters.trl_args import parse_training_args
 
     args = parse_training_args(trainer_spec(method), argv)
@@ -75,8 +76,7 @@ def trl_command(method: str, argv: Sequence[str], *, eval_source: str | None = N
     elif not mixture and "dataset_name" not in args.given:  # shapeplan's default dataset; TRL has none
         pairs.append(("dataset_name", str(script.dataset_name)))
     if pin_cache is not None:
-        pairs.append(("generation_kwargs", json.dumps({**_generation_kwargs(args.training),
-                                                       "max_cache_len": pin_cache})))
+        pairs.append(("generation_kwargs", pin_kwargs(generation_kwargs(args.training), pin_cache)))
     if args.agentic:
         out = _without_agentic_options(out)
         names = ", ".join(f"{k}={v}" for k, v in args.agentic.recorded().items() if v and k != "pad_tool_turns")
@@ -107,9 +107,7 @@ def training_command(plan: Plan, plan_path: str | None, *, eval_source: str | No
         return None
     recorded = plan.config.get("eval_dataset")  # a plan made with --eval-dataset
     eval_source = eval_source or (recorded if isinstance(recorded, str) else None)
-    pin = plan.config.get("pin_cache")
-    command = trl_command(plan.method, argv, eval_source=eval_source, device=device,
-                          pin_cache=pin if isinstance(pin, int) else None)
+    command = trl_command(plan.method, argv, eval_source=eval_source, device=device, pin_cache=pinned_cache(plan))
     if not python_lines:
         return command
     why = f"the guard sets what no environment variable can ({'; '.join(python_lines)}), so the run hits the " \
@@ -140,12 +138,6 @@ def trl_options(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The `--name value` pairs `trl` takes: shapeplan's options for Python objects, and for what the user's script
     does with them (`pad_tool_turns`, `pin_cache`), left out."""
     return [(name, value) for name, value in pairs if name not in _AGENTIC_OPTIONS]
-
-
-def _generation_kwargs(config: object) -> dict[str, object]:
-    """The run's `generation_kwargs` as a dict (a config file or command line can give the JSON text)."""
-    value = getattr(config, "generation_kwargs", None) or {}
-    return dict(json.loads(value) if isinstance(value, str) else value)
 
 
 def _without_agentic_options(argv: Sequence[str]) -> list[str]:
