@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..plan.grpo import GenerationLayout
 from ..plan.model import Plan
 from ..plan.rows import Rows
-from ..plan.vision import FixedSizes
+from ..plan.vision import fixed_sizes_of
 from ..plan.vision.family import ImageFamily, Setting
 from ..plan.vision_rows import ImageRow, image_rows
 from . import generation_stream, vision
@@ -223,7 +223,7 @@ class VisionPrompts:
         """The prompts' lengths with their image tokens, and their images' keys (under a what-if's setting: its
         sizes, its family; GRPO is refused for a family whose expansions merge with their text, so the rows
         stand)."""
-        resize = FixedSizes(setting.sizes) if setting is not None and setting.sizes else None
+        resize = fixed_sizes_of(setting)
         processor = self.processor if setting is None else self.processor.with_family(setting.family)
         evaluated = None if self.eval is None else image_rows(self.eval, processor.family, processor.tokens, None,
                                                               resize)

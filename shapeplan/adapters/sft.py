@@ -11,7 +11,7 @@ from ..plan.batches import RunInfo
 from ..plan.model import Plan
 from ..plan.rows import Rows
 from ..plan.sft import SFTLayout, plan_sft
-from ..plan.vision import FixedSizes
+from ..plan.vision import fixed_sizes_of
 from ..plan.vision.family import ImageFamily, Setting
 from ..plan.vision_rows import ImageRow
 from . import length_cache, lengths, stream, vision
@@ -306,7 +306,7 @@ def plan_vision(run: VisionRun, setting: Setting | None = None) -> Plan:
     prepare the dataset), padding (B, R(min(longest row, max_length))) and concatenating the batch's image patches.
     `setting`: a what-if of the family's (`ImageFamily.settings`): its images resized to the setting's sizes, the
     processor's family under the setting."""
-    resize = FixedSizes(setting.sizes) if setting is not None and setting.sizes else None
+    resize = fixed_sizes_of(setting)
     if setting is not None and setting.family != run.processor.family:
         run = _under(run, setting.family)
     args, config = run.args, run.args.training

@@ -8,7 +8,7 @@ from .idefics3 import Idefics3Images
 from .llava import LlavaImages
 from .llava_next import LlavaNextImages
 from .qwen2_vl import Grid, ImageProcessing, ImageSizeError, pixel_rows
-from .whatif import FixedSizes, pixels_kept_by
+from .whatif import FixedSizes, fixed_sizes_of, pixels_kept_by
 
 FAMILIES: dict[str, type[ImageFamily]] = {
     model_type: family
@@ -17,4 +17,4 @@ FAMILIES: dict[str, type[ImageFamily]] = {
 }
 
 __all__ = ["FAMILIES", "FixedSizes", "Gemma3Images", "Grid", "Idefics3Images", "ImageFamily", "ImageProcessing",
-           "ImageSizeError", "LlavaImages", "LlavaNextImages", "pixel_rows", "pixels_kept_by"]
+           "ImageSizeError", "LlavaImages", "LlavaNextImages", "fixed_sizes_of", "pixel_rows", "pixels_kept_by"]

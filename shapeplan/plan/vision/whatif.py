@@ -30,6 +30,11 @@ class FixedSizes:
         return f"{len(self.sizes)} fixed size{'s' if len(self.sizes) > 1 else ''} ({shown})"
 
 
+def fixed_sizes_of(setting: Setting | None) -> FixedSizes | None:
+    """The fixed sizes a setting first resizes every image to, where it does."""
+    return FixedSizes(setting.sizes) if setting is not None and setting.sizes else None
+
+
 def resize_line(sizes: Sequence[tuple[int, int]]) -> str:
     """How a user applies fixed sizes: the dataset resized before training (`shapeplan.resize_images`)."""
     pairs = ", ".join(f"({h}, {w})" for h, w in sizes)
@@ -40,7 +45,7 @@ def pixels_kept_by(sizes: Sequence[tuple[int, int]], family: ImageFamily, settin
     """The share of the pixel values the vision tower receives that a setting keeps, image by image (an image that
     would receive more keeps all of its own): each image's pixel tensor on its own, under the family as given and
     under the setting (its family, its images resized to one of its sizes)."""
-    fixed = FixedSizes(setting.sizes) if setting.sizes else None
+    fixed = fixed_sizes_of(setting)
     before = after = 0
     for h, w in sizes:
         given = math.prod(family.pixel_values([[family.image(h, w)]]))
