@@ -191,6 +191,38 @@ def test_grpo_run_record_is_compared_and_warmed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_printed_trl_command_of_a_pinned_plan_pins_the_real_runs_cache(tmp_path: Path) -> None:
+    """A run with tools is planned with its cache pinned; the `trl grpo` command warm prints for it (which cannot
+    pass the tools, and says so) carries the pin in --generation_kwargs, and run as printed, under a guard that only
+    records, every generate of the real run is at the plan's one cache length (unpinned, its short and long prompts'
+    calls would be at two)."""
+    from shapeplan.services.trl_command import training_command
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": "hello " * words}]}) + "\n"
+                            for words in (1, 150)), encoding="utf-8")
+    options = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_steps", "2",
+               "--max_completion_length", "32", "--cache_implementation", "static", "--shuffle_dataset", "false",
+               "--max_tool_calling_iterations", "1"]
+    plan_path, record = tmp_path / "plan.json", tmp_path / "run.json"
+    analyzed = shapeplan("analyze", "--method", "grpo", data, "--model", TINY_MODEL, *options, "--tools",
+                         "tests.oracle.agentic_tools:now", "-o", plan_path)
+    assert analyzed.returncode == 0, analyzed.stderr
+    plan = load_plan(plan_path)
+    pin = plan.config["pin_cache"]
+    command = training_command(plan, str(plan_path), eval_source=None, device="cpu", python_lines=())
+    assert command is not None and command.words[:2] == ("trl", "grpo")
+    assert json.loads(command.words[command.words.index("--generation_kwargs") + 1]) == {"max_cache_len": pin}
+    assert "cannot pass tools=['now']" in command.notes[0]
+    # as printed; only where the run writes, and its reports, added
+    done = shapeplan("guard", "--record", record, "--", *command.words, "--output_dir", tmp_path / "out",
+                     "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    generates = [s for s in load_plan(record).shapes if s.phase == "generate"]
+    assert len({s.seq for s in generates}) == 2 and {s.cache_len for s in generates} == {pin}
+
+
+@pytest.mark.slow
 def test_guard_runs_a_python_script(tmp_path: Path) -> None:
     """`-- python train.py ARGS`: the script runs as `__main__` with its own argv; its SFTTrainer is guarded."""
     options = ["--per_device_train_batch_size", "4", "--max_steps", "3", "--max_length", "256",
